@@ -1,0 +1,20 @@
+# cape workflow: preprocessing → causal graph → hyperbolic embedding → rotary encoding → training → evaluation.
+#   snakemake --cores 2                                  # the embedded default dataset (offline)
+#   snakemake --cores 2 --config input=path/to.h5ad      # your data; results in results/<file stem>/
+#   snakemake --profile configs/profiles/slurm           # on a cluster (see README)
+from snakemake.utils import min_version
+
+min_version("8.0")
+
+
+configfile: "configs/config.yaml"
+
+
+include: "workflows/rules/common.smk"
+include: "workflows/rules/preprocess.smk"
+
+
+rule all:
+    input:
+        final_outputs(),
+    default_target: True

@@ -1,0 +1,32 @@
+"""cape: causality-aware positional encodings for single-cell transformers.
+
+scverse-style API: ``cape.pp`` (preprocessing), ``cape.tl`` (tools), ``cape.pl`` (plots),
+``cape.data`` (datasets and readers), ``cape.bench`` (benchmarks and metrics), ``cape.settings``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._errors import CapeInputError
+from ._settings import settings
+
+__version__ = "0.1.0"
+
+# Submodules load on first use so that ``import cape`` (and the CLI) stays fast: torch and scanpy are heavy.
+_SUBMODULES = {"pp", "tl", "pl", "data", "bench", "causal", "hyperbolic", "encodings", "models"}
+
+__all__ = ["CapeInputError", "__version__", "settings", *sorted(_SUBMODULES)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'cape' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _SUBMODULES)

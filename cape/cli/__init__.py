@@ -1,0 +1,91 @@
+"""The ``cape`` command line: one subcommand per workflow stage, ``cape bench <name>`` per benchmark.
+
+Each command module in :data:`COMMAND_MODULES` exposes ``register(commands, bench)`` and adds its parsers to
+``commands`` (top level) and/or ``bench`` (the ``cape bench`` group), each with ``set_defaults(func=...)``;
+``func(args)`` returns an exit code (or ``None`` for 0). User mistakes raise :class:`cape.CapeInputError`,
+which ``main`` prints as one line on stderr with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import warnings
+from collections.abc import Sequence
+
+from .._errors import CapeInputError
+from .._settings import settings
+
+COMMAND_MODULES = ["data", "preprocess"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in one line (exit 2) instead of usage + message."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"cape: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = _Parser(prog="cape", description="Causality-aware positional encodings for single-cell data.")
+    parser.add_argument("--version", action="version", version=f"cape {__version__}")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: cape.settings.seed = 0)")
+    parser.add_argument("--device", default=None, help="'auto' (default), 'cpu', 'cuda' or 'cuda:N'")
+    parser.add_argument("--quiet", action="store_true", help="only print errors; no progress bars")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+    bench_parser = commands.add_parser("bench", help="run a benchmark (writes JSON, markdown and a plot)")
+    bench = bench_parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", parser_class=_Parser)
+    bench.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(f".{name}", __name__).register(commands, bench)
+    return parser
+
+
+def _configure_logging(quiet: bool) -> None:
+    logger = logging.getLogger("cape")
+    if not any(getattr(h, "_cape_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("cape: %(message)s"))
+        handler._cape_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    # Warnings (e.g. duplicated gene names made unique) become one line each, like errors.
+    def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+        if not quiet:
+            print(f"cape: warning: {message}", file=sys.stderr)
+
+    warnings.showwarning = _one_line_warning
+    settings.verbosity = 0 if quiet else 2
+    if quiet:
+        settings.progress = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``cape`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.quiet)
+    try:
+        if args.seed is not None:
+            settings.seed = args.seed
+        if args.device is not None:
+            from .._settings import resolve_device
+
+            resolve_device(args.device)  # validate early: one line if CUDA is missing
+            settings.device = args.device
+        code = args.func(args)
+    except CapeInputError as err:
+        print(f"cape: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cape: interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""``cape preprocess``: QC, normalisation, log1p and HVG selection of an input file (or a named dataset)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(commands, bench) -> None:
+    parser = commands.add_parser("preprocess", help="QC, normalise, log1p and select genes (paper Supp. F.1.1)")
+    parser.add_argument("--input", "-i", required=True,
+                        help="input .h5ad/.h5/.loom/.csv, or 'dataset:NAME' for a named dataset")
+    parser.add_argument("--output", "-o", required=True, help="output .h5ad")
+    parser.add_argument("--min-genes", type=int, default=200, help="min detected genes per cell (200)")
+    parser.add_argument("--min-cells", type=int, default=0, help="min cells per gene (0 = keep all genes)")
+    parser.add_argument("--target-sum", type=float, default=1e4, help="library size after normalisation (1e4)")
+    parser.add_argument("--no-log1p", dest="log1p", action="store_false", help="skip log1p after normalisation")
+    parser.add_argument("--n-top-genes", type=int, default=2000, help="highly variable genes to use (2000)")
+    parser.add_argument("--hvg-flavor", default="seurat", choices=["seurat", "cell_ranger", "seurat_v3"])
+    parser.set_defaults(func=run)
+
+
+def read_input(spec: str):
+    """Read ``spec``: a file path, or ``dataset:NAME`` for a named dataset."""
+    from .. import data
+
+    if spec.startswith("dataset:"):
+        return data.load(spec.split(":", 1)[1])
+    return data.read(spec)
+
+
+def check_output(path: str) -> Path:
+    from .._errors import CapeInputError
+
+    out = Path(path)
+    if out.suffix != ".h5ad":
+        raise CapeInputError(f"--output must end in .h5ad, got {path}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._io import write_h5ad
+    from ..pp import preprocess
+
+    out = check_output(args.output)
+    adata = read_input(args.input)
+    preprocess(adata, min_genes=args.min_genes, target_sum=args.target_sum, log1p=args.log1p,
+               n_top_genes=args.n_top_genes, min_cells=args.min_cells, hvg_flavor=args.hvg_flavor)
+    write_h5ad(adata, out)
+    return 0

@@ -1,0 +1,84 @@
+"""Validation of the workflow configuration against ``configs/schema.yaml`` with one-line messages."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from ._errors import CapeInputError
+
+
+def _key(path) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def describe_error(err: jsonschema.ValidationError) -> str:
+    """One line naming the offending config key."""
+    where = _key(err.absolute_path)
+    if err.validator == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(allowed))
+        prefix = f"{where}." if where else ""
+        return (f"unknown config key {prefix + extra[0]!r} (misspelled?); allowed keys"
+                f"{' in ' + where if where else ''}: {', '.join(allowed)}")
+    if err.validator == "type":
+        expected = err.validator_value if isinstance(err.validator_value, str) else " or ".join(err.validator_value)
+        return f"config key {where!r} must be of type {expected}, got {err.instance!r}"
+    return f"config key {where or '(top level)'!r}: {err.message}"
+
+
+def _load(schema: str | os.PathLike | Mapping[str, Any]) -> Mapping[str, Any]:
+    return schema if isinstance(schema, Mapping) else yaml.safe_load(Path(schema).read_text())
+
+
+_BOOLS = {"true": True, "false": False, "yes": True, "no": False}
+
+
+def _coerce_scalar(value: str, types: list[str]) -> Any:
+    for t in types:
+        try:
+            if t == "integer":
+                return int(value)
+            if t == "number":
+                return float(value)
+        except ValueError:
+            continue
+        if t == "boolean" and value.lower() in _BOOLS:
+            return _BOOLS[value.lower()]
+        if t == "null" and value.lower() in ("null", "none", "~"):
+            return None
+    return value
+
+
+def coerce_config(config: dict[str, Any], schema: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
+    """Convert string values to the schema's scalar types, in place.
+
+    ``snakemake --config section="{key: 3}"`` parses nested values as strings; a user means the number.
+    Values that do not convert are left alone for :func:`validate_config` to report.
+    """
+    props = _load(schema).get("properties", {})
+    for key, value in list(config.items()):
+        sub = props.get(key)
+        if sub is None:
+            continue
+        types = sub.get("type", [])
+        types = [types] if isinstance(types, str) else list(types)
+        if isinstance(value, dict) and "properties" in sub:
+            coerce_config(value, sub)
+        elif isinstance(value, str) and "string" not in types:
+            config[key] = _coerce_scalar(value, types)
+    return config
+
+
+def validate_config(config: Mapping[str, Any], schema: str | os.PathLike | Mapping[str, Any]) -> None:
+    """Raise :class:`cape.CapeInputError` with a one-line message for the first problem in ``config``."""
+    schema = _load(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(dict(config)), key=lambda e: (len(e.absolute_path), _key(e.absolute_path)))
+    if errors:
+        raise CapeInputError(describe_error(errors[0]))

@@ -1,0 +1,22 @@
+"""Datasets and readers: ``read`` a user's file, ``load`` a named dataset from ``data_manifests/``."""
+
+from __future__ import annotations
+
+from .fetch import cache_dir
+from .manifest import Manifest, get_manifest, manifest_dir, manifests, read_manifest
+from .read import read, validate_adata
+from .registry import available, fetch, load
+
+__all__ = [
+    "Manifest",
+    "available",
+    "cache_dir",
+    "fetch",
+    "get_manifest",
+    "load",
+    "manifest_dir",
+    "manifests",
+    "read",
+    "read_manifest",
+    "validate_adata",
+]

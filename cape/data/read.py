@@ -1,0 +1,142 @@
+"""Reading user files into AnnData, with the validation every cape step relies on."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import scipy.sparse as sp
+
+from .._errors import CapeInputError
+
+#: File suffixes :func:`read` understands, and the scanpy/anndata reader used for each.
+SUPPORTED_SUFFIXES = (".h5ad", ".h5", ".loom", ".csv", ".zarr")
+
+
+def read(path: str | os.PathLike, *, expect_counts: bool | None = None, validate: bool = True) -> ad.AnnData:
+    """Read a single-cell data file and validate it.
+
+    The reader is chosen by suffix: ``.h5ad`` (AnnData), ``.h5`` (10x Genomics HDF5, via
+    :func:`scanpy.read_10x_h5`), ``.loom``, ``.csv`` (cells × genes, first column = cell names, header = gene
+    names) and ``.zarr``.
+
+    Parameters
+    ----------
+    path
+        File to read.
+    expect_counts
+        Whether ``X`` must hold non-negative values (counts or normalised expression). ``None`` (default)
+        requires non-negativity unless ``X`` is clearly a scaled/centred matrix produced by a previous step
+        (``uns`` holds scanpy's ``"pca"`` or ``"scale"`` bookkeeping).
+    validate
+        Run :func:`validate_adata` (recommended).
+
+    Returns
+    -------
+    The AnnData, with unique gene names.
+
+    Raises
+    ------
+    cape.CapeInputError
+        Missing or unreadable file, unsupported suffix, or invalid content (see :func:`validate_adata`).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CapeInputError(f"input file not found: {p}")
+    suffix = p.suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        raise CapeInputError(
+            f"cannot read {p.name}: unsupported file type {suffix or '(none)'}; "
+            f"use one of {', '.join(SUPPORTED_SUFFIXES)}"
+        )
+    try:
+        adata = _read_by_suffix(p, suffix)
+    except CapeInputError:
+        raise
+    except Exception as err:  # readers raise many types (OSError, KeyError, h5py errors) for corrupt files
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CapeInputError(f"cannot read {p} as {suffix} ({type(err).__name__}: {first})") from err
+    if validate:
+        validate_adata(adata, source=str(p), expect_counts=expect_counts)
+    return adata
+
+
+def _read_by_suffix(p: Path, suffix: str) -> ad.AnnData:
+    import scanpy as sc
+
+    if suffix == ".h5ad":
+        return ad.read_h5ad(p)
+    if suffix == ".h5":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # duplicated gene symbols are handled by validate_adata
+            return sc.read_10x_h5(p)
+    if suffix == ".loom":
+        return ad.read_loom(p, sparse=True)
+    if suffix == ".zarr":
+        return ad.read_zarr(p)
+    # .csv: cells are rows, genes are columns; first column holds cell names.
+    import pandas as pd
+
+    frame = pd.read_csv(p, index_col=0)
+    if frame.shape[1] == 0:
+        raise CapeInputError(f"{p} has no gene columns (expected cells × genes with a header row)")
+    non_numeric = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
+    if non_numeric:
+        raise CapeInputError(f"{p}: column {non_numeric[0]!r} is not numeric (expected cells × genes)")
+    adata = ad.AnnData(frame.to_numpy(dtype=np.float32))
+    adata.obs_names = frame.index.astype(str)
+    adata.var_names = frame.columns.astype(str)
+    return adata
+
+
+def _looks_scaled(adata: ad.AnnData) -> bool:
+    return "scale" in adata.uns or ("pca" in adata.uns and adata.raw is not None)
+
+
+def validate_adata(adata: ad.AnnData, *, source: str = "AnnData", expect_counts: bool | None = None) -> ad.AnnData:
+    """Check an AnnData in place: non-empty, finite ``X``, non-negative where expected, unique gene names.
+
+    Duplicated gene names are made unique (``var_names_make_unique``) with a warning; everything else raises
+    :class:`cape.CapeInputError` with a one-line message that names the problem.
+    """
+    if adata.n_obs == 0:
+        raise CapeInputError(f"{source} has 0 cells")
+    if adata.n_vars == 0:
+        raise CapeInputError(f"{source} has 0 genes")
+    x = adata.X
+    if x is None:
+        raise CapeInputError(f"{source} has no expression matrix X")
+    values = x.data if sp.issparse(x) else np.asarray(x)
+    if not np.issubdtype(values.dtype, np.number):
+        raise CapeInputError(f"{source}: X has non-numeric dtype {values.dtype}")
+    if values.size:
+        finite = np.isfinite(values)
+        if not finite.all():
+            bad = np.unravel_index(int(np.argmin(finite)), values.shape) if not sp.issparse(x) else None
+            kind = "NaN" if np.isnan(values).any() else "inf"
+            where = ""
+            if bad is not None and values.ndim == 2:
+                where = f" (first at cell {adata.obs_names[bad[0]]!r}, gene {adata.var_names[bad[1]]!r})"
+            raise CapeInputError(f"{source}: X contains {kind} values{where}")
+        if expect_counts is None:
+            expect_counts = not _looks_scaled(adata)
+        if expect_counts and values.min() < 0:
+            raise CapeInputError(
+                f"{source}: X has negative values (min {values.min():.4g}) where counts or normalised "
+                "expression are expected"
+            )
+    if not adata.var_names.is_unique:
+        dup = adata.var_names[adata.var_names.duplicated()].unique()
+        example = ", ".join(map(str, dup[:5]))
+        warnings.warn(
+            f"{source}: {len(dup)} duplicated gene names ({example}{', …' if len(dup) > 5 else ''}); made unique",
+            UserWarning,
+            stacklevel=2,
+        )
+        adata.var_names_make_unique()
+    if not adata.obs_names.is_unique:
+        adata.obs_names_make_unique()
+    return adata

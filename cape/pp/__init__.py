@@ -1,0 +1,7 @@
+"""Preprocessing (scanpy under the hood)."""
+
+from __future__ import annotations
+
+from .preprocess import detect_scale, preprocess
+
+__all__ = ["detect_scale", "preprocess"]

@@ -1,0 +1,159 @@
+"""The paper's preprocessing (Supp. F.1.1) with scanpy: QC, library-size normalisation, log1p, HVG selection."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anndata as ad
+import numpy as np
+import scipy.sparse as sp
+
+from .._errors import CapeInputError
+from ..data.read import validate_adata
+
+logger = logging.getLogger("cape")
+
+#: Above this maximum a non-integer matrix is not log-scale expression (log1p(1e4-normalised counts) ≤ ~9.3;
+#: a generous margin covers other target sums).
+_LOG_SCALE_MAX = 30.0
+
+
+def _values(x) -> np.ndarray:
+    return x.data if sp.issparse(x) else np.asarray(x).ravel()
+
+
+def detect_scale(adata: ad.AnnData) -> str:
+    """Classify ``adata.X``: ``"counts"`` (non-negative integers), ``"log"`` (log-normalised already, from
+    scanpy's ``uns["log1p"]`` marker or non-integer values ≤ 30) or ``"continuous"`` (other non-negative values,
+    e.g. TPM or intensities)."""
+    if "log1p" in adata.uns:
+        return "log"
+    values = _values(adata.X)
+    sample = values[: 1_000_000]
+    if sample.size == 0 or np.all(np.equal(np.mod(sample, 1), 0)):
+        return "counts"
+    return "log" if float(values.max()) <= _LOG_SCALE_MAX else "continuous"
+
+
+def preprocess(
+    adata: ad.AnnData,
+    min_genes: int = 200,
+    target_sum: float = 1e4,
+    log1p: bool = True,
+    n_top_genes: int = 2000,
+    *,
+    min_cells: int = 0,
+    hvg_flavor: str = "seurat",
+    copy: bool = False,
+) -> ad.AnnData | None:
+    """Quality control, normalisation and gene selection as in the CAPE paper (Supp. F.1.1).
+
+    Steps (scanpy under the hood):
+
+    1. QC: drop cells with fewer than ``min_genes`` detected genes (``sc.pp.filter_cells``) and, when
+       ``min_cells > 0``, genes detected in fewer cells (``sc.pp.filter_genes``).
+    2. Library-size normalisation to ``target_sum`` per cell and ``log1p`` (``sc.pp.normalize_total``,
+       ``sc.pp.log1p``). Raw counts are kept in ``layers["counts"]``. Input that is already log-normalised
+       (scanpy's ``uns["log1p"]`` marker, or non-integer values no larger than 30) is not normalised again.
+    3. Highly variable genes (``sc.pp.highly_variable_genes``, ``n_top_genes``, flavor ``hvg_flavor``) mark
+       the genes that take part in the causal graph: ``var["cape_used"]``. With ``n_top_genes`` ≥ the number
+       of genes, every gene is used.
+
+    Parameters
+    ----------
+    adata
+        Cells × genes, counts or log-normalised expression, non-negative.
+    min_genes
+        Minimum number of detected genes per cell (paper: 200). Must not exceed the number of genes.
+    target_sum
+        Total per cell after normalisation (paper: 10,000).
+    log1p
+        Apply ``log1p`` after normalisation.
+    n_top_genes
+        Number of highly variable genes to use (default 2,000).
+    min_cells
+        Minimum number of cells a gene must be detected in (0: keep all genes).
+    hvg_flavor
+        ``"seurat"`` (log data, default), ``"cell_ranger"`` or ``"seurat_v3"`` (needs counts and scikit-misc).
+    copy
+        Return a modified copy instead of working in place.
+
+    Returns
+    -------
+    ``None``, or the copy when ``copy=True``. Sets ``layers["counts"]`` (when the input held counts),
+    ``var["cape_used"]``, ``var["highly_variable"]`` and friends, ``obs["n_genes"]``, ``uns["log1p"]`` and
+    ``uns["cape"]["preprocess"]`` (parameters, what was done, cells and genes before and after).
+    """
+    if copy:
+        adata = adata.copy()
+    _check_params(adata, min_genes, target_sum, n_top_genes, min_cells)
+    validate_adata(adata, source="input", expect_counts=True)
+    record: dict[str, Any] = {
+        "params": {"min_genes": min_genes, "target_sum": target_sum, "log1p": log1p, "n_top_genes": n_top_genes,
+                   "min_cells": min_cells, "hvg_flavor": hvg_flavor},
+        "n_obs_in": adata.n_obs, "n_vars_in": adata.n_vars,
+    }
+    import scanpy as sc
+
+    if min_genes > 0:
+        n_genes = np.asarray((adata.X > 0).sum(axis=1)).ravel()
+        keep = n_genes >= min_genes
+        if not keep.any():
+            raise CapeInputError(f"no cell has at least min_genes={min_genes} detected genes "
+                                 f"(the most is {int(n_genes.max())}); lower min_genes")
+        if not keep.all():
+            logger.info("QC: removing %d of %d cells with fewer than %d detected genes",
+                        int((~keep).sum()), adata.n_obs, min_genes)
+        adata._inplace_subset_obs(keep)
+        adata.obs["n_genes"] = n_genes[keep]
+    if min_cells > 0:
+        sc.pp.filter_genes(adata, min_cells=min_cells)
+        if adata.n_vars == 0:
+            raise CapeInputError(f"no gene is detected in at least min_cells={min_cells} cells")
+
+    scale = detect_scale(adata)
+    record["input_scale"] = scale
+    if scale == "log":
+        logger.info("input looks log-normalised already; skipping normalisation and log1p")
+        record["normalised"] = False
+    else:
+        if scale == "counts":
+            adata.layers["counts"] = adata.X.copy()
+        else:
+            logger.warning("input is not integer counts (max %.4g); normalising it as expression values, "
+                           "no layers['counts'] kept", float(_values(adata.X).max()))
+        sc.pp.normalize_total(adata, target_sum=target_sum)
+        if log1p:
+            sc.pp.log1p(adata)
+        record["normalised"] = True
+
+    if n_top_genes >= adata.n_vars:
+        logger.info("n_top_genes=%d ≥ %d genes: using every gene", n_top_genes, adata.n_vars)
+        adata.var["highly_variable"] = True
+    else:
+        if hvg_flavor == "seurat_v3" and "counts" not in adata.layers:
+            raise CapeInputError("hvg_flavor='seurat_v3' needs raw counts, but the input has none")
+        sc.pp.highly_variable_genes(
+            adata, n_top_genes=n_top_genes, flavor=hvg_flavor,
+            layer="counts" if hvg_flavor == "seurat_v3" else None,
+        )
+    adata.var["cape_used"] = adata.var["highly_variable"].astype(bool).to_numpy()
+    record.update(n_obs=adata.n_obs, n_vars=adata.n_vars, n_used=int(adata.var["cape_used"].sum()))
+    adata.uns.setdefault("cape", {})["preprocess"] = record
+    logger.info("preprocessed: %d cells × %d genes, %d genes used for the causal graph",
+                adata.n_obs, adata.n_vars, record["n_used"])
+    return adata if copy else None
+
+
+def _check_params(adata: ad.AnnData, min_genes: int, target_sum: float, n_top_genes: int, min_cells: int) -> None:
+    if min_genes < 0:
+        raise CapeInputError(f"min_genes must be ≥ 0, got {min_genes}")
+    if min_genes > adata.n_vars:
+        raise CapeInputError(f"min_genes={min_genes} exceeds the number of genes ({adata.n_vars}); lower min_genes")
+    if not target_sum > 0:
+        raise CapeInputError(f"target_sum must be > 0, got {target_sum}")
+    if n_top_genes < 1:
+        raise CapeInputError(f"n_top_genes must be ≥ 1, got {n_top_genes}")
+    if min_cells < 0:
+        raise CapeInputError(f"min_cells must be ≥ 0, got {min_cells}")

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Every test gets its own empty download cache, so tests never depend on (or fill) the user's cache."""
+    monkeypatch.setenv("CAPE_CACHE_DIR", str(tmp_path_factory.mktemp("cape-cache")))
+
+
+@pytest.fixture
+def counts_adata() -> ad.AnnData:
+    """300 cells × 400 genes of Poisson counts with two cell groups; every cell has > 200 detected genes."""
+    rng = np.random.default_rng(0)
+    rates = rng.gamma(2.0, 1.0, size=400)
+    x = rng.poisson(rates, size=(300, 400)).astype(np.float32)
+    x[150:, :40] += rng.poisson(5.0, size=(150, 40))
+    adata = ad.AnnData(x)
+    adata.obs_names = [f"c{i}" for i in range(300)]
+    adata.var_names = [f"G{i}" for i in range(400)]
+    adata.obs["group"] = pd.Categorical(np.repeat(["a", "b"], 150))
+    return adata

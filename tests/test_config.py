@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cape import CapeInputError
+from cape.config import coerce_config, validate_config
+
+SCHEMA = Path(__file__).resolve().parent.parent / "configs" / "schema.yaml"
+
+
+def test_default_config_is_valid():
+    config = yaml.safe_load((SCHEMA.parent / "config.yaml").read_text())
+    validate_config(config, SCHEMA)
+
+
+def test_nested_strings_are_coerced():
+    config = {"seed": "3", "preprocess": {"min_genes": "10", "target_sum": "1e4", "log1p": "false"}, "input": "null"}
+    coerce_config(config, SCHEMA)
+    assert config == {"seed": 3, "preprocess": {"min_genes": 10, "target_sum": 1e4, "log1p": False}, "input": "null"}
+    validate_config(config, SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"sed": 1}, "unknown config key 'sed' (misspelled?); allowed keys: dataset, device"),
+        ({"preprocess": {"n_top": 5}}, "unknown config key 'preprocess.n_top'"),
+        ({"preprocess": {"min_genes": "many"}}, "config key 'preprocess.min_genes' must be of type integer"),
+        ({"device": "gpu"}, "config key 'device'"),
+    ],
+)
+def test_messages_name_the_key(config, message):
+    coerce_config(config, SCHEMA)
+    with pytest.raises(CapeInputError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        validate_config(config, SCHEMA)

@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import pytest
+
+import cape
+from cape import CapeInputError
+
+
+def test_read_h5ad_roundtrip(tmp_path, counts_adata):
+    path = tmp_path / "x.h5ad"
+    counts_adata.write_h5ad(path)
+    back = cape.data.read(path)
+    assert back.shape == counts_adata.shape
+    np.testing.assert_array_equal(back.X, counts_adata.X)
+
+
+def test_read_csv_cells_by_genes(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text(",g1,g2,g3\ncellA,1,0,2\ncellB,0,3,1\n")
+    adata = cape.data.read(path)
+    assert adata.shape == (2, 3)
+    assert list(adata.var_names) == ["g1", "g2", "g3"]
+    assert list(adata.obs_names) == ["cellA", "cellB"]
+
+
+def test_read_csv_non_numeric_column(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text(",g1,g2\ncellA,1,x\n")
+    with pytest.raises(CapeInputError, match="'g2' is not numeric"):
+        cape.data.read(path)
+
+
+def test_read_loom(tmp_path, counts_adata):
+    pytest.importorskip("loompy")
+    path = tmp_path / "x.loom"
+    counts_adata.write_loom(path)
+    assert cape.data.read(path).shape == counts_adata.shape
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(CapeInputError, match="input file not found"):
+        cape.data.read(tmp_path / "nope.h5ad")
+
+
+def test_text_file_named_h5ad(tmp_path):
+    path = tmp_path / "fake.h5ad"
+    path.write_text("this is not hdf5\n")
+    with pytest.raises(CapeInputError, match=r"cannot read .*fake\.h5ad as \.h5ad") as info:
+        cape.data.read(path)
+    assert "\n" not in str(info.value)
+
+
+def test_unsupported_suffix(tmp_path):
+    path = tmp_path / "x.xlsx"
+    path.write_text("")
+    with pytest.raises(CapeInputError, match="unsupported file type .xlsx"):
+        cape.data.read(path)
+
+
+@pytest.mark.parametrize("shape, what", [((0, 5), "0 cells"), ((5, 0), "0 genes")])
+def test_empty(tmp_path, shape, what):
+    path = tmp_path / "e.h5ad"
+    ad.AnnData(np.zeros(shape, dtype=np.float32)).write_h5ad(path)
+    with pytest.raises(CapeInputError, match=what):
+        cape.data.read(path)
+
+
+@pytest.mark.parametrize("bad, word", [(np.nan, "NaN"), (np.inf, "inf")])
+def test_non_finite(tmp_path, counts_adata, bad, word):
+    counts_adata.X[3, 7] = bad
+    path = tmp_path / "nf.h5ad"
+    counts_adata.write_h5ad(path)
+    with pytest.raises(CapeInputError, match=f"X contains {word} values .*cell 'c3', gene 'G7'"):
+        cape.data.read(path)
+
+
+def test_non_finite_sparse(counts_adata):
+    import scipy.sparse as sp
+
+    counts_adata.X[0, 0] = np.nan
+    counts_adata.X = sp.csr_matrix(counts_adata.X)
+    with pytest.raises(CapeInputError, match="NaN"):
+        cape.data.validate_adata(counts_adata)
+
+
+def test_negative_counts(tmp_path, counts_adata):
+    counts_adata.X[1, 1] = -3
+    path = tmp_path / "neg.h5ad"
+    counts_adata.write_h5ad(path)
+    with pytest.raises(CapeInputError, match="negative values"):
+        cape.data.read(path)
+    # A scaled matrix (scanpy's pp.scale bookkeeping) may be negative, or the caller can say so.
+    assert cape.data.read(path, expect_counts=False).shape == counts_adata.shape
+
+
+def test_duplicated_gene_names_made_unique(tmp_path, counts_adata):
+    names = list(counts_adata.var_names)
+    names[5] = names[4]
+    counts_adata.var_names = names
+    path = tmp_path / "dup.h5ad"
+    counts_adata.write_h5ad(path)
+    with pytest.warns(UserWarning, match="1 duplicated gene names .*G4.*made unique"):
+        adata = cape.data.read(path)
+    assert adata.var_names.is_unique
+    assert "G4-1" in adata.var_names
+
+
+def _write_10x_h5(path, x: np.ndarray, genes: list[str]) -> None:
+    """A Cell Ranger v3 filtered_feature_bc_matrix.h5 (CSC genes × cells) written with h5py."""
+    import h5py
+    import scipy.sparse as sp
+
+    m = sp.csc_matrix(x.T.astype(np.int32))
+    with h5py.File(path, "w") as f:
+        g = f.create_group("matrix")
+        g["barcodes"] = np.array([f"AAAC{i:04d}-1" for i in range(x.shape[0])], dtype="S")
+        g["data"], g["indices"], g["indptr"] = m.data, m.indices, m.indptr
+        g["shape"] = np.array(m.shape, dtype=np.int32)
+        feats = g.create_group("features")
+        feats["id"] = np.array([f"ENSG{i:05d}" for i in range(len(genes))], dtype="S")
+        feats["name"] = np.array(genes, dtype="S")
+        feats["feature_type"] = np.array(["Gene Expression"] * len(genes), dtype="S")
+        feats["genome"] = np.array(["GRCh38"] * len(genes), dtype="S")
+        feats["_all_tag_keys"] = np.array([b"genome"])
+
+
+def test_read_10x_h5_with_duplicated_symbols(tmp_path):
+    x = np.random.default_rng(0).poisson(1.0, size=(20, 6))
+    path = tmp_path / "filtered_feature_bc_matrix.h5"
+    _write_10x_h5(path, x, ["A", "B", "C", "C", "D", "E"])
+    with pytest.warns(UserWarning, match="duplicated gene names"):
+        adata = cape.data.read(path)
+    assert adata.shape == (20, 6)
+    assert adata.var_names.is_unique
+    np.testing.assert_array_equal(adata.X.toarray(), x)

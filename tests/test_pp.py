@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cape
+from cape import CapeInputError
+
+
+def test_preprocess_counts(counts_adata):
+    raw = counts_adata.X.copy()
+    cape.pp.preprocess(counts_adata, min_genes=200, n_top_genes=50)
+    np.testing.assert_array_equal(counts_adata.layers["counts"], raw)
+    # normalised to 1e4 per cell, then log1p
+    np.testing.assert_allclose(np.expm1(counts_adata.X).sum(axis=1), 1e4, rtol=1e-4)
+    assert counts_adata.var["cape_used"].dtype == bool
+    assert counts_adata.var["cape_used"].sum() == 50
+    rec = counts_adata.uns["cape"]["preprocess"]
+    assert rec["input_scale"] == "counts" and rec["normalised"] and rec["n_used"] == 50
+
+
+def test_preprocess_qc_drops_sparse_cells(counts_adata):
+    counts_adata.X[:10, 50:] = 0  # 10 cells with at most 50 detected genes
+    out = cape.pp.preprocess(counts_adata, min_genes=100, n_top_genes=50, copy=True)
+    assert out.n_obs == counts_adata.n_obs - 10
+    assert "cape" not in counts_adata.uns  # copy=True leaves the input alone
+
+
+def test_already_log_normalised_is_not_normalised_twice(counts_adata, caplog):
+    cape.pp.preprocess(counts_adata, n_top_genes=50)
+    once = counts_adata.X.copy()
+    with caplog.at_level("INFO", logger="cape"):
+        cape.pp.preprocess(counts_adata, n_top_genes=50)
+    assert "log-normalised already" in caplog.text
+    np.testing.assert_array_equal(counts_adata.X, once)
+    # without scanpy's marker, non-integer log-scale values are detected too
+    del counts_adata.uns["log1p"]
+    assert cape.pp.detect_scale(counts_adata) == "log"
+
+
+def test_every_gene_used_when_fewer_than_n_top(counts_adata):
+    cape.pp.preprocess(counts_adata, n_top_genes=2000)
+    assert counts_adata.var["cape_used"].all()
+
+
+def test_pbmc68k_reduced_default():
+    adata = cape.data.load("pbmc68k_reduced")
+    before = adata.X.copy()
+    cape.pp.preprocess(adata)
+    assert adata.uns["cape"]["preprocess"]["input_scale"] == "log"
+    assert adata.n_obs == int((np.asarray((before > 0).sum(axis=1)).ravel() >= 200).sum())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"min_genes": 1000}, "min_genes=1000 exceeds the number of genes"),
+        ({"min_genes": -1}, "min_genes must be ≥ 0"),
+        ({"target_sum": 0}, "target_sum must be > 0"),
+        ({"n_top_genes": 0}, "n_top_genes must be ≥ 1"),
+    ],
+)
+def test_bad_parameters(counts_adata, kwargs, message):
+    with pytest.raises(CapeInputError, match=message):
+        cape.pp.preprocess(counts_adata, **kwargs)
+
+
+def test_no_cell_passes_qc(counts_adata):
+    counts_adata.X[:, 100:] = 0
+    with pytest.raises(CapeInputError, match="no cell has at least min_genes=200"):
+        cape.pp.preprocess(counts_adata)
+
+
+def test_negative_input_rejected(counts_adata):
+    counts_adata.X[0, 0] = -1
+    with pytest.raises(CapeInputError, match="negative values"):
+        cape.pp.preprocess(counts_adata)

@@ -1,0 +1,45 @@
+# Shared definitions: config validation (with schema defaults), the run name and the cape command.
+import sys
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from cape import CapeInputError
+from cape.config import coerce_config, validate_config
+
+# cape's check first: one line naming the offending key; then Snakemake's, which fills in the schema defaults.
+# Nested --config overrides arrive as strings; coerce them to the schema's types first.
+SCHEMA = workflow.source_path("../../configs/schema.yaml")
+try:
+    coerce_config(config, SCHEMA)
+    validate_config(config, SCHEMA)
+except CapeInputError as err:
+    raise WorkflowError(f"invalid config: {err}") from None
+validate(config, schema="../../configs/schema.yaml", set_default=True)
+if config["input"] and not Path(config["input"]).exists():
+    raise WorkflowError(f"input file not found: {config['input']}")
+
+# The CLI of the Python running Snakemake, so rules use the same installation (also on cluster nodes
+# that share the file system).
+CAPE = f'"{sys.executable}" -m cape --seed {config["seed"]} --device {config["device"]}'
+
+if config["input"]:
+    RUN = config["name"] or Path(config["input"]).stem
+else:
+    RUN = config["name"] or config["dataset"]
+
+
+def input_spec():
+    """What `cape preprocess --input` reads: the user's file, or `dataset:NAME`."""
+    return config["input"] if config["input"] else f"dataset:{config['dataset']}"
+
+
+def input_files(wildcards):
+    """Snakemake input of the first rule: the user's file (so edits trigger reruns), nothing for datasets."""
+    return [config["input"]] if config["input"] else []
+
+
+def final_outputs():
+    """Final targets of the workflow: the last stage of the pipeline for this run."""
+    return [f"results/{RUN}/preprocessed.h5ad"]

@@ -1,0 +1,27 @@
+rule preprocess:
+    """QC, library-size normalisation, log1p and highly variable genes (paper Supp. F.1.1)."""
+    input:
+        input_files,
+    output:
+        "results/{dataset}/preprocessed.h5ad",
+    log:
+        "logs/{dataset}/preprocess.log",
+    benchmark:
+        "benchmarks/{dataset}/preprocess.tsv"
+    params:
+        cape=CAPE,
+        source=input_spec(),
+        opts=config["preprocess"],
+        log1p="" if config["preprocess"]["log1p"] else "--no-log1p",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+        gpu=0,
+    shell:
+        "{params.cape} preprocess --input {params.source:q} --output {output:q}"
+        " --min-genes {params.opts[min_genes]} --min-cells {params.opts[min_cells]}"
+        " --target-sum {params.opts[target_sum]} --n-top-genes {params.opts[n_top_genes]}"
+        " --hvg-flavor {params.opts[hvg_flavor]}"
+        " {params.log1p}"
+        " > {log:q} 2>&1"
