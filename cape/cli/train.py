@@ -1,0 +1,148 @@
+"""``cape train`` (pretrain + fine-tune a CellTransformer, write the model and ``obsm["X_cape"]``) and
+``cape bench pretrain`` (pretraining throughput and loss per backbone × encoding).
+
+Multi-process: ``torchrun --nproc_per_node N -m cape train ...`` trains with DDP (NCCL on GPUs, gloo on CPU);
+only rank 0 writes outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _option(value: str) -> tuple[str, object]:
+    if "=" not in value:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    key, raw = value.split("=", 1)
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError:
+        parsed = raw
+    return key.strip(), parsed
+
+
+def register(commands, bench) -> None:
+    train = commands.add_parser("train", help="pretrain (masked values) and fine-tune a transformer; embed cells")
+    train.add_argument("--input", "-i", required=True, help="input .h5ad (log-normalised; CAPE keys for 'cape')")
+    train.add_argument("--output", "-o", required=True, help="output .h5ad with obsm['X_cape'] (and predictions)")
+    train.add_argument("--model-dir", default=None, help="model folder (default: <output without .h5ad>_model)")
+    train.add_argument("--label-key", default=None,
+                       help="obs column to fine-tune on; 'auto' = the named dataset's labels; 'none' or absent: "
+                            "no fine-tuning")
+    train.add_argument("--fine-tune-fraction", type=float, default=0.3,
+                       help="fine-tune on this stratified fraction of the labelled cells and keep the rest as test "
+                            "cells in obs['cape_split'] (paper: 0.3); 1 fine-tunes on every labelled cell")
+    train.add_argument("--architecture", choices=["scgpt", "scbert"], default="scgpt")
+    train.add_argument("--encoding", default="cape", help="positional encoding (see `cape encodings list`)")
+    train.add_argument("--encoding-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                       help="encoding option, repeatable (value parsed as JSON when possible)")
+    train.add_argument("--layer", default=None, help="expression layer (default X)")
+    train.add_argument("--use-raw", action="store_true", help="use adata.raw")
+    train.add_argument("--d-model", type=int, default=64)
+    train.add_argument("--n-layers", type=int, default=2)
+    train.add_argument("--n-heads", type=int, default=4)
+    train.add_argument("--max-len", type=int, default=256, help="tokens per cell incl. <cls> (256)")
+    train.add_argument("--dropout", type=float, default=0.1)
+    train.add_argument("--pretrain-epochs", type=int, default=5, help="masked-value epochs; 0 skips (5)")
+    train.add_argument("--mask-ratio", type=float, default=0.15)
+    train.add_argument("--epochs", type=int, default=10, help="fine-tuning epochs (10)")
+    train.add_argument("--batch-size", type=int, default=32, help="per process (32)")
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--validation-fraction", type=float, default=0.1)
+    train.add_argument("--patience", type=int, default=5, help="early-stopping patience in epochs (5)")
+    train.set_defaults(func=run_train)
+
+    pre = bench.add_parser("pretrain", help="pretraining cells/s and loss per backbone × encoding (pbmc68k_reduced)")
+    pre.add_argument("--quick", action="store_true", help="200 cells, 2 epochs, encodings none and cape")
+    pre.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    pre.add_argument("--input", default=None, help=".h5ad to use instead of pbmc68k_reduced (CAPE keys used)")
+    pre.add_argument("--architectures", nargs="+", choices=["scgpt", "scbert"], default=None)
+    pre.add_argument("--encodings", nargs="+", default=None, help="default: none trainable_absolute rope cape")
+    pre.add_argument("--epochs", type=int, default=None, help="default 10 (2 with --quick)")
+    pre.add_argument("--seeds", type=int, nargs="+", default=None)
+    pre.add_argument("--threads", type=int, default=2, help="torch CPU threads (2)")
+    pre.set_defaults(func=run_bench_pretrain)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import logging
+    import shutil
+    from pathlib import Path
+
+    from .. import data
+    from .._errors import CapeInputError
+    from .._io import write_h5ad
+    from ..models import CellTransformer, distributed
+    from ..report import resolve_label_key
+
+    out = Path(args.output)
+    if out.suffix != ".h5ad":
+        raise CapeInputError(f"--output must end in .h5ad, got {args.output}")
+    model_dir = Path(args.model_dir) if args.model_dir else out.with_name(out.stem + "_model")
+    distributed.init_from_env()
+    try:
+        adata = data.read(args.input, expect_counts=False)
+        label_key = resolve_label_key(adata, None if args.label_key in (None, "none") else args.label_key)
+        fit_data = _fine_tune_cells(adata, label_key, args.fine_tune_fraction) if label_key else None
+        model = CellTransformer(adata, args.architecture, args.encoding, layer=args.layer, use_raw=args.use_raw,
+                                d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+                                max_len=args.max_len, dropout=args.dropout,
+                                encoding_options=dict(args.encoding_option), device="auto", seed=None)
+        logging.getLogger("cape").info("%r", model)
+        if args.pretrain_epochs > 0:
+            model.pretrain(adata, epochs=args.pretrain_epochs, mask_ratio=args.mask_ratio,
+                           batch_size=args.batch_size, lr=args.lr, validation_fraction=args.validation_fraction,
+                           early_stopping_patience=args.patience)
+        if fit_data is not None and args.epochs > 0:
+            model.fit(fit_data, label_key, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                      validation_fraction=args.validation_fraction, early_stopping_patience=args.patience)
+        if distributed.is_main_process():
+            model.embed(adata)
+            if model.labels is not None:
+                model.predict(adata, key_added=f"cape_{label_key}_prediction")
+            existed = model_dir.exists()
+            model.save(model_dir)
+            adata.uns["cape"]["model"]["model_dir"] = str(model_dir)
+            try:
+                write_h5ad(adata, out)
+            except BaseException:
+                if not existed:  # leave no half-finished run behind
+                    shutil.rmtree(model_dir, ignore_errors=True)
+                raise
+    finally:
+        distributed.shutdown()
+    return 0
+
+
+def run_bench_pretrain(args: argparse.Namespace) -> int:
+    from ..bench.pretrain import run_benchmark
+
+    run_benchmark(args.out, quick=args.quick, input_path=args.input, architectures=args.architectures,
+                  encoding_names=args.encodings, epochs=args.epochs, seeds=args.seeds, threads=args.threads)
+    return 0
+
+
+def _fine_tune_cells(adata, label_key: str, fraction: float):
+    """The cells to fine-tune on: a stratified ``fraction`` of the labelled cells (Supp. F.1.1); the split is
+    recorded in ``obs["cape_split"]`` ("fine_tune", "test", or "unused" for cells whose class is too small)."""
+    import numpy as np
+
+    from .._errors import CapeInputError
+    from .._settings import resolve_seed
+    from ..bench.annotation import annotation_split, checked_labels
+    from ..report import SPLIT_KEY
+
+    if not 0 < fraction <= 1:
+        raise CapeInputError(f"--fine-tune-fraction must be in (0, 1], got {fraction}")
+    labels = checked_labels(adata, label_key)
+    split = np.full(adata.n_obs, "unused", dtype=object)
+    rows = adata.obs_names.get_indexer(labels.index)
+    if fraction == 1:
+        split[rows] = "fine_tune"
+    else:
+        parts = annotation_split(labels, seed=resolve_seed(None), fine_tune_fraction=fraction)
+        split[rows[parts.fine_tune]] = "fine_tune"
+        split[rows[parts.test]] = "test"
+    adata.obs[SPLIT_KEY] = split.astype(str)
+    return adata[split == "fine_tune"].copy()

@@ -1,0 +1,110 @@
+"""Shared skeleton of the transformer backbones: token embedding, positional encoding hooks, encoder layers.
+
+A backbone maps a padded batch of cells (``gene_ids``, ``values``, ``padding_mask``; see
+:func:`cape.models.tokenize.collate_cells`) to hidden states ``(B, L, d_model)``; position 0 is ``<cls>``, whose
+hidden state is the cell embedding. The positional encoding is one of :func:`cape.encodings.available`, built
+with the backbone's shape and used at the four hooks of :class:`cape.encodings.PositionalEncoding`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from .. import encodings
+from .._errors import CapeInputError
+from ..encodings import GenePositions
+
+
+class Backbone(nn.Module):
+    """Base class of :class:`~cape.models.ScGPTBackbone` and :class:`~cape.models.ScBERTBackbone`.
+
+    Parameters
+    ----------
+    vocab_size
+        Number of gene-vocabulary entries (special tokens included).
+    pad_id
+        Vocabulary index of ``<pad>``.
+    d_model, n_heads, n_layers, d_ff, dropout
+        Shape of the encoder (``d_ff`` defaults to ``4 · d_model``).
+    encoding
+        Registry name of the positional encoding (:func:`cape.encodings.available`).
+    encoding_options
+        Extra keyword arguments for the encoding.
+    positions
+        Per-gene positions for encodings that need them (:func:`cape.models.positions.gene_positions`).
+    gene_embedding
+        Add a learnt per-gene token embedding (scGPT's ``GeneEncoder``).
+    """
+
+    architecture: ClassVar[str] = "base"
+    linear_attention: ClassVar[bool] = False
+
+    def __init__(self, *, vocab_size: int, pad_id: int, d_model: int, n_heads: int, n_layers: int,
+                 d_ff: int | None, dropout: float, encoding: str, encoding_options: dict[str, Any] | None,
+                 positions: GenePositions | None, gene_embedding: bool) -> None:
+        super().__init__()
+        if d_model <= 0 or n_heads <= 0 or d_model % n_heads:
+            raise CapeInputError(f"d_model={d_model} must be a positive multiple of n_heads={n_heads}")
+        if n_layers < 1:
+            raise CapeInputError(f"n_layers must be at least 1, got {n_layers}")
+        if not 0.0 <= dropout < 1.0:
+            raise CapeInputError(f"dropout must be in [0, 1), got {dropout}")
+        self.vocab_size = int(vocab_size)
+        self.pad_id = int(pad_id)
+        self.d_model = int(d_model)
+        self.n_heads = int(n_heads)
+        self.n_layers = int(n_layers)
+        self.d_ff = int(d_ff or 4 * d_model)
+        self.encoding_name = encoding
+        self.encoding = encodings.get(encoding, d_model=self.d_model, n_heads=self.n_heads,
+                                      n_layers=self.n_layers, vocab_size=self.vocab_size, positions=positions,
+                                      **(encoding_options or {}))
+        self.encoding.check_backbone(self.architecture, linear_attention=self.linear_attention)
+        self.use_gene_embedding = bool(gene_embedding)
+
+    # Subclasses build: self.layers (ModuleList of blocks taking (x, encoding, ctx, layer)) and self.final_norm.
+    def embed_tokens(self, gene_ids: Tensor, values: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, gene_ids: Tensor, values: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Hidden states ``(B, L, d_model)`` of a padded batch.
+
+        Parameters
+        ----------
+        gene_ids
+            ``(B, L)`` long vocabulary indices, ``<cls>`` first.
+        values
+            ``(B, L)`` float binned values (masked positions ``MASK_VALUE``, padding ``PAD_VALUE``).
+        padding_mask
+            ``(B, L)`` bool, True = padding.
+        """
+        ctx = self.encoding.begin(gene_ids, padding_mask, values=values)
+        # x + input embedding (absolute encodings), or CAPE's input-mode rotation (F.108).
+        x = self.encoding.apply_input(self.embed_tokens(gene_ids, values), ctx)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, self.encoding, ctx, i)
+            self.encoding.after_layer(ctx, x, i)
+        return self.final_norm(x)
+
+    @staticmethod
+    def cell_embedding(hidden: Tensor) -> Tensor:
+        """The ``<cls>`` token's hidden state, ``(B, d_model)``."""
+        return hidden[:, 0]
+
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments other than positions (for :meth:`CellTransformer.save`)."""
+        raise NotImplementedError
+
+
+def feed_forward(d_model: int, d_ff: int, dropout: float, activation: type[nn.Module]) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(d_model, d_ff), activation(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+
+
+def init_uniform_(embedding: nn.Embedding, bound: float = 0.1) -> None:
+    with torch.no_grad():
+        embedding.weight.uniform_(-bound, bound)
+        if embedding.padding_idx is not None:
+            embedding.weight[embedding.padding_idx].zero_()

@@ -1,0 +1,703 @@
+"""``CellTransformer``: a single-cell transformer with a chosen positional encoding, used like an scvi-tools model.
+
+>>> model = cape.models.CellTransformer(adata, architecture="scgpt", encoding="cape")
+>>> model.pretrain(adata, epochs=5)                  # masked value prediction on unlabelled cells
+>>> model.fit(adata, label_key="cell_type")          # annotation head
+>>> adata.obs["pred"] = model.predict(adata)
+>>> model.embed(adata)                               # obsm["X_cape"], varm["cape_gene_embedding"]
+>>> model.save("model_dir"); model = cape.models.CellTransformer.load("model_dir", adata)
+
+Training runs on ``device="auto"`` (CUDA when present, with mixed precision), clips gradients, keeps the best
+epoch on a validation split (early stopping), shows progress bars and is seeded. Under ``torchrun`` it trains
+with DDP (:mod:`cape.models.distributed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Subset
+
+from .. import __version__
+from .._errors import CapeInputError
+from .._progress import progress
+from .._settings import resolve_device, resolve_seed, seed_everything
+from ..encodings import GenePositions
+from . import distributed
+from .heads import ClsDecoder, ExprDecoder
+from .positions import gene_positions
+from .scbert import ScBERTBackbone
+from .scgpt import ScGPTBackbone
+from .tokenize import CellCollator, CellDataset, GeneVocab, TokenizerConfig, n_value_levels
+
+logger = logging.getLogger("cape")
+
+ARCHITECTURES = {"scgpt": ScGPTBackbone, "scbert": ScBERTBackbone}
+#: scGPT: 51 quantile bins; scBERT: log2 bins 0..5.
+DEFAULT_BINNING = {"scgpt": ("quantile", 51), "scbert": ("log2", 5)}
+_CONFIG_FILE, _WEIGHTS_FILE, _VOCAB_FILE, _POSITIONS_FILE = "config.json", "model.pt", "vocab.json", "positions.pt"
+
+
+# ------------------------------------------------------------------------------------------------ task modules
+class _MaskedValueTask(nn.Module):
+    """Backbone + expression decoder → mean over cells of the per-cell masked loss (MSE or cross-entropy).
+
+    Averaging per cell first makes the loss of a batch the mean of its cells' losses, so DDP's gradient average
+    over equal shards equals single-process training on the union.
+    """
+
+    def __init__(self, backbone: nn.Module, head: ExprDecoder, value_scale: float = 1.0) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+        self.value_scale = float(value_scale)
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        hidden = self.backbone(batch["gene_ids"], batch["masked_values"], batch["padding_mask"])
+        pred = self.head(hidden)
+        mask = batch["mask"]
+        target = batch["values"]
+        if pred.ndim == 2:
+            # Regress bins rescaled to [0, 1] (scGPT regresses 0..50 directly, which with gradient clipping
+            # takes many steps just to reach the mean).
+            target = target / self.value_scale
+        if pred.ndim == 3:  # level logits
+            per_token = nn.functional.cross_entropy(
+                pred.float().flatten(0, 1), target.round().long().clamp(0, pred.shape[-1] - 1).flatten(),
+                reduction="none").view_as(target)
+        else:
+            per_token = (pred.float() - target) ** 2
+        per_cell = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        return per_cell.mean()
+
+
+class _ClassifierTask(nn.Module):
+    def __init__(self, backbone: nn.Module, head: ClsDecoder) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        hidden = self.backbone(batch["gene_ids"], batch["values"], batch["padding_mask"])
+        return self.head(hidden[:, 0])
+
+
+class _SeededShuffle(torch.utils.data.Sampler):
+    """Single-process twin of ``DistributedSampler(shuffle=True, seed=seed)``: the same permutation per epoch."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+# ------------------------------------------------------------------------------------------------ the model
+class CellTransformer:
+    """scGPT- or scBERT-style transformer over the genes of each cell, with any positional encoding.
+
+    Parameters
+    ----------
+    adata
+        AnnData whose genes form the vocabulary; expression must be log-normalised and non-negative (``X``, a
+        ``layer`` or ``.raw``). Positions for the encoding are read from its ``varm``/``varp``/``var`` keys.
+    architecture
+        ``"scgpt"`` (gene + value embedding, softmax SDPA attention, post-norm) or ``"scbert"`` (binned tokens,
+        Performer attention; bias encodings are refused).
+    encoding
+        A name from :func:`cape.encodings.available`.
+    layer, use_raw
+        Where the expression is: ``adata.layers[layer]``, ``adata.raw.X`` or ``adata.X`` (default).
+    d_model, n_heads, n_layers, d_ff, dropout
+        Encoder shape. Defaults are CPU-sized; the paper uses 512/8/4 (scGPT) and 200 (scBERT).
+    max_len
+        Tokens per cell including ``<cls>``; cells with more expressed genes are subsampled (seeded).
+    n_bins, binning
+        Value binning; default 51 quantile bins (scGPT) or log2 bins 0..5 (scBERT).
+    include_zero_genes
+        Tokenise every gene, not only the expressed ones.
+    gene_embedding
+        Learnt per-gene embedding (default: on for scGPT, off for scBERT as in the originals).
+    encoding_options
+        Keyword arguments passed to the encoding.
+    positions
+        Explicit :class:`~cape.encodings.GenePositions` (rows = vocabulary); default: built from ``adata``.
+    n_cls_layers
+        Layers of the annotation head (scGPT: 3).
+    device
+        ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``...
+    amp
+        Mixed precision: ``"auto"`` = on for CUDA.
+    seed
+        Seed of initialisation, splits, gene sampling and masking (default ``cape.settings.seed``).
+    backbone_options
+        Further backbone keywords (e.g. ``n_features`` and ``feature_redraw_interval`` for scBERT).
+    """
+
+    def __init__(self, adata, architecture: str = "scgpt", encoding: str = "cape", *, layer: str | None = None,
+                 use_raw: bool = False, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
+                 d_ff: int | None = None, dropout: float = 0.1, max_len: int = 256, n_bins: int | None = None,
+                 binning: str | None = None, include_zero_genes: bool = False, gene_embedding: bool | None = None,
+                 encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
+                 n_cls_layers: int = 3, device: str = "auto", amp: bool | str = "auto", seed: int | None = None,
+                 **backbone_options: Any) -> None:
+        if architecture not in ARCHITECTURES:
+            raise CapeInputError(f"unknown architecture {architecture!r}; choose from {sorted(ARCHITECTURES)}")
+        self.seed = resolve_seed(seed)
+        self.architecture = architecture
+        self.layer, self.use_raw = layer, bool(use_raw)
+        X, var_names = self._expression(adata)
+        self.vocab = GeneVocab.from_genes(var_names)
+        default_binning, default_bins = DEFAULT_BINNING[architecture]
+        self.tokenizer = TokenizerConfig(binning=binning or default_binning, n_bins=n_bins or default_bins,
+                                         max_len=max_len, include_zero_genes=include_zero_genes)
+        encoding_options = dict(encoding_options or {})
+        if encoding == "static_absolute" and encoding_options.get("gene2vec_path") is not None and positions is None:
+            # Read the gene2vec file once here: its vectors then travel in positions.pt, not as a path.
+            from ..encodings.static_absolute import read_gene2vec
+
+            positions = read_gene2vec(encoding_options.pop("gene2vec_path"), self.vocab.tokens)
+        if positions is None:
+            positions = gene_positions(self._position_source(adata), self.vocab, encoding,
+                                       encoding_options=encoding_options, expression=X, max_dim=d_model)
+        self.positions = positions
+        self.n_cls_layers = int(n_cls_layers)
+        self.labels: list[str] | None = None
+        self.label_key: str | None = None
+        self.history: dict[str, list[dict[str, float]]] = {}
+        self._backbone_kwargs = dict(d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_ff=d_ff,
+                                     dropout=dropout, encoding=encoding, encoding_options=encoding_options,
+                                     **backbone_options)
+        if gene_embedding is not None:
+            self._backbone_kwargs["gene_embedding"] = gene_embedding
+        self.device = distributed.device_for_rank(resolve_device(device))
+        self.amp = (self.device.type == "cuda") if amp == "auto" else bool(amp)
+        self._build()
+
+    # ---------------------------------------------------------------------------------------------- building
+    def _build(self) -> None:
+        seed_everything(self.seed)
+        kwargs = dict(self._backbone_kwargs)
+        if self.architecture == "scbert":
+            kwargs.setdefault("n_levels", n_value_levels(self.tokenizer.binning, self.tokenizer.n_bins))
+            kwargs.setdefault("seed", self.seed)
+            kwargs.setdefault("cls_id", self.vocab.cls_id)
+        self.backbone = ARCHITECTURES[self.architecture](len(self.vocab), self.vocab.pad_id,
+                                                         positions=self.positions, **kwargs)
+        levels = n_value_levels(self.tokenizer.binning, self.tokenizer.n_bins)
+        # scGPT regresses the binned value; scBERT classifies the masked token's level.
+        self.expr_head = ExprDecoder(self.backbone.d_model, 1 if self.architecture == "scgpt" else levels)
+        self.cls_head = None if self.labels is None else ClsDecoder(self.backbone.d_model, len(self.labels),
+                                                                    self.n_cls_layers)
+        self.module = nn.ModuleDict({"backbone": self.backbone, "expr_head": self.expr_head})
+        if self.cls_head is not None:
+            self.module["cls_head"] = self.cls_head
+        self.module.to(self.device)
+
+    def _position_source(self, adata):
+        # Positions live on the genes of the AnnData the expression comes from (.raw has its own var).
+        return adata.raw.to_adata() if self.use_raw else adata
+
+    def _expression(self, adata) -> tuple[Any, pd.Index]:
+        if self.use_raw:
+            if adata.raw is None:
+                raise CapeInputError("use_raw=True but the AnnData has no .raw")
+            X, names = adata.raw.X, adata.raw.var_names
+        elif self.layer is not None:
+            if self.layer not in adata.layers:
+                raise CapeInputError(f"layer '{self.layer}' not in adata.layers ({', '.join(adata.layers) or 'none'})")
+            X, names = adata.layers[self.layer], adata.var_names
+        else:
+            X, names = adata.X, adata.var_names
+        if X is None:
+            raise CapeInputError("the AnnData has no expression matrix")
+        data = X.data if sp.issparse(X) else np.asarray(X)
+        if data.size and np.nanmin(data) < 0:
+            raise CapeInputError(
+                "expression has negative values (scaled data?): give log-normalised counts via layer= or use_raw=True"
+            )
+        return X, names
+
+    def _gene_ids(self, var_names) -> np.ndarray:
+        n_unknown, n_absent = self.vocab.difference(var_names)
+        if not getattr(self, "strict_genes", True):
+            # Imported foundation-model vocabularies: keep the AnnData's genes that the vocabulary knows.
+            if n_unknown == len(var_names):
+                raise CapeInputError("none of the AnnData's genes is in the model's gene vocabulary")
+            if n_unknown:
+                logger.info("%d of %d genes are not in the model's vocabulary and are left out",
+                            n_unknown, len(var_names))
+            return self.vocab.lookup(var_names)
+        if n_unknown or n_absent:
+            raise CapeInputError(
+                f"gene vocabulary mismatch: {n_unknown} of the AnnData's {len(var_names)} genes are not in the "
+                f"model's vocabulary and {n_absent} of the model's {len(self.vocab.genes)} genes are missing "
+                "from the AnnData"
+            )
+        return self.vocab.lookup(var_names)
+
+    def _dataset(self, adata, *, labels: np.ndarray | None = None, mask_ratio: float = 0.0) -> CellDataset:
+        X, names = self._expression(adata)
+        return CellDataset(X, self._gene_ids(names), self.vocab, self.tokenizer, labels=labels,
+                           mask_ratio=mask_ratio, seed=self.seed)
+
+    def _split(self, n: int, validation_fraction: float, stratify: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        if not 0.0 <= validation_fraction < 1.0:
+            raise CapeInputError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
+        n_val = round(validation_fraction * n)
+        if n_val == 0:
+            return np.arange(n), np.arange(0)
+        from sklearn.model_selection import train_test_split
+
+        ok_strata = stratify is not None and np.bincount(stratify).min(initial=2) >= 2 and n_val >= len(
+            np.unique(stratify))
+        train, val = train_test_split(np.arange(n), test_size=n_val, random_state=self.seed % (2**32),
+                                      stratify=stratify if ok_strata else None)
+        return np.sort(train), np.sort(val)
+
+    # ---------------------------------------------------------------------------------------------- training
+    def _autocast(self):
+        if not self.amp or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.autocast(device_type="cuda", dtype=dtype)
+
+    def _to_device(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def _train(self, task: nn.Module, loss_fn, train_set, val_set, *, epochs: int, batch_size: int, lr: float,
+               weight_decay: float, grad_clip: float | None, patience: int | None, desc: str,
+               num_workers: int) -> list[dict[str, float]]:
+        if epochs < 1:
+            raise CapeInputError(f"epochs must be at least 1, got {epochs}")
+        if batch_size < 1:
+            raise CapeInputError(f"batch_size must be at least 1, got {batch_size}")
+        if len(train_set) == 0:
+            raise CapeInputError("no cells left for training")
+        collate = CellCollator(self.vocab.pad_id)
+        if distributed.is_active():
+            sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=self.seed)
+        else:
+            sampler = _SeededShuffle(len(train_set), self.seed)
+        loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, collate_fn=collate,
+                            num_workers=num_workers, pin_memory=self.device.type == "cuda")
+        model = task
+        if distributed.is_active():
+            from torch.nn.parallel import DistributedDataParallel
+
+            # Some encodings leave parameters without gradient (e.g. TAPE's update after the last layer); DDP
+            # must be told, and pays an extra graph traversal per step only then.
+            unused = self._has_unused_parameters(task, loss_fn, next(iter(loader)))
+            model = DistributedDataParallel(
+                task, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=unused)
+        val_loader = (DataLoader(val_set, batch_size=batch_size, shuffle=False, collate_fn=collate,
+                                 num_workers=num_workers) if val_set is not None and len(val_set) else None)
+        params = [p for p in task.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        use_scaler = self.amp and self.device.type == "cuda" and not torch.cuda.is_bf16_supported()
+        scaler = torch.amp.GradScaler("cuda", enabled=use_scaler)
+        history: list[dict[str, float]] = []
+        best, best_state, bad_epochs = math.inf, None, 0
+        bar = progress(range(epochs), desc=desc, total=epochs)
+        for epoch in bar:
+            sampler.set_epoch(epoch)
+            _dataset_of(train_set).set_epoch(epoch)
+            model.train()
+            start = time.perf_counter()
+            total, n_cells = 0.0, 0
+            for batch in loader:
+                batch = self._to_device(batch)
+                with self._autocast():
+                    loss = loss_fn(model, batch)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                if grad_clip:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(params, grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                b = batch["gene_ids"].shape[0]
+                total += float(loss.detach()) * b
+                n_cells += b
+            seconds = time.perf_counter() - start
+            total, n_cells = distributed.all_reduce_sum([total, float(n_cells)], self.device)
+            record = {"epoch": epoch + 1, "train_loss": total / max(n_cells, 1), "seconds": seconds,
+                      "cells_per_s": n_cells / max(seconds, 1e-9)}
+            if val_loader is not None:
+                # Every process scores the whole validation set: identical numbers, so early stopping agrees.
+                record["val_loss"] = self._evaluate(task, loss_fn, val_loader)
+                if record["val_loss"] < best - 1e-6:
+                    best, bad_epochs = record["val_loss"], 0
+                    best_state = copy.deepcopy(task.state_dict())
+                else:
+                    bad_epochs += 1
+            history.append(record)
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix({k: round(v, 4) for k, v in record.items() if k.endswith("loss")})
+            logger.debug("%s epoch %d: %s", desc, epoch + 1, record)
+            if patience is not None and val_loader is not None and bad_epochs >= patience:
+                logger.info("%s: early stop after epoch %d (best validation loss %.4f)", desc, epoch + 1, best)
+                break
+        if best_state is not None:
+            task.load_state_dict(best_state)
+        return history
+
+    def _has_unused_parameters(self, task: nn.Module, loss_fn, batch: dict[str, Tensor]) -> bool:
+        """One forward/backward in eval mode (no dropout draws, no Performer redraw count): does any trainable
+        parameter get no gradient?"""
+        was_training = task.training
+        task.eval()
+        task.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss = loss_fn(task, self._to_device(batch))
+        loss.backward()
+        unused = any(p.requires_grad and p.grad is None for p in task.parameters())
+        task.zero_grad(set_to_none=True)
+        task.train(was_training)
+        return unused
+
+    @torch.no_grad()
+    def _evaluate(self, task: nn.Module, loss_fn, loader) -> float:
+        task.eval()
+        total, n = 0.0, 0
+        for batch in loader:
+            batch = self._to_device(batch)
+            with self._autocast():
+                loss = loss_fn(task, batch)
+            b = batch["gene_ids"].shape[0]
+            total += float(loss) * b
+            n += b
+        return total / max(n, 1)
+
+    def pretrain(self, adata, epochs: int = 10, mask_ratio: float = 0.15, *, batch_size: int = 32,
+                 lr: float = 1e-3, weight_decay: float = 0.01, grad_clip: float | None = 1.0,
+                 validation_fraction: float = 0.1, early_stopping_patience: int | None = 5,
+                 num_workers: int = 0) -> list[dict[str, float]]:
+        """Masked value prediction on (unlabelled) cells.
+
+        A fraction ``mask_ratio`` of each cell's gene tokens has its value hidden (``MASK_VALUE``); the model
+        predicts the binned value (scGPT: squared error on bins rescaled to [0, 1]) or the level (scBERT:
+        cross-entropy) from the rest. The loss is averaged per cell, then over cells.
+
+        Returns the per-epoch history (``train_loss``, ``val_loss``, ``seconds``, ``cells_per_s``), also kept in
+        ``self.history["pretrain"]``. The weights of the best validation epoch are kept.
+        """
+        if not 0.0 < mask_ratio < 1.0:
+            raise CapeInputError(f"mask_ratio must be in (0, 1), got {mask_ratio}")
+        seed_everything(self.seed)
+        data = self._dataset(adata, mask_ratio=mask_ratio)
+        train_idx, val_idx = self._split(len(data), validation_fraction)
+        task = _MaskedValueTask(self.backbone, self.expr_head, value_scale=self._value_scale())
+        history = self._train(task, lambda m, b: m(b), Subset(data, train_idx),
+                              Subset(data, val_idx) if len(val_idx) else None, epochs=epochs,
+                              batch_size=batch_size, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip,
+                              patience=early_stopping_patience, desc="pretrain", num_workers=num_workers)
+        self.history["pretrain"] = history
+        return history
+
+    def fit(self, adata, label_key: str, epochs: int = 10, *, batch_size: int = 32, lr: float = 1e-3,
+            weight_decay: float = 0.01, grad_clip: float | None = 1.0, validation_fraction: float = 0.1,
+            early_stopping_patience: int | None = 5, freeze_backbone: bool = False,
+            num_workers: int = 0) -> list[dict[str, float]]:
+        """Train the annotation head (and, unless ``freeze_backbone``, the backbone) on ``obs[label_key]``.
+
+        Cells with a missing label are left out. The validation split is stratified when every class has at
+        least two cells.
+        """
+        if label_key not in adata.obs:
+            raise CapeInputError(f"label key '{label_key}' not in adata.obs ({', '.join(map(str, adata.obs))})")
+        raw = adata.obs[label_key]
+        keep = np.flatnonzero(raw.notna().to_numpy())
+        if keep.size < 2:
+            raise CapeInputError(f"obs['{label_key}'] has fewer than two labelled cells")
+        classes = sorted(pd.unique(raw.iloc[keep].astype(str)))
+        if len(classes) < 2:
+            raise CapeInputError(f"obs['{label_key}'] has a single class ({classes[0]!r}); need at least two")
+        if self.labels != classes:
+            self.labels = classes
+            self.cls_head = ClsDecoder(self.backbone.d_model, len(classes), self.n_cls_layers).to(self.device)
+            self.module["cls_head"] = self.cls_head
+        self.label_key = label_key
+        codes = np.full(adata.n_obs, -1, dtype=np.int64)
+        codes[keep] = pd.Categorical(raw.iloc[keep].astype(str), categories=classes).codes
+        seed_everything(self.seed)
+        data = self._dataset(adata, labels=codes)
+        train_pos, val_pos = self._split(keep.size, validation_fraction, stratify=codes[keep])
+        for p in self.backbone.parameters():
+            p.requires_grad_(not freeze_backbone)
+        task = _ClassifierTask(self.backbone, self.cls_head)
+
+        def loss_fn(m, batch):
+            return nn.functional.cross_entropy(m(batch).float(), batch["label"])
+
+        try:
+            history = self._train(task, loss_fn, Subset(data, keep[train_pos]),
+                                  Subset(data, keep[val_pos]) if len(val_pos) else None, epochs=epochs,
+                                  batch_size=batch_size, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip,
+                                  patience=early_stopping_patience, desc="fit", num_workers=num_workers)
+        finally:
+            for p in self.backbone.parameters():
+                p.requires_grad_(True)
+        self.history["fit"] = history
+        return history
+
+    # ---------------------------------------------------------------------------------------------- inference
+    @torch.no_grad()
+    def _forward_all(self, adata, batch_size: int, fn) -> list:
+        data = self._dataset(adata)
+        loader = DataLoader(data, batch_size=batch_size, shuffle=False, collate_fn=CellCollator(self.vocab.pad_id))
+        self.module.eval()
+        out = []
+        for batch in progress(loader, desc="inference"):
+            batch = self._to_device(batch)
+            with self._autocast():
+                hidden = self.backbone(batch["gene_ids"], batch["values"], batch["padding_mask"])
+            out.append(fn(hidden.float(), batch))
+        return out
+
+    def predict(self, adata, *, batch_size: int = 64, key_added: str | None = None,
+                return_probabilities: bool = False):
+        """Predicted labels (a categorical of the training classes), or ``(n_cells, n_classes)`` probabilities.
+
+        With ``key_added``, also writes the labels to ``adata.obs[key_added]``.
+        """
+        if self.cls_head is None or self.labels is None:
+            raise CapeInputError("the model has no annotation head: call fit(adata, label_key) first")
+        parts = self._forward_all(adata, batch_size,
+                                  lambda h, b: torch.softmax(self.cls_head(h[:, 0]).float(), -1).cpu())
+        probs = torch.cat(parts).numpy()
+        if return_probabilities:
+            return probs
+        labels = pd.Categorical.from_codes(probs.argmax(1), categories=self.labels)
+        if key_added is not None:
+            adata.obs[key_added] = pd.Categorical(np.asarray(labels), categories=self.labels)
+        return labels
+
+    def embed(self, adata, *, key_added: str = "X_cape", gene_key: str | None = "cape_gene_embedding",
+              batch_size: int = 64, copy: bool = False):
+        """Cell embeddings (``<cls>`` hidden state) → ``obsm[key_added]``; gene embeddings → ``varm[gene_key]``.
+
+        A gene's embedding is the mean of its contextual hidden states over the cells where it was tokenised
+        (zeros for genes never tokenised); ``var[f"{gene_key}_n_cells"]`` counts those cells.
+        Returns the AnnData when ``copy``, else None.
+        """
+        adata = adata.copy() if copy else adata
+        n_vocab, d = len(self.vocab), self.backbone.d_model
+        gene_sum = torch.zeros(n_vocab, d, dtype=torch.float64, device=self.device)
+        gene_n = torch.zeros(n_vocab, dtype=torch.float64, device=self.device)
+
+        def take(hidden: Tensor, batch: dict[str, Tensor]) -> Tensor:
+            ids = batch["gene_ids"][:, 1:].reshape(-1)
+            keep = ~batch["padding_mask"][:, 1:].reshape(-1)
+            gene_sum.index_add_(0, ids[keep], hidden[:, 1:].reshape(-1, d)[keep].double())
+            gene_n.index_add_(0, ids[keep], torch.ones_like(ids[keep], dtype=torch.float64))
+            return hidden[:, 0].cpu()
+
+        cells = torch.cat(self._forward_all(adata, batch_size, take)).numpy().astype(np.float32)
+        adata.obsm[key_added] = cells
+        if gene_key is not None:
+            mean = (gene_sum / gene_n.clamp(min=1)[:, None]).cpu().numpy().astype(np.float32)
+            _, names = self._expression(adata)
+            if self.use_raw:
+                logger.info("gene embeddings not stored: use_raw genes are not adata.var_names")
+            else:
+                rows = self.vocab.lookup(names)
+                known = rows >= 0  # genes outside an imported vocabulary get zeros and a count of 0
+                table = np.zeros((len(rows), d), dtype=np.float32)
+                table[known] = mean[rows[known]]
+                counts = np.zeros(len(rows), dtype=np.int64)
+                counts[known] = gene_n.cpu().numpy()[rows[known]].astype(np.int64)
+                adata.varm[gene_key] = table
+                adata.var[f"{gene_key}_n_cells"] = counts
+        adata.uns.setdefault("cape", {})["model"] = self._record()
+        return adata if copy else None
+
+    def gene_embedding_table(self) -> pd.DataFrame | None:
+        """The learnt (context-free) gene token embedding, genes × d (None without a gene embedding)."""
+        emb = getattr(self.backbone, "encoder", None)
+        weight = emb.embedding.weight if emb is not None else getattr(self.backbone, "gene_emb", None)
+        weight = weight.weight if isinstance(weight, nn.Embedding) else weight
+        if weight is None:
+            return None
+        ids = self.vocab.lookup(self.vocab.genes)
+        return pd.DataFrame(weight.detach().cpu().numpy()[ids], index=self.vocab.genes)
+
+    # ---------------------------------------------------------------------------------------------- persistence
+    def _value_scale(self) -> float:
+        """Regression unit of the expression decoder: bins / (levels − 1), or raw bins for imported scGPT."""
+        scale = getattr(self, "value_scale", None)
+        return float(scale) if scale else float(n_value_levels(self.tokenizer.binning, self.tokenizer.n_bins) - 1)
+
+    def _config(self) -> dict[str, Any]:
+        kwargs = {k: v for k, v in self._backbone_kwargs.items()}
+        return {"cape_version": __version__, "architecture": self.architecture, "backbone": kwargs,
+                "tokenizer": asdict(self.tokenizer), "layer": self.layer, "use_raw": self.use_raw,
+                "labels": self.labels, "label_key": self.label_key, "n_cls_layers": self.n_cls_layers,
+                "seed": self.seed, "history": self.history, "strict_genes": getattr(self, "strict_genes", True),
+                "value_scale": self._value_scale()}
+
+    def _record(self) -> dict[str, Any]:
+        """Parameters, seed and training history in a form ``.h5ad`` can store (no None, histories columnar)."""
+        cfg = self._config()
+        cfg["n_parameters"] = int(sum(p.numel() for p in self.module.parameters()))
+        cfg["device"] = str(self.device)
+        cfg["history"] = {task: {key: [r.get(key, np.nan) for r in rows] for key in rows[0]}
+                          for task, rows in self.history.items() if rows}
+        return _h5_safe(json.loads(json.dumps(cfg, default=str)))
+
+    def save(self, directory: str | Path, *, overwrite: bool = True) -> Path:
+        """Write ``config.json``, ``vocab.json``, ``model.pt`` (state dict) and ``positions.pt`` to ``directory``.
+
+        Written to a temporary folder first and renamed, so a failure leaves no partial model behind. Only the
+        main process writes under DDP.
+        """
+        target = Path(directory)
+        if not distributed.is_main_process():
+            return target
+        if target.exists():
+            if not overwrite:
+                raise CapeInputError(f"model directory {target} exists (overwrite=False)")
+            if any(target.iterdir()) and not (target / _CONFIG_FILE).exists():
+                raise CapeInputError(f"{target} exists and is not a cape model directory; refusing to overwrite")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            (tmp / _CONFIG_FILE).write_text(json.dumps(self._config(), indent=2, default=str))
+            self.vocab.to_json(tmp / _VOCAB_FILE)
+            state = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+            torch.save(state, tmp / _WEIGHTS_FILE)
+            if self.positions is not None:
+                torch.save({k: getattr(self.positions, k) for k in
+                            ("vectors", "order", "has_position", "graph_distance", "vectors_are_angles",
+                             "source")}, tmp / _POSITIONS_FILE)
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+        return target
+
+    @classmethod
+    def load(cls, directory: str | Path, adata=None, *, device: str = "auto") -> CellTransformer:
+        """Load a model written by :meth:`save`; with ``adata``, check that its genes match the vocabulary."""
+        directory = Path(directory)
+        if not (directory / _CONFIG_FILE).is_file() or not (directory / _WEIGHTS_FILE).is_file():
+            raise CapeInputError(f"{directory} is not a cape model directory (no {_CONFIG_FILE} / {_WEIGHTS_FILE})")
+        cfg = json.loads((directory / _CONFIG_FILE).read_text())
+        self = cls.__new__(cls)
+        self.architecture = cfg["architecture"]
+        self.seed = int(cfg["seed"])
+        self.layer, self.use_raw = cfg["layer"], bool(cfg["use_raw"])
+        self.vocab = GeneVocab.from_json(directory / _VOCAB_FILE)
+        self.tokenizer = TokenizerConfig(**cfg["tokenizer"])
+        self.labels, self.label_key = cfg["labels"], cfg["label_key"]
+        self.n_cls_layers = int(cfg["n_cls_layers"])
+        self.history = cfg.get("history", {})
+        self.strict_genes = bool(cfg.get("strict_genes", True))
+        self.value_scale = cfg.get("value_scale")
+        self._backbone_kwargs = cfg["backbone"]
+        self.positions = None
+        if (directory / _POSITIONS_FILE).is_file():
+            self.positions = GenePositions(**torch.load(directory / _POSITIONS_FILE, weights_only=True))
+        self.device = distributed.device_for_rank(resolve_device(device))
+        self.amp = self.device.type == "cuda"
+        self._build()
+        state = torch.load(directory / _WEIGHTS_FILE, map_location=self.device, weights_only=True)
+        self.module.load_state_dict(state)
+        if adata is not None:
+            self._gene_ids(self._expression(adata)[1])
+        return self
+
+    @classmethod
+    def from_scgpt(cls, directory: str | Path, adata, *, encoding: str = "none",
+                   encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
+                   layer: str | None = None, use_raw: bool = False, max_len: int = 1200,
+                   include_zero_genes: bool = False, dropout: float | None = None, device: str = "auto",
+                   amp: bool | str = "auto", seed: int | None = None) -> CellTransformer:
+        """A CellTransformer around a published scGPT checkpoint (:func:`load_scgpt_checkpoint`).
+
+        The gene vocabulary is the checkpoint's; genes of ``adata`` outside it are left out (as scGPT does), and
+        positions for ``encoding`` are read from ``adata`` for the genes it shares with the vocabulary. Continue
+        with :meth:`pretrain` / :meth:`fit` / :meth:`embed`.
+        """
+        from .scgpt_checkpoint import load_scgpt_checkpoint
+
+        self = cls.__new__(cls)
+        self.seed = resolve_seed(seed)
+        self.architecture = "scgpt"
+        self.layer, self.use_raw = layer, bool(use_raw)
+        self.strict_genes = False
+        self.value_scale = 1.0  # scGPT's decoder regresses the raw bins
+        self.vocab = GeneVocab.from_json(Path(directory) / "vocab.json")
+        X, _ = self._expression(adata)
+        encoding_options = dict(encoding_options or {})
+        if positions is None:
+            positions = gene_positions(self._position_source(adata), self.vocab, encoding,
+                                       encoding_options=encoding_options, expression=X)
+        imported = load_scgpt_checkpoint(directory, encoding=encoding, encoding_options=encoding_options,
+                                         positions=positions, dropout=dropout)
+        args = imported.args
+        self.tokenizer = TokenizerConfig(binning="quantile", n_bins=int(args.get("n_bins", 51)), max_len=max_len,
+                                         include_zero_genes=include_zero_genes)
+        self.positions = positions
+        self.n_cls_layers = int(args.get("n_layers_cls", 3))
+        self.labels, self.label_key, self.history = None, None, {}
+        bb = imported.backbone
+        self._backbone_kwargs = dict(d_model=bb.d_model, n_heads=bb.n_heads, n_layers=bb.n_layers, d_ff=bb.d_ff,
+                                     dropout=bb.dropout_p, encoding=encoding, encoding_options=encoding_options)
+        self.device = distributed.device_for_rank(resolve_device(device))
+        self.amp = (self.device.type == "cuda") if amp == "auto" else bool(amp)
+        self._build()
+        self.backbone.load_state_dict(bb.state_dict())
+        if imported.decoder is not None:
+            self.expr_head.load_state_dict(imported.decoder.state_dict())
+        self._gene_ids(self._expression(adata)[1])  # fails early when no gene overlaps
+        return self
+
+    def __repr__(self) -> str:
+        n = sum(p.numel() for p in self.module.parameters())
+        return (f"CellTransformer({self.architecture}, encoding={self.backbone.encoding_name!r}, "
+                f"{len(self.vocab.genes)} genes, d_model={self.backbone.d_model}, {n:,} parameters, "
+                f"device={self.device})")
+
+
+def _dataset_of(data) -> CellDataset:
+    return data.dataset if isinstance(data, Subset) else data
+
+
+def _h5_safe(value):
+    """Drop None (h5py cannot store it) and turn lists of strings/numbers into arrays, recursively."""
+    if isinstance(value, dict):
+        return {k: _h5_safe(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        if all(isinstance(v, str) for v in value):
+            return np.asarray(value, dtype=object) if value else np.zeros(0)
+        return np.asarray([np.nan if v is None else v for v in value], dtype=float)
+    return value

@@ -1,0 +1,48 @@
+"""``cape train``: pretrain + fine-tune from the command line; bad input gives one line and no output."""
+
+from __future__ import annotations
+
+import anndata as ad
+import pytest
+import torch
+from _models_data import cape_adata
+
+from cape.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_cape_train_writes_model_and_embeddings(tmp_path):
+    cape_adata(n_cells=40).write_h5ad(tmp_path / "in.h5ad")
+    out = tmp_path / "out" / "trained.h5ad"
+    code = main(["--quiet", "train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--label-key", "cell_type",
+                 "--pretrain-epochs", "1", "--epochs", "1", "--d-model", "16", "--n-heads", "2", "--max-len", "32",
+                 "--encoding", "cape", "--encoding-option", "scale=0.5"])
+    assert code == 0
+    result = ad.read_h5ad(out)
+    assert result.obsm["X_cape"].shape == (40, 16)
+    assert set(result.obs["cape_cell_type_prediction"]) <= {"t", "b", "nk"}
+    assert set(result.uns["cape"]["model"]["history"]) == {"pretrain", "fit"}
+    # fine-tuned on a stratified 30 % of the cells (Supp. F.1.1); the rest are test cells for `cape evaluate`
+    split = result.obs["cape_split"].value_counts()
+    assert split["fine_tune"] == 12 and split["test"] == 28
+    model_dir = tmp_path / "out" / "trained_model"
+    assert {p.name for p in model_dir.iterdir()} == {"config.json", "vocab.json", "model.pt", "positions.pt"}
+
+
+def test_cape_train_bad_input_is_one_line(tmp_path, capsys):
+    cape_adata(n_cells=20).write_h5ad(tmp_path / "in.h5ad")
+    out = tmp_path / "o.h5ad"
+    assert main(["train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--label-key", "nope"]) == 2
+    assert main(["train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--encoding", "alibi"]) == 2
+    assert main(["train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--architecture", "scbert",
+                 "--encoding", "grape_a", "--pretrain-epochs", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "nope" in err[0] and "alibi" in err[1] and "cannot apply" in err[2]
+    assert not out.exists() and not (tmp_path / "o_model").exists()

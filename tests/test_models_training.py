@@ -1,0 +1,144 @@
+"""CellTransformer training: pretraining, annotation, embeddings, early stopping, seeding and DDP on gloo."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from _models_data import cape_adata
+
+from cape import CapeInputError
+from cape.models import CellTransformer
+
+SMALL = dict(d_model=32, n_heads=4, n_layers=2, max_len=32, dropout=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread: the test machine's 2 cores are shared, and OpenMP spinning with 2 threads on a
+    loaded machine makes these tiny models ~50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def adata():
+    return cape_adata(n_cells=60)
+
+
+@pytest.mark.parametrize("architecture", ["scgpt", "scbert"])
+def test_pretraining_lowers_the_masked_loss(adata, architecture):
+    model = CellTransformer(adata, architecture, "cape", **SMALL, seed=0)
+    history = model.pretrain(adata, epochs=6, batch_size=16, lr=3e-3, validation_fraction=0.2,
+                             early_stopping_patience=None)
+    assert len(history) == 6 and {"train_loss", "val_loss", "cells_per_s"} <= set(history[0])
+    assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
+    assert min(h["val_loss"] for h in history) < history[0]["val_loss"]
+
+
+def test_fit_predict_embed(adata):
+    model = CellTransformer(adata, "scgpt", "rope", **SMALL, seed=0)
+    model.fit(adata, "cell_type", epochs=12, batch_size=16, lr=3e-3, validation_fraction=0.0)
+    labels = model.predict(adata, key_added="pred")
+    assert list(labels.categories) == ["b", "nk", "t"]
+    accuracy = np.mean(np.asarray(labels) == adata.obs["cell_type"].to_numpy())
+    assert accuracy > 0.7                                    # marker genes make the three groups separable
+    assert (adata.obs["pred"].to_numpy() == np.asarray(labels)).all()
+    probs = model.predict(adata, return_probabilities=True)
+    np.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-5)
+    out = model.embed(adata, copy=True)
+    assert out.obsm["X_cape"].shape == (adata.n_obs, 32) and np.isfinite(out.obsm["X_cape"]).all()
+    assert out.varm["cape_gene_embedding"].shape == (adata.n_vars, 32)
+    n_cells = out.var["cape_gene_embedding_n_cells"].to_numpy()
+    assert n_cells.max() <= adata.n_obs and (n_cells > 0).any()
+    assert out.uns["cape"]["model"]["architecture"] == "scgpt"
+    assert "X_cape" not in adata.obsm                        # copy=True leaves the input alone
+    table = model.gene_embedding_table()
+    assert table.shape == (adata.n_vars, 32) and list(table.index) == list(adata.var_names)
+
+
+def test_fit_roundtrip_keeps_the_classifier(adata, tmp_path):
+    model = CellTransformer(adata, "scbert", "tape", **SMALL, seed=0)
+    model.fit(adata, "cell_type", epochs=1, batch_size=16)
+    model.save(tmp_path / "m")
+    loaded = CellTransformer.load(tmp_path / "m", adata, device="cpu")
+    np.testing.assert_array_equal(model.predict(adata, return_probabilities=True),
+                                  loaded.predict(adata, return_probabilities=True))
+    assert loaded.labels == model.labels and loaded.history["fit"] == model.history["fit"]
+
+
+def test_same_seed_same_model(adata):
+    runs = []
+    for _ in range(2):
+        m = CellTransformer(adata, "scgpt", "cape", **{**SMALL, "dropout": 0.1}, seed=7)
+        h = m.pretrain(adata, epochs=2, batch_size=16)
+        runs.append((h, {k: v.clone() for k, v in m.module.state_dict().items()}))
+    assert [r["train_loss"] for r in runs[0][0]] == [r["train_loss"] for r in runs[1][0]]
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+
+
+def test_early_stopping_stops_when_validation_does_not_improve(adata):
+    model = CellTransformer(adata, "scgpt", "none", **SMALL)
+    history = model.pretrain(adata, epochs=20, batch_size=16, lr=0.0, weight_decay=0.0,
+                             early_stopping_patience=2)
+    assert len(history) == 3                                 # best at epoch 1, two epochs without improvement
+
+
+def test_training_bad_input(adata):
+    model = CellTransformer(adata, "scgpt", "none", **SMALL)
+    with pytest.raises(CapeInputError, match="label key 'missing'"):
+        model.fit(adata, "missing")
+    with pytest.raises(CapeInputError, match="no annotation head"):
+        model.predict(adata)
+    with pytest.raises(CapeInputError, match="mask_ratio"):
+        model.pretrain(adata, epochs=1, mask_ratio=0.0)
+    one = adata.copy()
+    one.obs["one"] = "x"
+    with pytest.raises(CapeInputError, match="single class"):
+        model.fit(one, "one")
+    with pytest.raises(CapeInputError, match="layer 'counts'"):
+        CellTransformer(adata, "scgpt", "none", layer="counts")
+
+
+# ------------------------------------------------------------------------------------------------ DDP
+def _ddp_worker(rank: int, world: int, h5ad: str, init_file: str, out: str) -> None:
+    import anndata as ad
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        data = ad.read_h5ad(h5ad)
+        model = CellTransformer(data, "scgpt", "cape", **SMALL, seed=5)
+        history = model.pretrain(data, epochs=2, batch_size=4, validation_fraction=0.0)
+        if rank == 0:
+            torch.save({"state": model.module.state_dict(), "history": history}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_on_two_cpu_processes_matches_single_process(tmp_path):
+    import torch.multiprocessing as mp
+
+    data = cape_adata(n_cells=32)
+    data.write_h5ad(tmp_path / "cells.h5ad")
+    out = tmp_path / "ddp.pt"
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "cells.h5ad"), str(tmp_path / "init"), str(out)), nprocs=2,
+             join=True)
+    ddp = torch.load(out, weights_only=False)
+    single = CellTransformer(data, "scgpt", "cape", **SMALL, seed=5)
+    history = single.pretrain(data, epochs=2, batch_size=8, validation_fraction=0.0)
+    for a, b in zip(history, ddp["history"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    state = single.module.state_dict()
+    moved = 0.0
+    for key, value in state.items():
+        torch.testing.assert_close(ddp["state"][key], value, rtol=1e-4, atol=1e-5)
+        moved += float((value - CellTransformer(data, "scgpt", "cape", **SMALL, seed=5).module.state_dict()[key])
+                       .abs().sum()) if key.endswith("in_proj.weight") else 0.0
+    assert moved > 0                                         # training did change the weights
+    assert os.path.exists(out)
