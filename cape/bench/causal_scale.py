@@ -1,0 +1,124 @@
+"""``cape bench causal-scale``: cost of Step I against cells N and genes M (paper Fig. S5).
+
+Three sweeps, on CPU and, when present, on CUDA:
+
+* ``N``: seconds per training epoch for N = 1e4 … 1e5 cells at M = 100 genes (low rank r = 40, and dense);
+* ``M``: seconds per epoch for M = 100 … 2,000 genes at N = 1e4 (low rank r = 40, and dense A with the
+  exact M×M acyclicity while M ≤ 1,000: beyond that one dense step takes seconds);
+* ``h``: seconds for one value + gradient of h(UVᵀ), exact M×M exponential vs the k×k identity (k = 820).
+
+Data are random Gaussian (timing does not depend on the values). An epoch is timed as one full pass of
+:func:`cape.causal.fit_variational_notears` (``epochs=1``), including the per-epoch exact h evaluation.
+Outputs ``causal_scale.json``/``.md``/``.png`` under ``out``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .report import mean_sd_table, save_figure, write_json, write_text
+
+__all__ = ["run_causal_scale"]
+
+logger = logging.getLogger("cape")
+
+FULL = {"N": [10_000, 30_000, 50_000, 70_000, 90_000], "M": [100, 300, 500, 700, 900, 1_000, 2_000],
+        "dense_max_M": 1_000, "h_M": [100, 300, 500, 820, 1_000, 1_500, 2_000]}
+QUICK = {"N": [2_000, 5_000, 10_000], "M": [50, 100, 200, 400], "dense_max_M": 400,
+         "h_M": [100, 300, 820, 1_000]}
+
+
+def _epoch_seconds(n_cells: int, n_genes: int, rank: int | None, device: str, seed: int = 0) -> float:
+    from ..causal import fit_variational_notears
+
+    X = np.random.default_rng(seed).normal(size=(n_cells, n_genes)).astype(np.float32)
+    fit = fit_variational_notears(X, rank=rank, epochs=1, device=device, seed=seed,
+                                  progress_desc=f"N={n_cells} M={n_genes}")
+    return float(fit.history["seconds"][0])
+
+
+def _h_seconds(n_genes: int, exact: bool, device: str, rank: int = 40, repeats: int = 3) -> float:
+    import torch
+
+    from ..causal import acyclicity_dense, acyclicity_low_rank
+
+    gen = torch.Generator().manual_seed(0)
+    U = (torch.randn(n_genes, rank, generator=gen) * 0.05).to(device).requires_grad_()
+    V = (torch.randn(n_genes, rank, generator=gen) * 0.05).to(device).requires_grad_()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        h = acyclicity_dense(U @ V.T) if exact else acyclicity_low_rank(U, V)
+        h.backward()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def run_causal_scale(out: str | Path = "results/bench", quick: bool = False) -> list[dict]:
+    """Run the sweeps on CPU (and CUDA when available); write ``causal_scale.*``; return the records."""
+    import torch
+
+    grid = QUICK if quick else FULL
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    records: list[dict] = []
+
+    def add(sweep, method, device, n_cells, n_genes, metric, value):
+        records.append({"sweep": sweep, "method": method, "device": device, "n_cells": n_cells,
+                        "n_genes": n_genes, "metric": metric, "value": value,
+                        "threads": torch.get_num_threads()})
+        logger.info("%s %s %s N=%s M=%s: %.3f s", sweep, method, device, n_cells, n_genes, value)
+
+    for device in devices:
+        for n in grid["N"]:
+            for method, rank in (("low_rank", 40), ("dense", None)):
+                add("N", method, device, n, 100, "seconds_per_epoch", _epoch_seconds(n, 100, rank, device))
+        for m in grid["M"]:
+            add("M", "low_rank", device, 10_000 if not quick else 2_000, m, "seconds_per_epoch",
+                _epoch_seconds(10_000 if not quick else 2_000, m, 40 if m > 40 else None, device))
+            if m <= grid["dense_max_M"]:
+                add("M", "dense", device, 10_000 if not quick else 2_000, m, "seconds_per_epoch",
+                    _epoch_seconds(10_000 if not quick else 2_000, m, None, device))
+        for m in grid["h_M"]:
+            add("h", "exact", device, None, m, "seconds_h_and_grad", _h_seconds(m, True, device))
+            add("h", "low_rank", device, None, m, "seconds_h_and_grad", _h_seconds(m, False, device))
+
+    out = Path(out)
+    write_json(records, out / "causal_scale.json")
+    tables = []
+    for sweep, key in (("N", "n_cells"), ("M", "n_genes"), ("h", "n_genes")):
+        sub = [r for r in records if r["sweep"] == sweep]
+        tables.append(f"## sweep {sweep}\n\n" + mean_sd_table(sub, rows=["device", key], columns=["method"]))
+    write_text(f"# Step I scaling{' (quick)' if quick else ''}\n\nseconds per epoch (N, M sweeps; batch 128) and "
+               f"per h evaluation with gradient (h sweep, r = 40). torch threads: {torch.get_num_threads()}.\n\n"
+               + "\n\n".join(tables) + "\n", out / "causal_scale.md")
+    save_figure(_figure(records), out / "causal_scale.png")
+    return records
+
+
+def _figure(records: list[dict]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, (sweep, key, ylabel) in zip(axes, [("N", "n_cells", "s / epoch"), ("M", "n_genes", "s / epoch"),
+                                               ("h", "n_genes", "s per h + gradient")], strict=True):
+        sub = [r for r in records if r["sweep"] == sweep]
+        for (method, device) in sorted({(r["method"], r["device"]) for r in sub}):
+            pts = sorted((r[key], r["value"]) for r in sub if r["method"] == method and r["device"] == device)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{method} ({device})")
+        ax.set_xlabel("cells N (M = 100)" if sweep == "N" else "genes M")
+        ax.set_ylabel(ylabel)
+        if sweep != "N":
+            ax.set_yscale("log")
+        ax.set_title({"N": "epoch time vs N", "M": "epoch time vs M", "h": "acyclicity: exact vs k×k"}[sweep])
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

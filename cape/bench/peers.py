@@ -1,0 +1,136 @@
+"""Peer causal-discovery methods (gcastle, DAGMA), each run in its own subprocess with a time budget.
+
+``import castle.algorithms`` sets torch's default dtype to float64 and configures the root logger, and
+``DagmaMLP`` sets the default dtype too; running every peer in a child process keeps cape's own process
+clean and lets a run that exceeds its budget be killed. The child is ``python -m cape.bench.peers METHOD
+IN.npz OUT.npz``; it writes the weighted adjacency (A[i, j] ≠ 0: i → j) and the fit time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["PEERS", "PeerResult", "run_peer"]
+
+logger = logging.getLogger("cape")
+
+#: Peer name → short description (settings are each library's defaults unless noted in ``_fit``).
+PEERS = {
+    "notears": "gcastle Notears (linear, L-BFGS-B)",
+    "notears_low_rank": "gcastle NotearsLowRank (rank max(2, M // 5))",
+    "dag_gnn": "gcastle DAG_GNN (variational, like cape)",
+    "golem": "gcastle GOLEM (equal variances)",
+    "notears_nonlinear": "gcastle NotearsNonlinear (MLP)",
+    "dagma_linear": "DAGMA DagmaLinear (l2)",
+    "dagma_mlp": "DAGMA DagmaMLP + DagmaNonlinear (hidden 10)",
+}
+
+
+@dataclass
+class PeerResult:
+    """Outcome of one peer run: ``status`` is ``"ok"``, ``"timeout"`` or ``"error"``."""
+
+    method: str
+    status: str
+    adjacency: np.ndarray | None
+    seconds: float
+    message: str = ""
+
+
+def _fit(method: str, X: np.ndarray, seed: int) -> np.ndarray:
+    """Run one peer on X in this (child) process and return its weighted adjacency."""
+    import random
+
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 (the peers draw from NumPy's global generator)
+    torch.manual_seed(seed)
+    d = X.shape[1]
+    if method.startswith("dagma"):
+        if method == "dagma_linear":
+            from dagma.linear import DagmaLinear
+
+            return np.asarray(DagmaLinear(loss_type="l2").fit(X, lambda1=0.02))
+        from dagma.nonlinear import DagmaMLP, DagmaNonlinear
+
+        model = DagmaMLP(dims=[d, 10, 1], bias=True, dtype=torch.double)
+        return np.asarray(DagmaNonlinear(model, dtype=torch.double).fit(X, lambda1=0.02, lambda2=0.005))
+    import castle.algorithms as algorithms
+
+    if method == "notears":
+        model = algorithms.Notears()
+        model.learn(X)
+    elif method == "notears_low_rank":
+        model = algorithms.NotearsLowRank()
+        model.learn(X, rank=max(2, d // 5))
+    elif method == "dag_gnn":
+        model = algorithms.DAG_GNN(seed=seed)
+        model.learn(X)
+    elif method == "golem":
+        model = algorithms.GOLEM(seed=seed)
+        model.learn(X)
+    elif method == "notears_nonlinear":
+        model = algorithms.NotearsNonlinear()
+        model.learn(X)
+    else:
+        raise ValueError(f"unknown peer {method!r}; known: {sorted(PEERS)}")
+    weighted = getattr(model, "weight_causal_matrix", None)
+    binary = np.asarray(model.causal_matrix, dtype=np.float64)
+    if weighted is None:
+        return binary
+    weighted = np.asarray(weighted, dtype=np.float64)
+    # Keep the peer's own thresholding: weights only where its causal_matrix has an edge.
+    return np.where(binary != 0, weighted, 0.0) if weighted.shape == binary.shape else binary
+
+
+def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, threads: int = 1) -> PeerResult:
+    """Fit ``method`` on X (samples × variables) in a subprocess; kill it after ``budget`` seconds."""
+    if method not in PEERS:
+        raise ValueError(f"unknown peer {method!r}; known: {sorted(PEERS)}")
+    with tempfile.TemporaryDirectory(prefix="cape-peer-") as tmp:
+        src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
+        np.savez(src, X=np.asarray(X, dtype=np.float64), seed=seed)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "cape.bench.peers", method, str(src), str(dst)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=budget)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            logger.info("%s: over its %.0f s budget, stopped", method, budget)
+            return PeerResult(method, "timeout", None, time.perf_counter() - start, f"exceeded {budget:.0f} s")
+        wall = time.perf_counter() - start
+        if proc.returncode != 0 or not dst.exists():
+            tail = output.decode(errors="replace").strip().splitlines()[-1:] if output else []
+            logger.info("%s failed: %s", method, tail)
+            return PeerResult(method, "error", None, wall, tail[0] if tail else f"exit {proc.returncode}")
+        result = np.load(dst)
+        return PeerResult(method, "ok", result["W"], float(result["seconds"]))
+
+
+def _main(argv: list[str]) -> int:
+    method, src, dst = argv
+    data = np.load(src)
+    X, seed = data["X"], int(data["seed"])
+    start = time.perf_counter()
+    W = _fit(method, X, seed)
+    seconds = time.perf_counter() - start
+    np.savez(dst, W=np.asarray(W, dtype=np.float64), seconds=seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

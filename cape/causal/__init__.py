@@ -1,0 +1,35 @@
+"""Step I: the causal gene graph (variational NOTEARS with exact dense or low-rank acyclicity).
+
+Torch cores only (no AnnData); :func:`cape.tl.causal_graph` is the AnnData-facing tool.
+"""
+
+from __future__ import annotations
+
+from .acyclicity import (
+    acyclicity,
+    acyclicity_dense,
+    acyclicity_low_rank,
+    acyclicity_power_series,
+    hadamard_square_factors,
+    trace_expm,
+)
+from .model import ElementwiseMLP, VariationalNotears
+from .postprocess import is_dag, make_dag, threshold
+from .trainer import CausalFit, fit_variational_notears, gene_moments
+
+__all__ = [
+    "CausalFit",
+    "ElementwiseMLP",
+    "VariationalNotears",
+    "acyclicity",
+    "acyclicity_dense",
+    "acyclicity_low_rank",
+    "acyclicity_power_series",
+    "fit_variational_notears",
+    "gene_moments",
+    "hadamard_square_factors",
+    "is_dag",
+    "make_dag",
+    "threshold",
+    "trace_expm",
+]

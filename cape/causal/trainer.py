@@ -1,0 +1,235 @@
+"""Augmented-Lagrangian training of :class:`VariationalNotears` (paper Eq. 10) on minibatches.
+
+Loss per step: −ELBO + λs·‖A‖₁/M + α·h(A) + ρ/2·h(A)², AdamW. Every ``dual_every`` epochs (an inner
+solve) comes the dual step of NOTEARS: ρ ← 10ρ (up to ``rho_max``) unless h fell below a quarter of its
+value at the previous dual step, then α ← α + ρ·h.
+Training stops at ``epochs`` or earlier once h ≤ ``h_tol`` and the epoch loss changed by less than
+``loss_tol`` (relative) — i.e. when h has converged and the fit has settled.
+
+Minibatches are sliced from X (NumPy array or SciPy sparse matrix) row by row and standardised per gene
+with statistics computed without densifying X, so memory stays O(batch × genes).
+
+The acyclicity term needs an exponential of size min(M, k) (k = r(r+1)/2). When that is large its
+gradient is recomputed every ``h_every`` steps and reused in between (its value changes slowly at the
+learning rates used); ``h_every=1`` recomputes it every step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .._progress import progress
+from .._settings import resolve_device
+from .model import VariationalNotears
+
+__all__ = ["CausalFit", "fit_variational_notears", "gene_moments"]
+
+logger = logging.getLogger("cape")
+
+
+@dataclass
+class CausalFit:
+    """Result of :func:`fit_variational_notears`.
+
+    Attributes
+    ----------
+    adjacency
+        Learnt weighted M×M adjacency (before thresholding; diagonal set to 0), float32.
+    history
+        Per epoch: ``loss``, ``nelbo``, ``h``, ``rho``, ``alpha``, ``seconds``.
+    epochs_run, converged, wall_time, device, rank, h_every
+        Bookkeeping of the run (``rank`` None = dense).
+    """
+
+    adjacency: np.ndarray
+    history: dict[str, list[float]] = field(default_factory=dict)
+    epochs_run: int = 0
+    converged: bool = False
+    wall_time: float = 0.0
+    device: str = "cpu"
+    rank: int | None = None
+    h_every: int = 1
+
+
+def gene_moments(X) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column mean and standard deviation of a dense or sparse matrix (float64, no densifying)."""
+    if sp.issparse(X):
+        X = sp.csr_matrix(X)
+        mean = np.asarray(X.mean(axis=0), dtype=np.float64).ravel()
+        sq = np.asarray(X.multiply(X).mean(axis=0), dtype=np.float64).ravel()
+    else:
+        Xd = np.asarray(X, dtype=np.float64)
+        mean = Xd.mean(axis=0)
+        sq = (Xd * Xd).mean(axis=0)
+    var = np.maximum(sq - mean * mean, 0.0)
+    return mean, np.sqrt(var)
+
+
+def _auto_h_every(n_genes: int, rank: int | None) -> int:
+    """Steps between exact acyclicity gradients: every step while the exponential is small."""
+    size = n_genes if rank is None else min(n_genes, rank * (rank + 1) // 2)
+    return 1 if size <= 256 else max(1, math.ceil(size / 128))
+
+
+def fit_variational_notears(
+    X,
+    *,
+    rank: int | None = 40,
+    lambda_sparse: float = 1.0,
+    epochs: int = 100,
+    batch_size: int = 128,
+    lr: float = 3e-3,
+    weight_decay: float = 1e-2,
+    hidden: int = 64,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    rho_init: float = 1.0,
+    rho_max: float = 1e16,
+    h_tol: float = 1e-8,
+    loss_tol: float = 1e-3,
+    min_epochs: int = 10,
+    h_every: int | None = None,
+    dual_every: int = 5,
+    sample_latent: bool = False,
+    feature_norm: str = "gene",
+    standardize: str | bool = "gene",
+    progress_desc: str = "causal graph",
+) -> CausalFit:
+    """Fit a variational NOTEARS model to X (cells × genes) and return the learnt weighted adjacency.
+
+    Parameters
+    ----------
+    X
+        Cells × genes, NumPy array or SciPy sparse matrix, finite, no constant columns (checked by the caller).
+    rank
+        Rank of A = UVᵀ, or ``None`` for a dense A.
+    lambda_sparse
+        λs of the L1 penalty. The penalty is λs·‖A‖₁/M: per gene, the per-cell Gaussian log-likelihood
+        is traded against λs/M times the L1 norm of its incoming weights, so one λs works across gene
+        counts.
+    h_every
+        Steps between exact acyclicity gradients (``None``: 1 when the exponential is ≤ 256 wide).
+    standardize
+        ``"gene"`` (default: z-score each gene), ``"global"`` (centre genes, divide all by one RMS scale)
+        or ``"none"``.
+    feature_norm, sample_latent
+        Passed to :class:`VariationalNotears`.
+    Other parameters are the optimiser's and the augmented Lagrangian's (see module docstring).
+    """
+    start = time.perf_counter()
+    n_cells, n_genes = X.shape
+    dev = resolve_device(device) if not isinstance(device, torch.device) else device
+    torch.manual_seed(int(seed))
+    rng = np.random.default_rng(int(seed))
+    if h_every is None:
+        h_every = _auto_h_every(n_genes, rank)
+
+    mean, std = gene_moments(X)
+    if standardize is False or standardize == "none":
+        mean, std = np.zeros_like(mean), np.ones_like(std)
+    elif standardize == "global":
+        # Centre each gene, one scale for all: relative variances are information, not nuisance.
+        std = np.full_like(std, max(float(np.sqrt(np.mean(std**2))), 1e-12))
+    elif standardize not in (True, "gene"):
+        raise ValueError(f"standardize must be 'global', 'gene' or 'none', got {standardize!r}")
+    std = np.where(std > 0, std, 1.0)
+    mean_t = torch.as_tensor(mean, dtype=torch.float32, device=dev)
+    inv_std_t = torch.as_tensor(1.0 / std, dtype=torch.float32, device=dev)
+    Xrows = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
+
+    model = VariationalNotears(n_genes, rank=rank, hidden=hidden, seed=seed, sample_latent=sample_latent,
+                               feature_norm=feature_norm).to(dev)
+    adj_params = model.adjacency_parameters()
+    adj_ids = {id(p) for p in adj_params}
+    other = [p for p in model.parameters() if id(p) not in adj_ids]
+    # L1 and the acyclicity penalty already regularise A; weight decay only on the MLPs.
+    optimiser = torch.optim.AdamW(
+        [{"params": other, "weight_decay": weight_decay}, {"params": adj_params, "weight_decay": 0.0}], lr=lr
+    )
+
+    rho, alpha = float(rho_init), 0.0
+    h_prev = math.inf
+    history: dict[str, list[float]] = {k: [] for k in ("loss", "nelbo", "h", "rho", "alpha", "seconds")}
+    n_batches = max(1, math.ceil(n_cells / batch_size))
+    cached_penalty_grad: list[torch.Tensor] | None = None
+    converged = False
+    step = 0
+    bar = progress(range(epochs), desc=progress_desc, total=epochs)
+    epoch = -1
+    for epoch in bar:
+        t_epoch = time.perf_counter()
+        model.train()
+        # Near-equal batches (sizes differ by at most one): never a batch of one cell, which batch
+        # normalisation of f(X) cannot use.
+        batches = np.array_split(rng.permutation(n_cells), n_batches)
+        loss_sum = nelbo_sum = 0.0
+        for batch in batches:
+            idx = np.sort(batch)
+            rows = Xrows[idx]
+            rows = rows.toarray() if sp.issparse(rows) else rows
+            xb = (torch.as_tensor(rows, dtype=torch.float32, device=dev) - mean_t) * inv_std_t
+            terms = model(xb)
+            loss = terms["nelbo"] + (lambda_sparse / n_genes) * model.l1()
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            if step % h_every == 0 or cached_penalty_grad is None:
+                h = model.acyclicity()
+                penalty = alpha * h + 0.5 * rho * h * h
+                cached_penalty_grad = [g.detach() for g in torch.autograd.grad(penalty, adj_params)]
+            for p, g in zip(adj_params, cached_penalty_grad, strict=True):
+                p.grad.add_(g.to(p.dtype))
+            optimiser.step()
+            step += 1
+            loss_sum += float(loss.detach())
+            nelbo_sum += float(terms["nelbo"].detach())
+
+        with torch.no_grad():
+            h_now = float(model.acyclicity())
+        # Dual step of the augmented Lagrangian, after every ``dual_every`` epochs of primal steps.
+        if (epoch + 1) % dual_every == 0:
+            if h_now > 0.25 * h_prev:
+                rho = min(rho * 10.0, rho_max)
+            alpha += rho * h_now
+            h_prev = h_now
+            cached_penalty_grad = None  # ρ and α changed
+
+        epoch_loss = loss_sum / n_batches
+        history["loss"].append(epoch_loss)
+        history["nelbo"].append(nelbo_sum / n_batches)
+        history["h"].append(h_now)
+        history["rho"].append(rho)
+        history["alpha"].append(alpha)
+        history["seconds"].append(time.perf_counter() - t_epoch)
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix(loss=f"{epoch_loss:.4g}", h=f"{h_now:.2e}", rho=f"{rho:.0e}")
+        logger.debug("epoch %d loss %.5g h %.3e rho %.1e", epoch, epoch_loss, h_now, rho)
+        if not all(math.isfinite(v) for v in (epoch_loss, h_now)):
+            raise FloatingPointError(f"causal graph training diverged at epoch {epoch} (loss {epoch_loss}, h {h_now})")
+        if epoch + 1 >= min_epochs and h_now <= h_tol and len(history["loss"]) > 1:
+            previous = history["loss"][-2]
+            if abs(epoch_loss - previous) <= loss_tol * max(abs(previous), 1e-12):
+                converged = True
+                break
+    if hasattr(bar, "close"):
+        bar.close()
+
+    with torch.no_grad():
+        A = model.adjacency().detach().float().cpu().numpy().copy()
+    np.fill_diagonal(A, 0.0)
+    return CausalFit(
+        adjacency=A,
+        history=history,
+        epochs_run=epoch + 1,
+        converged=converged,
+        wall_time=time.perf_counter() - start,
+        device=str(dev),
+        rank=rank,
+        h_every=h_every,
+    )

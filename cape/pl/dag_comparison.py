@@ -1,0 +1,70 @@
+"""``cape.pl.dag_comparison``: true vs inferred causal graph (paper Fig. 3a/b)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["dag_comparison"]
+
+
+def _dense(A) -> np.ndarray:
+    return np.asarray(A.toarray() if sp.issparse(A) else A, dtype=np.float64)
+
+
+def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titles=("true", "inferred"),
+                   show: bool | None = None, return_fig: bool = False):
+    """Draw the true and the inferred DAG (top) and their weighted adjacency matrices (bottom).
+
+    Parameters
+    ----------
+    true, estimated
+        Square weighted adjacency matrices (NumPy or SciPy sparse; A[i, j] ≠ 0 means i → j), e.g.
+        ``adata.varp["true_dag"]`` and ``adata.varp["cape_dag"]``.
+    labels
+        Node names (default 0 … M−1).
+    titles
+        Titles of the two columns.
+    show, return_fig
+        As in scanpy: show the figure (default when not returning it), or return it.
+    """
+    import matplotlib.pyplot as plt
+    import networkx as nx
+
+    T, E = _dense(true), _dense(estimated)
+    if T.shape != E.shape or T.ndim != 2 or T.shape[0] != T.shape[1]:
+        raise ValueError(f"true and estimated must be square and of equal shape, got {T.shape} and {E.shape}")
+    M = T.shape[0]
+    labels = [str(x) for x in labels] if labels is not None else [str(i) for i in range(M)]
+    union = nx.from_numpy_array(((T != 0) | (E != 0)).astype(int), create_using=nx.DiGraph)
+    pos = nx.circular_layout(union) if M > 30 else nx.kamada_kawai_layout(union.to_undirected()) \
+        if union.number_of_edges() else nx.circular_layout(union)
+    fig, axes = plt.subplots(2, 2, figsize=(10, 9.5))
+    vmax = max(np.abs(T).max(), np.abs(E).max(), 1e-12)
+    true_edges = {(int(i), int(j)) for i, j in zip(*np.nonzero(T), strict=True)}
+    for col, (A, title) in enumerate(zip((T, E), titles, strict=True)):
+        graph = nx.from_numpy_array((A != 0).astype(int), create_using=nx.DiGraph)
+        ax = axes[0, col]
+        if col == 0:
+            colors = ["black"] * graph.number_of_edges()
+        else:  # green: true edge, orange: reversed true edge, red: false positive
+            colors = ["tab:green" if e in true_edges else "tab:orange" if (e[1], e[0]) in true_edges else "tab:red"
+                      for e in graph.edges()]
+        nx.draw_networkx(graph, pos, ax=ax, labels=dict(enumerate(labels)), node_color="#cfe2f3",
+                         edge_color=colors, arrowsize=12, node_size=350 if M <= 30 else 60,
+                         with_labels=M <= 30, font_size=8)
+        ax.set_title(f"{title} ({graph.number_of_edges()} edges)")
+        ax.axis("off")
+        im = axes[1, col].imshow(A, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+        axes[1, col].set_title(f"{title} adjacency (row → column)")
+        if M <= 30:
+            axes[1, col].set_xticks(range(M), labels, rotation=90, fontsize=7)
+            axes[1, col].set_yticks(range(M), labels, fontsize=7)
+    fig.colorbar(im, ax=axes[1, :].tolist(), shrink=0.8, label="edge weight")
+    if return_fig:
+        return fig
+    if show is None or show:
+        plt.show()
+    return None

@@ -1,0 +1,116 @@
+"""Acyclicity h(A) = tr(exp(A∘A)) − M: exact dense, low-rank k×k identity and a truncated power series agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cape.causal import (
+    acyclicity,
+    acyclicity_dense,
+    acyclicity_low_rank,
+    acyclicity_power_series,
+    hadamard_square_factors,
+    trace_expm,
+)
+
+
+def _random_factors(M: int, r: int, seed: int, scale: float = 0.3) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    U = torch.randn(M, r, generator=gen, dtype=torch.float64) * scale / r**0.5
+    V = torch.randn(M, r, generator=gen, dtype=torch.float64) * scale
+    return U, V
+
+
+@settings(max_examples=25, deadline=None)
+@given(M=st.integers(2, 12), seed=st.integers(0, 10_000), scale=st.floats(0.05, 0.6))
+def test_dense_matches_power_series_value_and_gradient(M: int, seed: int, scale: float) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    A = (torch.randn(M, M, generator=gen, dtype=torch.float64) * scale / M**0.5).requires_grad_()
+    h = acyclicity_dense(A)
+    (g,) = torch.autograd.grad(h, A)
+    A2 = A.detach().clone().requires_grad_()
+    h_ref = acyclicity_power_series(A2, terms=40)
+    (g_ref,) = torch.autograd.grad(h_ref, A2)
+    # torch.linalg.matrix_exp is accurate to ~1e-10 absolute in float64
+    assert h.item() == pytest.approx(h_ref.item(), rel=1e-7, abs=1e-9)
+    torch.testing.assert_close(g, g_ref, rtol=1e-7, atol=1e-9)
+    # closed form (Supp. A.1): ∇h = exp(A∘A)ᵀ ∘ 2A
+    closed = torch.linalg.matrix_exp(A.detach() * A.detach()).T * 2 * A.detach()
+    torch.testing.assert_close(g, closed, rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(M=st.integers(2, 30), r=st.integers(1, 6), seed=st.integers(0, 10_000))
+def test_khatri_rao_factors_reproduce_hadamard_square(M: int, r: int, seed: int) -> None:
+    U, V = _random_factors(M, r, seed)
+    P, Q = hadamard_square_factors(U, V)
+    assert P.shape == Q.shape == (M, r * (r + 1) // 2)
+    A = U @ V.T
+    torch.testing.assert_close(P @ Q.T, A * A, rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(M=st.integers(2, 25), r=st.integers(1, 6), seed=st.integers(0, 10_000))
+def test_low_rank_matches_dense_and_series_including_gradients(M: int, r: int, seed: int) -> None:
+    U, V = _random_factors(M, r, seed)
+    U1, V1 = U.clone().requires_grad_(), V.clone().requires_grad_()
+    h_low = acyclicity_low_rank(U1, V1)
+    gU_low, gV_low = torch.autograd.grad(h_low, (U1, V1))
+    U2, V2 = U.clone().requires_grad_(), V.clone().requires_grad_()
+    h_dense = acyclicity_dense(U2 @ V2.T)
+    gU_dense, gV_dense = torch.autograd.grad(h_dense, (U2, V2))
+    U3, V3 = U.clone().requires_grad_(), V.clone().requires_grad_()
+    h_series = acyclicity_power_series(U3 @ V3.T, terms=40)
+    gU_series, gV_series = torch.autograd.grad(h_series, (U3, V3))
+    assert h_low.item() == pytest.approx(h_dense.item(), rel=1e-7, abs=1e-9)
+    assert h_low.item() == pytest.approx(h_series.item(), rel=1e-7, abs=1e-9)
+    for a, b in [(gU_low, gU_dense), (gV_low, gV_dense), (gU_low, gU_series), (gV_low, gV_series)]:
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+
+
+def test_zero_exactly_on_dags_and_positive_on_cycles() -> None:
+    rng = np.random.default_rng(0)
+    M = 8
+    upper = np.triu(rng.normal(size=(M, M)), k=1)
+    perm = rng.permutation(M)
+    dag = torch.as_tensor(upper[np.ix_(perm, perm)])
+    assert acyclicity_dense(dag).item() == pytest.approx(0.0, abs=1e-9)
+    cyclic = dag.clone()
+    cyclic[perm[-1], perm[0]] = 0.5  # closes a cycle
+    assert acyclicity_dense(cyclic).item() > 1e-3
+    self_loop = torch.zeros(M, M, dtype=torch.float64)
+    self_loop[2, 2] = 0.3
+    assert acyclicity_dense(self_loop).item() == pytest.approx(np.expm1(0.09))
+
+
+def test_low_rank_dag_has_zero_h() -> None:
+    # U V^T strictly upper triangular: u_i nonzero only in coordinate i, v_j in coordinates < j.
+    M = 6
+    U = torch.eye(M, dtype=torch.float64)
+    V = torch.triu(torch.ones(M, M, dtype=torch.float64), diagonal=1).T
+    assert acyclicity_low_rank(U[:, :5], V[:, :5]).item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_float32_inputs_keep_precision_and_dtype_of_gradient() -> None:
+    U, V = _random_factors(50, 4, 3, scale=0.05)
+    U32, V32 = U.float().requires_grad_(), V.float().requires_grad_()
+    h = acyclicity_low_rank(U32, V32)
+    assert h.dtype == torch.float64
+    assert h.item() == pytest.approx(acyclicity_dense(U.float().double() @ V.float().double().T).item(), rel=1e-6)
+    h.backward()
+    assert U32.grad.dtype == torch.float32
+
+
+def test_dispatcher_and_trace_expm_gradcheck() -> None:
+    U, V = _random_factors(9, 4, 1)  # M = 9 ≤ k = 10: dense path
+    assert acyclicity(U=U, V=V).item() == pytest.approx(acyclicity_low_rank(U, V).item(), rel=1e-10)
+    U, V = _random_factors(30, 3, 2)  # M = 30 > k = 6: low-rank path
+    assert acyclicity(U=U, V=V).item() == pytest.approx(acyclicity_dense(U @ V.T).item(), rel=1e-10)
+    C = torch.randn(5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    assert torch.autograd.gradcheck(trace_expm, (C,))
+    with pytest.raises(ValueError):
+        trace_expm(torch.zeros(2, 3))

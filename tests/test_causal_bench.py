@@ -1,0 +1,67 @@
+"""Peer subprocess runner, the causal benchmarks' outputs (tiny settings) and pl.dag_comparison."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+import numpy as np
+import pytest
+import torch
+
+from cape.bench import causal as bench_causal
+from cape.bench import causal_scale
+from cape.bench.peers import run_peer
+from cape.data.simulate import simulate_sem
+
+matplotlib.use("Agg")
+
+
+def test_peer_runs_in_a_subprocess_without_touching_our_dtype() -> None:
+    a = simulate_sem(5, 6, 300, graph="scale_free", sem="linear", seed=1)
+    result = run_peer("dagma_linear", a.X, budget=120, seed=0)
+    assert result.status == "ok", result.message
+    assert result.adjacency.shape == (5, 5) and result.seconds > 0
+    assert torch.get_default_dtype() == torch.float32
+    with pytest.raises(ValueError):
+        run_peer("nope", a.X, budget=1)
+
+
+def test_peer_over_budget_is_stopped() -> None:
+    X = np.random.default_rng(0).normal(size=(500, 6))
+    result = run_peer("golem", X, budget=1.0)
+    assert result.status == "timeout" and result.adjacency is None and result.seconds < 30
+
+
+def test_benchmark_writes_records_table_and_plot(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny", {"kind": "sem", "n_nodes": 4, "n_samples": 200})
+    records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape_dense"],
+                                                n_seeds=2, budget=5)
+    assert {r["metric"] for r in records} == {"seconds", *bench_causal.METRICS}
+    assert {r["seed"] for r in records} == {0, 1}
+    saved = json.loads((tmp_path / "causal.json").read_text())
+    assert len(saved) == len(records)
+    assert "cape_dense" in (tmp_path / "causal.md").read_text()
+    assert (tmp_path / "causal.png").stat().st_size > 1000
+
+
+def test_scale_benchmark_tiny_grid(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(causal_scale.QUICK, "N", [300])
+    monkeypatch.setitem(causal_scale.QUICK, "M", [45])
+    monkeypatch.setitem(causal_scale.QUICK, "dense_max_M", 45)
+    monkeypatch.setitem(causal_scale.QUICK, "h_M", [50])
+    records = causal_scale.run_causal_scale(out=tmp_path, quick=True)
+    assert {r["sweep"] for r in records} == {"N", "M", "h"}
+    assert all(r["value"] > 0 for r in records)
+    assert (tmp_path / "causal_scale.png").exists() and (tmp_path / "causal_scale.md").exists()
+
+
+def test_dag_comparison_figure() -> None:
+    from cape.pl import dag_comparison
+
+    a = simulate_sem(6, 8, 20, seed=0)
+    T = a.varp["true_dag"]
+    fig = dag_comparison(T, T.T.toarray() * 0.5, labels=list(a.var_names), return_fig=True)
+    assert len(fig.axes) >= 4
+    with pytest.raises(ValueError):
+        dag_comparison(np.zeros((2, 2)), np.zeros((3, 3)), return_fig=True)

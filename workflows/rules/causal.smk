@@ -1,0 +1,26 @@
+rule causal:
+    """Step I: the causal gene graph (variational NOTEARS, paper Sec. 3.3) into varp['cape_dag']."""
+    input:
+        "results/{dataset}/preprocessed.h5ad",
+    output:
+        "results/{dataset}/causal.h5ad",
+    log:
+        "logs/{dataset}/causal.log",
+    benchmark:
+        "benchmarks/{dataset}/causal.tsv"
+    params:
+        cape=CAPE,
+        opts=config["causal"],
+        rank=lambda wildcards: config["causal"]["rank"] if config["causal"]["rank"] else "dense",
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=120,
+        gpu=0,
+    shell:
+        "{params.cape} causal"
+        " --input {input:q} --output {output:q}"
+        " --rank {params.rank} --tau {params.opts[tau]} --lambda-sparse {params.opts[lambda_sparse]}"
+        " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
+        " --use-genes {params.opts[use_genes]}"
+        " > {log:q} 2>&1"
