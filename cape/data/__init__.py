@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from .fetch import cache_dir
 from .manifest import Manifest, get_manifest, manifest_dir, manifests, read_manifest
+from .perturbation import sachs_interventions, simulate_perturbation  # noqa: F401  (GEARS-format perturbation data)
 from .read import read, validate_adata
 from .registry import available, fetch, load
+from .simulate import simulate_sem  # noqa: F401  (gcastle SEM simulator; castle imported on call)
 
 __all__ = [
     "Manifest",

@@ -161,3 +161,4 @@ def build(files: dict[str, Path], manifest: Manifest) -> ad.AnnData:
         raise CapeInputError(f"{manifest.name}: unknown loader {manifest.loader!r}; known: {', '.join(LOADERS)}")
     adata = LOADERS[manifest.loader](files, manifest)
     return validate_adata(adata, source=manifest.name, expect_counts=manifest.loader not in _SIGNED)
+from . import loaders_remote  # noqa: E402,F401  (registers the loaders of the internet datasets)

@@ -1,0 +1,141 @@
+"""Cell-type annotation benchmark (CAPE Sec. 5.3, Supp. E.2, F.1.1): a stratified 30/70 fine-tune/test split,
+accuracy and macro-F1, and a logistic-regression-on-PCA baseline on the same split."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .._errors import CapeInputError
+
+logger = logging.getLogger("cape")
+
+FINE_TUNE_FRACTION = 0.3  # Supp. F.1.1: held-out data split 3:7 into fine-tuning and test sets
+
+
+def checked_labels(adata: ad.AnnData, label_key: str, *, min_cells: int = 2) -> pd.Series:
+    """Labels from ``obs[label_key]`` as strings, with classes of fewer than ``min_cells`` cells removed (warning).
+
+    Raises :class:`cape.CapeInputError` when the key is missing, labels are missing, or fewer than 2 classes remain.
+    The returned Series is indexed by obs name and holds only the kept cells.
+    """
+    if label_key not in adata.obs:
+        known = ", ".join(map(str, adata.obs.columns)) or "(none)"
+        raise CapeInputError(f"label key obs[{label_key!r}] not found; obs columns: {known}")
+    labels = adata.obs[label_key]
+    if labels.isna().any():
+        raise CapeInputError(f"obs[{label_key!r}] has {int(labels.isna().sum())} missing labels")
+    labels = labels.astype(str)
+    counts = labels.value_counts()
+    small = sorted(counts.index[counts < min_cells])
+    if small:
+        msg = f"obs[{label_key!r}]: {len(small)} class(es) with fewer than {min_cells} cells excluded: " + \
+            ", ".join(small)
+        warnings.warn(msg, UserWarning, stacklevel=2)
+        logger.warning(msg)
+        labels = labels[~labels.isin(small)]
+    if labels.nunique() < 2:
+        raise CapeInputError(f"obs[{label_key!r}] has {labels.nunique()} class(es) with at least {min_cells} cells; "
+                             "annotation and clustering need at least 2")
+    return labels
+
+
+@dataclass(frozen=True)
+class AnnotationSplit:
+    """Positions (into the labelled cells) of the fine-tuning and test cells."""
+
+    fine_tune: np.ndarray
+    test: np.ndarray
+    seed: int
+    fine_tune_fraction: float
+
+
+def annotation_split(labels: Sequence[str] | pd.Series, *, seed: int = 0,
+                     fine_tune_fraction: float = FINE_TUNE_FRACTION) -> AnnotationSplit:
+    """Stratified split of cells into fine-tune (``fine_tune_fraction``) and test sets, reproducible from ``seed``.
+
+    Every class appears on both sides, so each needs at least 2 cells, and each side must hold at least one cell
+    per class; otherwise :class:`cape.CapeInputError` says the dataset is too small.
+    """
+    from sklearn.model_selection import train_test_split
+
+    y = np.asarray(labels).astype(str)
+    if not 0 < fine_tune_fraction < 1:
+        raise CapeInputError(f"fine_tune_fraction must be in (0, 1), got {fine_tune_fraction}")
+    classes, counts = np.unique(y, return_counts=True)
+    if len(classes) < 2:
+        raise CapeInputError(f"labels have {len(classes)} class; annotation needs at least 2")
+    if counts.min() < 2:
+        raise CapeInputError(f"class {classes[np.argmin(counts)]!r} has 1 cell; a stratified split needs at least 2")
+    n_ft = int(np.floor(fine_tune_fraction * len(y)))
+    if n_ft < len(classes) or len(y) - n_ft < len(classes):
+        raise CapeInputError(f"dataset too small for the {fine_tune_fraction:.0%}/{1 - fine_tune_fraction:.0%} split: "
+                             f"{len(y)} cells in {len(classes)} classes (each side needs a cell of every class)")
+    idx = np.arange(len(y))
+    ft, test = train_test_split(idx, train_size=n_ft, stratify=y, random_state=seed, shuffle=True)
+    return AnnotationSplit(np.sort(ft), np.sort(test), seed, fine_tune_fraction)
+
+
+def annotation_metrics(y_true: Sequence[str], y_pred: Sequence[str]) -> dict[str, float]:
+    """Accuracy and macro-F1 (classes averaged with equal weight)."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    y_true, y_pred = np.asarray(y_true).astype(str), np.asarray(y_pred).astype(str)
+    if y_true.shape != y_pred.shape:
+        raise CapeInputError(f"{len(y_true)} true labels but {len(y_pred)} predictions")
+    return {"accuracy": float(accuracy_score(y_true, y_pred)),
+            "macro_f1": float(f1_score(y_true, y_pred, average="macro", zero_division=0))}
+
+
+def expression_matrix(adata: ad.AnnData) -> np.ndarray:
+    """Dense float64 ``X``; ``NaN`` (missing protein values) are rejected here, impute them first."""
+    x = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
+    x = x.astype(np.float64)
+    if np.isnan(x).any():
+        raise CapeInputError("X has missing values (NaN); impute them first (e.g. cape.bench.clustering.knn_impute)")
+    return x
+
+
+def logistic_regression_pca(adata: ad.AnnData, label_key: str, *, seed: int = 0, n_comps: int = 50,
+                            split: AnnotationSplit | None = None) -> dict:
+    """Baseline: PCA of the expression, then multinomial logistic regression trained on the fine-tune cells.
+
+    PCA is fit on all cells without labels (the backbones are also pretrained on unlabelled cells); the classifier
+    sees only the fine-tune labels. Returns ``{"accuracy", "macro_f1", "n_fine_tune", "n_test", "seconds"}``.
+    """
+    from sklearn.decomposition import PCA
+    from sklearn.linear_model import LogisticRegression
+
+    labels = checked_labels(adata, label_key)
+    sub = adata[labels.index] if len(labels) < adata.n_obs else adata
+    split = split or annotation_split(labels, seed=seed)
+    start = time.perf_counter()
+    x = expression_matrix(sub)
+    k = min(n_comps, x.shape[0] - 1, x.shape[1])
+    emb = PCA(n_components=k, random_state=seed).fit_transform(x)
+    y = labels.to_numpy()
+    clf = LogisticRegression(max_iter=5000, random_state=seed).fit(emb[split.fine_tune], y[split.fine_tune])
+    result = annotation_metrics(y[split.test], clf.predict(emb[split.test]))
+    return result | {"n_fine_tune": len(split.fine_tune), "n_test": len(split.test),
+                     "seconds": time.perf_counter() - start}
+
+
+def run_annotation_baselines(adata: ad.AnnData, label_key: str, *, dataset: str = "data",
+                             seeds: Sequence[int] = (0, 1, 2), n_comps: int = 50) -> list[dict]:
+    """The logistic-regression-on-PCA baseline for each seed (a seed fixes the split and the classifier)."""
+    out = []
+    for seed in seeds:
+        res = logistic_regression_pca(adata, label_key, seed=seed, n_comps=n_comps)
+        for metric in ("accuracy", "macro_f1"):
+            out.append({"task": "annotation", "dataset": dataset, "method": f"logreg_pca{n_comps}", "seed": seed,
+                        "metric": metric, "value": res[metric], "n_fine_tune": res["n_fine_tune"],
+                        "n_test": res["n_test"]})
+    return out

@@ -1,0 +1,194 @@
+"""Cell-clustering benchmark (CAPE Sec. 5.3, Supp. E.3, Table S2): k-means with k = number of labels on a cell
+embedding, scored by ARI, NMI and ASW, plus the paper's baselines that run here.
+
+Baselines (Supp. F.3.2): PCA + k-means always; when a batch key exists also KNN imputation + ComBat (scanpy),
+Harmony (harmonypy) and Scanorama; MAGIC when ``magic-impute`` is importable (it is not installed by default: it
+pins an old pandas). Every baseline ends in a PCA-like embedding that is clustered the same way.
+
+ASW is the silhouette width of the embedding under the ground-truth labels (Euclidean, in [-1, 1]), the usual
+"cell-type ASW"; ARI and NMI compare the k-means clusters with the labels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import anndata as ad
+import numpy as np
+
+from .._errors import CapeInputError
+from .annotation import checked_labels
+
+logger = logging.getLogger("cape")
+
+
+def clustering_metrics(embedding: np.ndarray, labels: Sequence[str], clusters: Sequence[int]) -> dict[str, float]:
+    """ARI and NMI of ``clusters`` against ``labels``; ASW of ``embedding`` under ``labels``."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, silhouette_score
+
+    y = np.asarray(labels).astype(str)
+    return {"ARI": float(adjusted_rand_score(y, clusters)),
+            "NMI": float(normalized_mutual_info_score(y, clusters)),
+            "ASW": float(silhouette_score(embedding, y))}
+
+
+def kmeans_clusters(embedding: np.ndarray, n_clusters: int, *, seed: int = 0) -> np.ndarray:
+    """k-means (scikit-learn, 10 restarts) seeded by ``seed``."""
+    from sklearn.cluster import KMeans
+
+    return KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(embedding)
+
+
+def cluster_embedding(adata: ad.AnnData, label_key: str, *, obsm_key: str = "X_cape", seed: int = 0) -> dict:
+    """k-means with k = number of classes on ``obsm[obsm_key]``; returns ARI, NMI, ASW and k.
+
+    Classes with fewer than 2 cells are dropped with a warning (silhouette needs 2 cells per class).
+    """
+    labels = checked_labels(adata, label_key)
+    if obsm_key not in adata.obsm:
+        raise CapeInputError(f"embedding obsm[{obsm_key!r}] not found; obsm keys: "
+                             f"{', '.join(adata.obsm.keys()) or '(none)'}")
+    emb = np.asarray(adata[labels.index].obsm[obsm_key], dtype=np.float64)
+    if emb.ndim != 2 or not np.isfinite(emb).all():
+        raise CapeInputError(f"obsm[{obsm_key!r}] must be a finite 2-D array")
+    k = labels.nunique()  # every class has ≥ 2 cells (checked_labels), so there are more cells than clusters
+    clusters = kmeans_clusters(emb, k, seed=seed)
+    return clustering_metrics(emb, labels.to_numpy(), clusters) | {"k": k}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# baselines: each maps (X, batches, seed) → an embedding
+# ----------------------------------------------------------------------------------------------------------------
+def pca_embedding(x: np.ndarray, n_comps: int = 50, *, seed: int = 0) -> np.ndarray:
+    from sklearn.decomposition import PCA
+
+    k = min(n_comps, x.shape[0] - 1, x.shape[1])
+    return PCA(n_components=k, random_state=seed).fit_transform(x)
+
+
+def knn_impute(x: np.ndarray, n_neighbors: int = 5) -> np.ndarray:
+    """Fill missing values (NaN) from the cell's nearest neighbours (scikit-learn ``KNNImputer``)."""
+    from sklearn.impute import KNNImputer
+
+    if not np.isnan(x).any():
+        return x
+    return KNNImputer(n_neighbors=n_neighbors).fit_transform(x)
+
+
+def _pca(x, batches, seed, n_comps):
+    return pca_embedding(x, n_comps, seed=seed)
+
+
+def _knn_combat(x, batches, seed, n_comps):
+    import scanpy as sc
+
+    tmp = ad.AnnData(knn_impute(x).astype(np.float64))
+    tmp.obs["batch"] = np.asarray(batches).astype(str)
+    sc.pp.combat(tmp, key="batch")
+    return pca_embedding(np.asarray(tmp.X), n_comps, seed=seed)
+
+
+def _harmony(x, batches, seed, n_comps):
+    import harmonypy
+    import pandas as pd
+
+    pcs = pca_embedding(x, n_comps, seed=seed)
+    meta = pd.DataFrame({"batch": np.asarray(batches).astype(str)})
+    out = harmonypy.run_harmony(pcs, meta, ["batch"], random_state=seed, verbose=False)
+    z = np.asarray(out.Z_corr.detach().cpu().numpy() if hasattr(out.Z_corr, "detach") else out.Z_corr)
+    return z if z.shape[0] == x.shape[0] else z.T  # harmonypy has returned both orientations across versions
+
+
+def _scanorama(x, batches, seed, n_comps):
+    import scanorama
+
+    b = np.asarray(batches).astype(str)
+    names = list(dict.fromkeys(b))
+    genes = [f"g{i}" for i in range(x.shape[1])]
+    parts = [x[b == n] for n in names]
+    dimred = min(n_comps, min(p.shape[0] for p in parts) - 1, x.shape[1])
+    with contextlib.redirect_stdout(io.StringIO()):  # scanorama prints progress
+        integrated, _ = scanorama.integrate(parts, [genes] * len(parts), dimred=dimred, seed=seed, verbose=0)
+    out = np.zeros((x.shape[0], integrated[0].shape[1]))
+    for n, z in zip(names, integrated, strict=True):
+        out[b == n] = z
+    return out
+
+
+def _magic(x, batches, seed, n_comps):
+    import magic
+
+    smoothed = magic.MAGIC(random_state=seed, verbose=0).fit_transform(x)
+    return pca_embedding(np.asarray(smoothed), n_comps, seed=seed)
+
+
+Baseline = Callable[[np.ndarray, "np.ndarray | None", int, int], np.ndarray]
+#: name → (embedding function, needs a batch key, importable module or None)
+BASELINES: dict[str, tuple[Baseline, bool, str | None]] = {
+    "pca_kmeans": (_pca, False, None),
+    "knn_combat": (_knn_combat, True, None),
+    "harmony": (_harmony, True, "harmonypy"),
+    "scanorama": (_scanorama, True, "scanorama"),
+    "magic": (_magic, False, "magic"),
+}
+
+
+def available_baselines(has_batch: bool) -> list[str]:
+    """Baselines that can run: batch methods only with a batch key, optional packages only when installed."""
+    return [name for name, (_, needs_batch, module) in BASELINES.items()
+            if (has_batch or not needs_batch) and (module is None or importlib.util.find_spec(module) is not None)]
+
+
+def run_clustering_baselines(adata: ad.AnnData, label_key: str, *, batch_key: str | None = None,
+                             dataset: str = "data", seeds: Sequence[int] = (0,), n_comps: int = 50,
+                             methods: Sequence[str] | None = None) -> list[dict]:
+    """Each available baseline embedding, k-means with k = number of labels, ARI/NMI/ASW per seed.
+
+    Returns records ``{task, dataset, method, seed, metric, value, seconds}``.
+    """
+    labels = checked_labels(adata, label_key)
+    sub = adata[labels.index] if len(labels) < adata.n_obs else adata
+    batches = None
+    if batch_key is not None:
+        if batch_key not in sub.obs:
+            raise CapeInputError(f"batch key obs[{batch_key!r}] not found")
+        batches = sub.obs[batch_key].astype(str).to_numpy()
+        if len(set(batches)) < 2:
+            raise CapeInputError(f"obs[{batch_key!r}] has a single batch; batch correction needs at least 2")
+    # Missing values (NaN, as in proteomics) are filled by KNN imputation once, for every method.
+    x = knn_impute(_with_nan(sub))
+    names = available_baselines(batches is not None) if methods is None else list(methods)
+    unknown = [m for m in names if m not in BASELINES]
+    if unknown:
+        raise CapeInputError(f"unknown clustering baseline(s) {', '.join(unknown)}; known: {', '.join(BASELINES)}")
+    k = labels.nunique()
+    y = labels.to_numpy()
+    out = []
+    for name in names:
+        fn, needs_batch, _ = BASELINES[name]
+        if needs_batch and batches is None:
+            raise CapeInputError(f"baseline {name!r} needs a batch key")
+        for seed in seeds:
+            start = time.perf_counter()
+            emb = fn(x, batches, seed, n_comps)
+            res = clustering_metrics(emb, y, kmeans_clusters(emb, k, seed=seed))
+            seconds = time.perf_counter() - start
+            out += [{"task": "clustering", "dataset": dataset, "method": name, "seed": seed, "metric": m,
+                     "value": v, "seconds": seconds} for m, v in res.items()]
+    return out
+
+
+def _with_nan(adata: ad.AnnData) -> np.ndarray:
+    """Dense X keeping NaN (missing protein values) for the KNN imputer."""
+    import scipy.sparse as sp
+
+    x = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
+    x = x.astype(np.float64)
+    if np.isinf(x).any():
+        raise CapeInputError("X has infinite values")
+    return x

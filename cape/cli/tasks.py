@@ -1,0 +1,129 @@
+"""``cape bench baselines``: the task baselines that need no transformer (annotation, clustering, perturbation)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+TASKS = ("annotation", "clustering", "perturbation")
+
+
+def register(commands, bench) -> None:
+    p = bench.add_parser("baselines", help="task baselines: LR-on-PCA, PCA/ComBat/Harmony/Scanorama + k-means, "
+                                           "no-change/additive/embedding perturbation predictors")
+    p.add_argument("--task", choices=TASKS, required=True)
+    p.add_argument("--dataset", required=True,
+                   help="a registered dataset (cape data list), 'simulated' (perturbation) or an .h5ad path")
+    p.add_argument("--label-key", default=None, help="obs column with labels (default: the dataset manifest's)")
+    p.add_argument("--batch-key", default=None, help="obs column with batches (clustering; default: manifest's)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--quick", action="store_true", help="one seed, a smaller simulation, fewer epochs")
+    p.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    p.set_defaults(func=run)
+
+
+def _load(name: str, task: str):
+    from .. import data
+
+    if name == "simulated":
+        if task != "perturbation":
+            from .._errors import CapeInputError
+
+            raise CapeInputError("dataset 'simulated' is the perturbation simulation; use --task perturbation")
+        return None
+    if name.endswith(".h5ad") or Path(name).exists():
+        return data.read(name, expect_counts=False)
+    return data.load(name)
+
+
+def _keys(adata, args) -> tuple[str | None, str | None]:
+    keys = adata.uns.get("cape", {}).get("dataset", {}).get("keys", {})
+    return args.label_key or keys.get("labels"), args.batch_key or keys.get("batch")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._errors import CapeInputError
+    from ..bench.report import mean_sd_table, write_json, write_text
+
+    seeds = args.seeds[:1] if args.quick else args.seeds
+    name = Path(args.dataset).stem if args.dataset.endswith(".h5ad") else args.dataset
+    adata = _load(args.dataset, args.task)
+    if args.task in ("annotation", "clustering"):
+        label_key, batch_key = _keys(adata, args)
+        if label_key is None:
+            raise CapeInputError(f"dataset {name} has no label key in its manifest; pass --label-key")
+        if args.task == "annotation":
+            from ..bench.annotation import run_annotation_baselines
+
+            records = run_annotation_baselines(adata, label_key, dataset=name, seeds=seeds)
+        else:
+            from ..bench.clustering import run_clustering_baselines
+
+            records = run_clustering_baselines(adata, label_key, batch_key=batch_key, dataset=name, seeds=seeds)
+        table = mean_sd_table(records, rows=["method"], columns=["metric"])
+    else:
+        records = _perturbation(adata, name, seeds, args.quick)
+        table = mean_sd_table(records, rows=["method"], columns=["subgroup"], digits=3)
+    out = Path(args.out)
+    stem = out / f"baselines_{args.task}_{name}"
+    write_json(records, stem.with_suffix(".json"))
+    title = f"# Baselines: {args.task} on {name}\n\nmean ± sd over seeds {', '.join(map(str, seeds))}\n\n"
+    write_text(title + table + "\n", stem.with_suffix(".md"))
+    _plot(records, args.task, name, stem.with_suffix(".png"))
+    return 0
+
+
+def _perturbation(adata, name: str, seeds, quick: bool) -> list[dict]:
+    from ..bench.perturbation import (
+        dag_gene_embeddings,
+        pca_gene_embeddings,
+        random_gene_embeddings,
+        run_perturbation_benchmark,
+    )
+    from ..data.perturbation import sachs_interventions, simulate_perturbation
+
+    if adata is None:
+        adata = simulate_perturbation(n_genes=50, n_edges=100, n_control=300, n_cells_per_perturbation=40,
+                                      n_single=20, n_double=30, seed=0) if quick else \
+            simulate_perturbation(n_genes=100, n_edges=200, n_control=1000, n_cells_per_perturbation=100,
+                                  n_single=40, n_double=60, seed=0)
+    elif "observational" in adata.obs and "target" in adata.obs:  # Sachs 2005
+        adata = sachs_interventions(adata)
+    d = min(16, adata.n_vars - 1)
+    embeddings = {f"pca{d}_control": pca_gene_embeddings(adata, d), f"random{d}": random_gene_embeddings(
+        adata.n_vars, d, seed=0)}
+    if "true_dag" in adata.varp:
+        embeddings[f"true_dag{d}"] = dag_gene_embeddings(adata.varp["true_dag"], d)
+    kwargs = {"epochs": 150} if quick else {}
+    return run_perturbation_benchmark(adata, dataset=name, gene_embeddings=embeddings, seeds=seeds,
+                                      predictor_kwargs=kwargs)
+
+
+def _plot(records: list[dict], task: str, name: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import pandas as pd
+
+    from ..bench.report import save_figure
+
+    frame = pd.DataFrame(records).dropna(subset=["value"])
+    group = "subgroup" if task == "perturbation" else "metric"
+    stats = frame.groupby(["method", group], sort=False)["value"].agg(["mean", "std"]).reset_index()
+    methods = list(dict.fromkeys(stats["method"]))
+    groups = list(dict.fromkeys(stats[group]))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(groups) * max(1, len(methods)) / 3, 3.6))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        sub = stats[stats["method"] == m].set_index(group).reindex(groups)
+        ax.bar(np.arange(len(groups)) + i * width, sub["mean"], width, yerr=sub["std"].fillna(0), label=m,
+               capsize=2)
+    ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, groups)
+    ylabel = "top-20 DE MSE (lower is better)" if task == "perturbation" else "score"
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{task} baselines on {name}")
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    save_figure(fig, path)
+    plt.close(fig)

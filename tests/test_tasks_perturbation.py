@@ -1,0 +1,267 @@
+from __future__ import annotations
+
+import itertools
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+
+from cape import CapeInputError
+from cape.bench.perturbation import (
+    SUBGROUPS,
+    AdditivePredictor,
+    EmbeddingPerturbationPredictor,
+    NoChangePredictor,
+    condition_genes,
+    condition_means,
+    pca_gene_embeddings,
+    random_gene_embeddings,
+    run_perturbation_benchmark,
+    simulation_split,
+    top_de_genes,
+    top_de_mse,
+    validate_perturbation_data,
+)
+from cape.data.perturbation import simulate_perturbation
+
+
+@pytest.fixture(scope="module")
+def sim() -> ad.AnnData:
+    return simulate_perturbation(n_genes=30, n_edges=50, n_control=120, n_cells_per_perturbation=20, n_single=16,
+                                 n_double=24, seed=0)
+
+
+def _conditions(n_genes=16, n_doubles=30, seed=0):
+    genes = [f"g{i}" for i in range(n_genes)]
+    pairs = list(itertools.combinations(genes, 2))
+    rng = np.random.default_rng(seed)
+    doubles = [f"{a}+{b}" for a, b in (pairs[i] for i in rng.choice(len(pairs), n_doubles, replace=False))]
+    return [f"{g}+ctrl" for g in genes] + doubles
+
+
+def test_condition_genes():
+    assert condition_genes("ctrl") == ()
+    assert condition_genes("A+ctrl") == ("A",)
+    assert condition_genes("ctrl+A") == ("A",)
+    assert condition_genes("A+B") == ("A", "B")
+    with pytest.raises(CapeInputError, match="GEARS format"):
+        condition_genes("A+B+C")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 7])
+def test_simulation_split_matches_its_definition(seed):
+    conds = _conditions()
+    split = simulation_split(conds, seed=seed)
+    train_all = split.train + split.val
+    # A partition of all perturbations.
+    assert sorted(train_all + split.test) == sorted(conds)
+    assert not set(train_all) & set(split.test)
+    # Seen genes = genes of the training singles; 75 % of the 16 perturbed genes.
+    seen = {condition_genes(c)[0] for c in train_all if len(condition_genes(c)) == 1}
+    assert len(seen) == 12
+    for c in train_all:  # training holds only seen genes
+        assert set(condition_genes(c)) <= seen
+    for c in split.test:
+        g = condition_genes(c)
+        k = sum(x in seen for x in g)
+        expected = "unseen_single" if len(g) == 1 else f"combo_seen{k}"
+        assert split.subgroup[c] == expected
+    seen2 = [c for c in conds if len(condition_genes(c)) == 2 and set(condition_genes(c)) <= seen]
+    assert sum(c in train_all for c in seen2) == int(len(seen2) * 0.75)
+    assert set(split.test_by_subgroup()) == set(SUBGROUPS)
+
+
+def test_simulation_split_is_deterministic_and_order_free():
+    conds = _conditions()
+    a = simulation_split(conds, seed=1)
+    b = simulation_split([*reversed(conds), "ctrl"], seed=1)
+    assert (a.train, a.val, a.test, a.subgroup) == (b.train, b.val, b.test, b.subgroup)
+    c = simulation_split(conds, seed=2)
+    assert a.test != c.test
+
+
+def test_simulation_split_validation_carved_from_train():
+    split = simulation_split(_conditions(n_genes=20, n_doubles=40), seed=1)
+    assert split.val and split.train
+    assert not set(split.val) & set(split.train)
+
+
+def test_split_too_small_is_a_clear_error():
+    with pytest.raises(CapeInputError, match="too few perturbed genes"):
+        simulation_split(["A+ctrl"], seed=1)
+    with pytest.raises(CapeInputError, match="too few perturbed genes"):
+        simulation_split(["A+ctrl", "ctrl"], seed=1)
+
+
+def _toy(n_ctrl=40, n_pert=20, seed=0) -> ad.AnnData:
+    """5 genes; A+ctrl lowers gene A strongly and B a bit; B+ctrl raises C; A+B both."""
+    rng = np.random.default_rng(seed)
+    base = np.array([3.0, 2.0, 1.0, 1.5, 2.5])
+    shift = {"ctrl": 0, "A+ctrl": np.array([-2.5, -0.5, 0, 0, 0]), "B+ctrl": np.array([0, 0, 1.2, 0, 0]),
+             "A+B": np.array([-2.5, -0.5, 1.2, 0.6, 0])}
+    blocks, labels = [], []
+    for cond, n in (("ctrl", n_ctrl), ("A+ctrl", n_pert), ("B+ctrl", n_pert), ("A+B", n_pert)):
+        blocks.append(np.clip(base + shift[cond] + rng.normal(0, 0.2, size=(n, 5)), 0, None))
+        labels += [cond] * n
+    adata = ad.AnnData(np.vstack(blocks).astype(np.float32),
+                       obs=pd.DataFrame({"condition": pd.Categorical(labels)}, index=[f"c{i}" for i in
+                                                                                       range(len(labels))]),
+                       var=pd.DataFrame(index=["A", "B", "C", "D", "E"]))
+    return adata
+
+
+def test_top_de_genes_rank_by_absolute_change():
+    adata = _toy()
+    de = top_de_genes(adata, ["A+ctrl", "B+ctrl"], n_genes=2)
+    assert de["A+ctrl"][0] == "A" and de["A+ctrl"][1] == "B"
+    assert de["B+ctrl"][0] == "C"
+    assert "rank_genes_groups" not in adata.uns  # input untouched
+
+
+def test_top_de_mse_brute_force():
+    rng = np.random.default_rng(0)
+    genes = list("abcdef")
+    truth = pd.DataFrame(rng.normal(size=(3, 6)), index=["x", "y", "z"], columns=genes)
+    pred = pd.DataFrame(rng.normal(size=(3, 6)), index=["x", "y", "z"], columns=genes)
+    de = {"x": ["a", "c"], "y": ["f"], "z": genes}
+    got = top_de_mse(pred, truth, de)
+    for cond, gs in de.items():
+        brute = sum((pred.loc[cond, g] - truth.loc[cond, g]) ** 2 for g in gs) / len(gs)
+        assert got[cond] == pytest.approx(brute)
+    assert top_de_mse(truth, truth, de).max() == 0
+
+
+def test_baselines_on_toy():
+    adata = _toy()
+    ctrl = condition_means(adata, ["ctrl"]).iloc[0]
+    means = condition_means(adata, ["A+ctrl", "B+ctrl"])
+    nochange = NoChangePredictor().fit(adata, ["A+ctrl", "B+ctrl"]).predict(["A+B", "C+ctrl"])
+    np.testing.assert_allclose(nochange.loc["A+B"], ctrl)
+    add = AdditivePredictor().fit(adata, ["A+ctrl", "B+ctrl"]).predict(["A+B", "A+ctrl", "C+ctrl", "A+C"])
+    np.testing.assert_allclose(add.loc["A+B"], means.loc["A+ctrl"] + means.loc["B+ctrl"] - ctrl)
+    np.testing.assert_allclose(add.loc["A+ctrl"], means.loc["A+ctrl"])
+    np.testing.assert_allclose(add.loc["C+ctrl"], ctrl)  # unseen gene: no shift
+    np.testing.assert_allclose(add.loc["A+C"], means.loc["A+ctrl"])
+
+
+def test_embedding_predictor_is_seeded_and_learns(sim):
+    conds = validate_perturbation_data(sim)
+    split = simulation_split(conds, seed=1)
+    emb = pca_gene_embeddings(sim, 8)
+    kw = {"epochs": 150, "hidden": 32}
+    a = EmbeddingPerturbationPredictor(emb, seed=0, **kw).fit(sim, split.train)
+    b = EmbeddingPerturbationPredictor(emb, seed=0, **kw).fit(sim, split.train)
+    pa, pb = a.predict(split.test), b.predict(split.test)
+    pd.testing.assert_frame_equal(pa, pb)
+    assert a.losses_[-1] < 0.5 * a.losses_[0]
+    # It fits its training perturbations far better than "no change" does.
+    truth = condition_means(sim, split.train)
+    fit = a.predict(split.train)
+    nochange = NoChangePredictor().fit(sim, split.train).predict(split.train)
+    assert ((fit - truth) ** 2).to_numpy().mean() < 0.5 * ((nochange - truth) ** 2).to_numpy().mean()
+
+
+def test_embedding_predictor_rejects_wrong_shape(sim):
+    with pytest.raises(CapeInputError, match="gene embeddings have 5 rows"):
+        EmbeddingPerturbationPredictor(np.zeros((5, 3))).fit(sim, ["G1+ctrl"])
+    with pytest.raises(CapeInputError, match="finite 2-D"):
+        EmbeddingPerturbationPredictor(np.full((30, 2), np.nan))
+
+
+def test_benchmark_records(sim):
+    recs = run_perturbation_benchmark(sim, dataset="sim",
+                                      gene_embeddings={"random": random_gene_embeddings(sim.n_vars, 8)},
+                                      predictor_kwargs={"epochs": 60, "hidden": 16})
+    frame = pd.DataFrame(recs)
+    assert set(frame["method"]) == {"no_change", "additive", "embedding_mlp[random]"}
+    assert set(frame["subgroup"]) == {"overall", *SUBGROUPS}
+    assert (frame["metric"] == "top20_de_mse").all()
+    ok = frame.dropna(subset=["value"])
+    assert (ok["value"] >= 0).all()
+    # Additive equals no change on unseen singles and combos with no seen gene (no shift to add).
+    pivot = frame.pivot_table(index="method", columns="subgroup", values="value")
+    for g in ("unseen_single", "combo_seen0"):
+        if not np.isnan(pivot.loc["no_change", g]):
+            assert pivot.loc["additive", g] == pytest.approx(pivot.loc["no_change", g])
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def test_missing_condition_column():
+    adata = _toy()
+    del adata.obs["condition"]
+    with pytest.raises(CapeInputError, match=r"obs\['condition'\] not found"):
+        validate_perturbation_data(adata)
+
+
+def test_no_control_cells():
+    adata = _toy()
+    adata.obs["condition"] = adata.obs["condition"].astype(str).replace("ctrl", "D+ctrl")
+    with pytest.raises(CapeInputError, match="no control cells"):
+        validate_perturbation_data(adata)
+
+
+def test_conditions_naming_absent_genes_are_listed():
+    adata = _toy()
+    labels = adata.obs["condition"].astype(str).to_numpy()
+    labels[-3:] = "X9+ctrl"
+    labels[-6:-3] = "A+Y7"
+    adata.obs["condition"] = labels
+    with pytest.raises(CapeInputError, match="2 gene\\(s\\) absent from the data: .*X9.*Y7|Y7.*X9"):
+        validate_perturbation_data(adata)
+
+
+def test_condition_with_one_cell_is_excluded_with_warning():
+    adata = _toy()
+    labels = adata.obs["condition"].astype(str).to_numpy()
+    labels[-1] = "C+ctrl"
+    adata.obs["condition"] = labels
+    with pytest.warns(UserWarning, match="fewer than 2 cells excluded: C\\+ctrl"):
+        usable = validate_perturbation_data(adata)
+    assert "C+ctrl" not in usable and "A+ctrl" in usable
+
+
+def test_dag_gene_embeddings_separate_descendant_sets():
+    from cape.bench.perturbation import dag_gene_embeddings
+
+    # 0 → 1 → 2 and 3 → 4: full-rank SVD reproduces the reachability matrix exactly.
+    adj = np.zeros((5, 5))
+    adj[0, 1] = adj[1, 2] = adj[3, 4] = 1.0
+    emb = dag_gene_embeddings(adj, d=10)
+    assert emb.shape == (5, 10)
+    out, inn = emb[:, :5], emb[:, 5:]
+    reach = np.array([[0, 1, 1, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0]], float)
+    np.testing.assert_allclose(out @ inn.T, reach, atol=1e-10)
+
+
+#: Output of cell-gears 0.1.2 ``DataSplitter.get_simulation_split(_conditions(), 0.75, 0.75, seed=1)`` (run once in a
+#: separate environment; GEARS is not a dependency): the reimplementation must reproduce it exactly.
+GEARS_0_1_2_SEED1 = {
+    "train": [
+        "g0+ctrl", "g0+g1", "g0+g4", "g0+g8", "g1+ctrl", "g1+g12", "g1+g4", "g10+ctrl", "g11+ctrl", "g12+ctrl",
+        "g14+ctrl", "g15+ctrl", "g3+ctrl", "g3+g7", "g3+g9", "g4+ctrl", "g4+g15", "g7+ctrl", "g7+g15", "g8+ctrl",
+        "g8+g10", "g9+ctrl", "g9+g10", "g9+g12"
+    ],
+    "test": [
+        "g0+g2", "g10+g11", "g10+g13", "g13+ctrl", "g13+g14", "g13+g15", "g2+ctrl", "g2+g3", "g2+g4", "g3+g13",
+        "g4+g12", "g4+g14", "g4+g9", "g5+ctrl", "g5+g6", "g5+g8", "g6+ctrl", "g6+g13", "g6+g7", "g6+g9", "g7+g11",
+        "g9+g13"
+    ],
+    "subgroup": {
+        "combo_seen0": ["g5+g6", "g6+g13"],
+        "combo_seen1": [
+            "g0+g2", "g10+g13", "g13+g14", "g13+g15", "g2+g3", "g2+g4", "g3+g13", "g5+g8", "g6+g7", "g6+g9",
+            "g9+g13"
+        ],
+        "combo_seen2": ["g10+g11", "g4+g12", "g4+g14", "g4+g9", "g7+g11"],
+        "unseen_single": ["g13+ctrl", "g2+ctrl", "g5+ctrl", "g6+ctrl"],
+    },
+}
+
+
+def test_simulation_split_reproduces_gears():
+    split = simulation_split(_conditions(), seed=1)
+    assert sorted(split.train + split.val) == GEARS_0_1_2_SEED1["train"]
+    assert sorted(split.test) == GEARS_0_1_2_SEED1["test"]
+    for group, conds in GEARS_0_1_2_SEED1["subgroup"].items():
+        assert sorted(split.test_by_subgroup()[group]) == conds
