@@ -1,0 +1,115 @@
+"""``cape embed`` (Step II), ``cape encode`` (Step III), ``cape bench embedding`` and ``cape bench properties``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _negatives(value: str):
+    if value in ("auto", "exact"):
+        return None if value == "exact" else "auto"
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto', 'exact' or a positive integer, got {value!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of negatives, got {count}")
+    return count
+
+
+def register(commands, bench) -> None:
+    embed = commands.add_parser("embed", help="Step II: embed varp['cape_dag'] in hyperbolic space")
+    embed.add_argument("--input", "-i", required=True, help="input .h5ad with varp['cape_dag'] (from `cape causal`)")
+    embed.add_argument("--output", "-o", required=True, help="output .h5ad")
+    embed.add_argument("--dim", type=int, default=32, help="embedding dimension d (32)")
+    embed.add_argument("--k-hop", type=int, default=2, help="positives: directed paths of ≤ k edges (2)")
+    embed.add_argument("--lambda-g", type=float, default=0.1, help="generality regulariser weight (0.1)")
+    embed.add_argument("--restart", type=float, default=0.15, help="PageRank restart weight (0.15)")
+    embed.add_argument("--epochs", type=int, default=1000, help="optimisation steps (1000)")
+    embed.add_argument("--optimizer", choices=["rsgd", "radam"], default="rsgd")
+    embed.add_argument("--geometry", choices=["hyperbolic", "euclidean"], default="hyperbolic")
+    embed.add_argument("--lr", type=float, default=None, help="learning rate (default per optimizer)")
+    embed.add_argument("--negatives", type=_negatives, default="auto",
+                       help="'exact', 'auto' (exact up to 1,500 genes) or K sampled negatives per gene")
+    embed.add_argument("--max-radius", type=float, default=7.0, help="largest distance from the origin (7)")
+    embed.set_defaults(func=run_embed)
+
+    encode = commands.add_parser("encode", help="Step III: rotary angles φ = c·e from the Poincaré embedding")
+    encode.add_argument("--input", "-i", required=True, help="input .h5ad with varm['cape_poincare'] (`cape embed`)")
+    encode.add_argument("--output", "-o", required=True, help="output .h5ad")
+    encode.add_argument("--scale", type=float, default=math.pi / 4, help="angle scale c (π/4)")
+    encode.set_defaults(func=run_encode)
+
+    emb = bench.add_parser("embedding", help="Step II fidelity: MAP and Spearman, hyperbolic vs Euclidean")
+    emb.add_argument("--quick", action="store_true", help="small run for smoke tests")
+    emb.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    emb.add_argument("--dims", type=int, nargs="+", default=[2, 4, 8, 16, 32])
+    emb.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    emb.add_argument("--epochs", type=int, default=1000)
+    emb.add_argument("--sections", nargs="+", choices=["fidelity", "scaling"], default=["fidelity", "scaling"],
+                     help="fidelity: MAP/Spearman vs dimension; scaling: sampled vs exact loss, 2,000-gene timing")
+    emb.set_defaults(func=run_bench_embedding)
+
+    props = bench.add_parser("properties", help="paper Sec. 4: Fig. 3c, Props 4.1/4.2 (Fig. S2), 4.3 (Fig. S3)")
+    props.add_argument("--quick", action="store_true", help="small run for smoke tests")
+    props.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    props.add_argument("--step1-epochs", type=int, default=None,
+                       help="Step I epochs for Fig. 3c (default 100, the paper's; 20 with --quick)")
+    props.set_defaults(func=run_bench_properties)
+
+
+def _read(path: str):
+    from .. import data
+
+    return data.read(path, expect_counts=False)
+
+
+def _check_output(path: str):
+    from pathlib import Path
+
+    from .._errors import CapeInputError
+
+    out = Path(path)
+    if out.suffix != ".h5ad":
+        raise CapeInputError(f"--output must end in .h5ad, got {path}")
+    return out
+
+
+def run_embed(args: argparse.Namespace) -> int:
+    from .._io import write_h5ad
+    from ..tl.hyperbolic import hyperbolic_embedding
+
+    out = _check_output(args.output)
+    adata = _read(args.input)
+    hyperbolic_embedding(adata, dim=args.dim, k_hop=args.k_hop, lambda_g=args.lambda_g, restart=args.restart,
+                         epochs=args.epochs, optimizer=args.optimizer, geometry=args.geometry, lr=args.lr,
+                         negatives=args.negatives, max_radius=args.max_radius, device=None, seed=None)
+    write_h5ad(adata, out)
+    return 0
+
+
+def run_encode(args: argparse.Namespace) -> int:
+    from .._io import write_h5ad
+    from ..tl.hyperbolic import rotary_encoding
+
+    out = _check_output(args.output)
+    adata = _read(args.input)
+    rotary_encoding(adata, scale=args.scale)
+    write_h5ad(adata, out)
+    return 0
+
+
+def run_bench_embedding(args: argparse.Namespace) -> int:
+    from ..bench.embedding import run_benchmark
+
+    run_benchmark(args.out, quick=args.quick, dims=args.dims, seeds=args.seeds, epochs=args.epochs,
+                  sections=args.sections)
+    return 0
+
+
+def run_bench_properties(args: argparse.Namespace) -> int:
+    from ..bench.properties import run_benchmark
+
+    run_benchmark(args.out, quick=args.quick, step1_epochs=args.step1_epochs)
+    return 0

@@ -1,0 +1,300 @@
+"""Step II core: embed a weighted DAG on the hyperboloid (or in Euclidean space) by Riemannian SGD.
+
+Points live on geoopt's ``Lorentz`` manifold (k = 1, curvature −1) as a ``ManifoldParameter`` in float64
+(float32 distances break down a few units from the origin) and are optimised with ``RiemannianSGD``
+(exact exponential-map retraction, Eqs. 19–21) or ``RiemannianAdam``. An SGD step moves a point at most
+:data:`MAX_STEP`; after every step points are pulled back within ``max_radius`` of the origin and re-projected
+exactly onto the hyperboloid, so ⟨p, p⟩_L = −1 holds to float64 rounding (|⟨p,p⟩_L + 1| ≲ 1e-10 at radius 7).
+
+The objective is Eq. 15 (see :mod:`cape.hyperbolic.loss`). Gradients are taken of M·L_H (the sum over nodes
+rather than the mean) so that the learning rate does not depend on the number of genes; the recorded loss is
+the paper's L_H. Nodes without any edge have no positives and are placed at the origin (``embedded`` False).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .._errors import CapeInputError
+from .._progress import progress
+from .._settings import resolve_device
+from .adjacency import as_sparse_adjacency, check_dag
+from .generality import pagerank_generality
+from .geometry import GEOMETRIES
+from .loss import (
+    contrastive_terms,
+    generality_regulariser,
+    negative_logsumexp_exact,
+    negative_logsumexp_sampled,
+    objective,
+)
+from .poincare import lorentz_to_poincare
+from .positives import PositivePairs, khop_positives
+
+logger = logging.getLogger("cape")
+
+#: Above this many graph nodes, ``negatives="auto"`` switches from the exact loss to sampled negatives.
+AUTO_EXACT_MAX_NODES = 1500
+#: Candidate negatives drawn (shared by all anchors) per epoch when sampling.
+DEFAULT_NEGATIVES = 256
+DEFAULT_LR = {("hyperbolic", "rsgd"): 0.05, ("hyperbolic", "radam"): 0.01,
+              ("euclidean", "rsgd"): 0.05, ("euclidean", "radam"): 0.01}
+
+
+@dataclass
+class EmbeddingResult:
+    """Output of :func:`embed_dag` (NumPy, float64).
+
+    Attributes
+    ----------
+    points
+        (M, d+1) hyperboloid points, or (M, d) Euclidean points for ``geometry="euclidean"``.
+    poincare
+        (M, d) positions in the open unit ball: Eq. A.22 of ``points`` (hyperbolic), or the Euclidean points
+        scaled uniformly into the ball (ablation).
+    generality
+        (M,) PageRank generality π (Eq. 18), sums to 1.
+    embedded
+        (M,) bool, node has at least one edge (others sit at the origin).
+    losses
+        L_H after each epoch.
+    seconds, cpu_seconds
+        Wall-clock time and CPU time of this process (all threads) for the whole call.
+    """
+
+    points: np.ndarray
+    poincare: np.ndarray
+    generality: np.ndarray
+    embedded: np.ndarray
+    losses: np.ndarray
+    geometry: str
+    negatives: int | None
+    n_positive_pairs: int
+    seconds: float
+    cpu_seconds: float = float("nan")
+    params: dict = field(default_factory=dict)
+
+
+def embed_dag(adjacency, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1, restart: float = 0.15,
+              epochs: int = 1000, lr: float | None = None, optimizer: Literal["rsgd", "radam"] = "rsgd",
+              geometry: Literal["hyperbolic", "euclidean"] = "hyperbolic",
+              negatives: int | Literal["auto"] | None = "auto", max_radius: float = 7.0,
+              init_scale: float = 1e-2, device: str | None = "auto", seed: int = 0,
+              names=None, show_progress: bool = True) -> EmbeddingResult:
+    """Embed a weighted DAG (Step II).
+
+    Parameters
+    ----------
+    adjacency
+        M×M weighted adjacency (dense, sparse or DataFrame), ``A[i, j] != 0`` meaning i → j. Must be acyclic
+        without self-loops.
+    dim
+        Dimension d of the hyperbolic space (points have d+1 coordinates), ≥ 2.
+    k_hop
+        Positives are nodes joined by a directed path of at most ``k_hop`` edges (Eq. 16).
+    lambda_g
+        Weight λ_g of the generality regulariser (Eq. 15).
+    restart
+        PageRank restart weight w (Eq. 18).
+    epochs
+        Full-batch optimisation steps.
+    lr
+        Learning rate; default depends on geometry and optimizer (:data:`DEFAULT_LR`).
+    optimizer
+        ``"rsgd"`` (geoopt RiemannianSGD; plain SGD for Euclidean) or ``"radam"`` (RiemannianAdam / Adam).
+    geometry
+        ``"hyperbolic"`` or ``"euclidean"`` (ablation).
+    negatives
+        ``None`` = exact loss (all non-positives); an int K = each epoch draws K distinct nodes (shared by
+        all anchors) and every anchor uses those that are its negatives, scaled to estimate the full sum;
+        ``"auto"`` = exact up to :data:`AUTO_EXACT_MAX_NODES` graph nodes, else :data:`DEFAULT_NEGATIVES`.
+    max_radius
+        Largest distance from the origin a point may reach (float64 stays exact well beyond 7).
+    init_scale
+        Standard deviation of the initial spatial coordinates around the origin.
+    device
+        ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``.
+    seed
+        Seeds the initialisation and negative sampling.
+    names
+        Gene names, used in error messages.
+
+    Returns
+    -------
+    EmbeddingResult
+    """
+    start, cpu_start = time.perf_counter(), time.process_time()
+    if int(dim) != dim or dim < 2:
+        raise CapeInputError(f"dim must be an integer ≥ 2, got {dim!r}")
+    if geometry not in GEOMETRIES:
+        raise CapeInputError(f"geometry must be 'hyperbolic' or 'euclidean', got {geometry!r}")
+    if optimizer not in ("rsgd", "radam"):
+        raise CapeInputError(f"optimizer must be 'rsgd' or 'radam', got {optimizer!r}")
+    if int(epochs) != epochs or epochs < 0:
+        raise CapeInputError(f"epochs must be a non-negative integer, got {epochs!r}")
+    if lambda_g < 0:
+        raise CapeInputError(f"lambda_g must be ≥ 0, got {lambda_g!r}")
+    if not max_radius > 0:
+        raise CapeInputError(f"max_radius must be > 0, got {max_radius!r}")
+    dim, epochs = int(dim), int(epochs)
+    matrix = as_sparse_adjacency(adjacency)
+    check_dag(matrix, names)
+    n_total = matrix.shape[0]
+    generality = pagerank_generality(matrix, restart=restart)
+
+    degree = np.asarray((matrix != 0).sum(axis=0)).ravel() + np.asarray((matrix != 0).sum(axis=1)).ravel()
+    embedded = degree > 0
+    nodes = np.flatnonzero(embedded)
+    geom = GEOMETRIES[geometry]
+    width = dim + 1 if geometry == "hyperbolic" else dim
+    points = np.zeros((n_total, width))
+    if geometry == "hyperbolic":
+        points[:, 0] = 1.0
+    sub = sp.csr_matrix(matrix[nodes][:, nodes])
+    pairs = khop_positives(sub, k_hop) if nodes.size else None
+    n_sampled = _resolve_negatives(negatives, nodes.size)
+    lr = DEFAULT_LR[(geometry, optimizer)] if lr is None else float(lr)
+    params = {"dim": dim, "k_hop": int(k_hop), "lambda_g": float(lambda_g), "restart": float(restart),
+              "epochs": epochs, "lr": lr, "optimizer": optimizer, "geometry": geometry,
+              "negatives": n_sampled, "max_radius": float(max_radius), "init_scale": float(init_scale),
+              "seed": int(seed), "positive_weight": "strongest_path_product"}
+
+    if nodes.size == 0:
+        logger.warning("the graph has no edges: every gene is placed at the origin")
+        losses = np.zeros(0)
+    else:
+        dev = resolve_device(device)
+        params["device"] = str(dev)
+        sub_points, losses = _optimise(pairs, generality[nodes],
+                                       dim=dim, geom=geom, lambda_g=lambda_g, epochs=epochs, lr=lr,
+                                       optimizer=optimizer, n_sampled=n_sampled, max_radius=max_radius,
+                                       init_scale=init_scale, device=dev, seed=int(seed),
+                                       show_progress=show_progress)
+        points[nodes] = sub_points
+    if geometry == "hyperbolic":
+        poincare = lorentz_to_poincare(torch.from_numpy(points)).numpy()
+    else:
+        radius = np.linalg.norm(points, axis=1).max() if n_total else 0.0
+        poincare = points / (radius * (1.0 + 1e-6)) if radius > 0 else points.copy()
+    return EmbeddingResult(points=points, poincare=poincare, generality=generality, embedded=embedded,
+                           losses=np.asarray(losses, dtype=np.float64), geometry=geometry,
+                           negatives=n_sampled, n_positive_pairs=len(pairs) if pairs is not None else 0,
+                           seconds=time.perf_counter() - start,
+                           cpu_seconds=time.process_time() - cpu_start, params=params)
+
+
+#: Longest move (in distance units) a point may make in one SGD step; hubs sum many pulls, and an
+#: unbounded exponential-map step overflows cosh.
+MAX_STEP = 1.0
+
+
+@torch.no_grad()
+def _limit_step_(param: torch.Tensor, lr: float, geometry: str) -> None:
+    """Scale each point's gradient so that lr·‖Riemannian gradient‖ ≤ :data:`MAX_STEP` (in place)."""
+    grad = param.grad
+    if geometry == "hyperbolic":
+        rgrad = grad.clone()
+        rgrad[:, 0].neg_()  # g_l⁻¹ ∇ (Eq. 19), then the tangent projection u + ⟨p, u⟩_L p (Eq. 20)
+        inner = (param[:, 1:] * rgrad[:, 1:]).sum(-1) - param[:, 0] * rgrad[:, 0]
+        rgrad += inner[:, None] * param
+        sq = (rgrad[:, 1:] ** 2).sum(-1) - rgrad[:, 0] ** 2
+    else:
+        sq = (grad**2).sum(-1)
+    norm = torch.sqrt(sq.clamp_min(0.0))
+    scale = (MAX_STEP / (lr * norm).clamp_min(1e-300)).clamp_max(1.0)
+    grad.mul_(scale[:, None])
+
+
+def _resolve_negatives(negatives, n_nodes: int) -> int | None:
+    if negatives is None:
+        return None
+    if negatives == "auto":
+        return None if n_nodes <= AUTO_EXACT_MAX_NODES else DEFAULT_NEGATIVES
+    if isinstance(negatives, bool) or int(negatives) != negatives or negatives < 1:
+        raise CapeInputError(f"negatives must be None, 'auto' or a positive integer, got {negatives!r}")
+    return int(negatives)
+
+
+def _optimise(pairs: PositivePairs, generality: np.ndarray, *, dim: int, geom, lambda_g: float, epochs: int,
+              lr: float, optimizer: str, n_sampled: int | None, max_radius: float, init_scale: float,
+              device: torch.device, seed: int, show_progress: bool) -> tuple[np.ndarray, list[float]]:
+    import geoopt
+
+    dtype = torch.float64
+    m = pairs.n_nodes
+    init_gen = torch.Generator().manual_seed(seed)
+    spatial = torch.randn(m, dim, generator=init_gen, dtype=dtype) * init_scale
+    rows = torch.as_tensor(pairs.rows, device=device)
+    cols = torch.as_tensor(pairs.cols, device=device)
+    weights = torch.as_tensor(pairs.weights, dtype=dtype, device=device)
+    pi = torch.as_tensor(generality, dtype=dtype, device=device)
+
+    if geom.name == "hyperbolic":
+        manifold = geoopt.Lorentz(k=torch.tensor(1.0, dtype=dtype))
+        x0 = torch.sqrt(1.0 + (spatial * spatial).sum(-1, keepdim=True))
+        param = geoopt.ManifoldParameter(torch.cat([x0, spatial], -1).to(device), manifold=manifold)
+        manifold.to(device)
+        opt_cls = geoopt.optim.RiemannianSGD if optimizer == "rsgd" else geoopt.optim.RiemannianAdam
+    else:
+        param = torch.nn.Parameter(spatial.to(device))
+        opt_cls = torch.optim.SGD if optimizer == "rsgd" else torch.optim.Adam
+    opt = opt_cls([param], lr=lr)
+
+    if n_sampled is None:
+        positive_mask = torch.zeros(m, m, dtype=torch.bool, device=device)
+        positive_mask[rows, cols] = True
+    else:
+        keys = rows * m + cols  # sorted: pairs are ordered by (row, col)
+        # Each unordered pair appears twice (once per anchor): compute its distance once.
+        lo, hi = np.minimum(pairs.rows, pairs.cols), np.maximum(pairs.rows, pairs.cols)
+        undirected, pair_index = np.unique(lo * m + hi, return_inverse=True)
+        u_rows = torch.as_tensor(undirected // m, device=device)
+        u_cols = torch.as_tensor(undirected % m, device=device)
+        pair_index = torch.as_tensor(pair_index.ravel(), device=device)
+        n_negatives = (m - 1) - torch.bincount(rows, minlength=m)
+        sample_gen = torch.Generator(device=device).manual_seed(seed + 1)
+        anchors = torch.arange(m, device=device)[:, None]
+
+    losses: list[float] = []
+    bar = progress(range(epochs), desc=f"Step II ({geom.name})", total=epochs) if show_progress \
+        else range(epochs)
+    for epoch in bar:
+        opt.zero_grad(set_to_none=True)
+        if n_sampled is None:
+            dist = geom.dist_matrix(param, param)
+            pos_dist = dist[rows, cols]
+            neg_lse = negative_logsumexp_exact(dist, positive_mask.clone())
+        else:
+            # index_select: its backward is index_add, much faster on CPU than advanced indexing's index_put.
+            pos_dist = geom.dist(param.index_select(0, u_rows), param.index_select(0, u_cols))[pair_index]
+            # One set of K candidates per epoch shared by every anchor: an (M, K) distance matrix by matmul.
+            sample = torch.randperm(m, generator=sample_gen, device=device)[:n_sampled]
+            sample_keys = anchors * m + sample[None, :]
+            found = torch.searchsorted(keys, sample_keys.reshape(-1)).clamp_max(keys.numel() - 1)
+            is_positive = (keys[found] == sample_keys.reshape(-1)).reshape(m, -1)
+            valid = ~is_positive & (sample[None, :] != anchors)
+            neg_dist = geom.dist_matrix(param, param.index_select(0, sample))
+            neg_lse = negative_logsumexp_sampled(neg_dist, valid, n_negatives)
+        contrastive = contrastive_terms(pos_dist, rows, weights, neg_lse, m)
+        regulariser = generality_regulariser(geom.dist0(param), pi)
+        loss = objective(contrastive, regulariser, lambda_g)
+        (loss * m).backward()
+        if optimizer == "rsgd":
+            _limit_step_(param, lr, geom.name)
+        opt.step()
+        geom.clip_radius_(param.data, max_radius)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise FloatingPointError(f"Step II loss became {value} at epoch {epoch}")
+        losses.append(value)
+        if show_progress and epoch % 50 == 0 and hasattr(bar, "set_postfix"):
+            bar.set_postfix(loss=f"{value:.4g}")
+    return param.detach().cpu().numpy().astype(np.float64), losses

@@ -1,0 +1,88 @@
+"""The Step II objective (Eqs. 15–17): weighted contrastive term over k-hop positives plus the generality
+regulariser, in an exact form (all other nodes are negatives) and a negative-sampled form for large M.
+
+Distances come from :mod:`cape.hyperbolic.geometry`; these functions only see distance tensors, so the same
+loss drives the hyperbolic embedding and its Euclidean ablation.
+
+For anchor m with positives N⁺(m) and negatives N⁻(m) = V \\ (N⁺(m) ∪ {m}) (self-pairs are excluded: the
+gradient of d(p, p) is meaningless), Eq. 16 reads
+
+    L_con(m) = Σ_{n ∈ N⁺(m)} w_mn · [ d_mn + log( e^{−d_mn} + Σ_{n' ∈ N⁻(m)} e^{−d_mn'} ) ],
+
+computed with log-sum-exp. The sampled form replaces the negative sum by (|N⁻(m)| / K') Σ over the K' valid
+draws among K uniform samples (a draw that hits m or a positive is discarded), an unbiased estimate of the
+sum inside the logarithm. (:func:`cape.hyperbolic.embed_dag` draws one set of K candidates per epoch,
+shared by all anchors, so the negative distances form an M×K matrix computed by one matrix product.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+# A finite stand-in for log(0) = −inf: keeps log-sum-exp gradients finite for anchors without negatives.
+_LOG_ZERO = -1e30
+
+
+def contrastive_terms(pos_dist: torch.Tensor, pos_anchor: torch.Tensor, pos_weight: torch.Tensor,
+                      neg_logsumexp: torch.Tensor, n_nodes: int) -> torch.Tensor:
+    """Per-anchor contrastive loss L_con (Eq. 16) from positive distances and each anchor's
+    ``log Σ_{n'∈N⁻} exp(−d)``.
+
+    Parameters
+    ----------
+    pos_dist, pos_anchor, pos_weight
+        Distance, anchor index and weight of each positive pair, shape (P,).
+    neg_logsumexp
+        Shape (M,): log of the (estimated) negative sum of each anchor; ``_LOG_ZERO`` when it has none.
+    n_nodes
+        M.
+
+    Returns
+    -------
+    torch.Tensor
+        Shape (M,), zero for anchors without positives.
+    """
+    terms = pos_dist + torch.logaddexp(-pos_dist, neg_logsumexp[pos_anchor])
+    out = torch.zeros(n_nodes, dtype=pos_dist.dtype, device=pos_dist.device)
+    return out.index_add(0, pos_anchor, pos_weight * terms)
+
+
+def negative_logsumexp_exact(dist: torch.Tensor, positive_mask: torch.Tensor) -> torch.Tensor:
+    """``log Σ_{n'∈N⁻(m)} exp(−d_mn')`` for every anchor from the full M×M distance matrix."""
+    neg_mask = ~positive_mask
+    neg_mask.fill_diagonal_(False)
+    masked = torch.where(neg_mask, -dist, _LOG_ZERO)
+    lse = torch.logsumexp(masked, dim=1)
+    return torch.where(neg_mask.any(dim=1), lse, _LOG_ZERO)
+
+
+def negative_logsumexp_sampled(neg_dist: torch.Tensor, valid: torch.Tensor,
+                               n_negatives: torch.Tensor) -> torch.Tensor:
+    """Estimated ``log Σ_{n'∈N⁻(m)} exp(−d_mn')`` from K samples per anchor.
+
+    Parameters
+    ----------
+    neg_dist
+        (M, K) distances from each anchor to the sampled nodes.
+    valid
+        (M, K) bool: the sample is a true negative (not the anchor, not a positive).
+    n_negatives
+        (M,) |N⁻(m)|, the number of negatives each anchor has in the full graph.
+    """
+    masked = torch.where(valid, -neg_dist, _LOG_ZERO)
+    n_valid = valid.sum(dim=1)
+    lse = torch.logsumexp(masked, dim=1)
+    scale = torch.log(n_negatives.to(neg_dist.dtype).clamp_min(1.0)) - torch.log(
+        n_valid.to(neg_dist.dtype).clamp_min(1.0))
+    usable = (n_valid > 0) & (n_negatives > 0)
+    return torch.where(usable, lse + scale, _LOG_ZERO)
+
+
+def generality_regulariser(dist_to_origin: torch.Tensor, generality: torch.Tensor) -> torch.Tensor:
+    """Ω(p_m) = π_m · d(p_m, origin) (Eq. 17), per node."""
+    return generality * dist_to_origin
+
+
+def objective(contrastive: torch.Tensor, regulariser: torch.Tensor, lambda_g: float) -> torch.Tensor:
+    """L_H = (1/M) Σ_m [L_con(m) + λ_g Ω(m)] (Eq. 15)."""
+    return (contrastive + lambda_g * regulariser).mean()

@@ -1,0 +1,230 @@
+"""Steps II and III on AnnData: hyperbolic embedding of ``varp["cape_dag"]`` and the rotary angles.
+
+Fields set
+----------
+``hyperbolic_embedding``
+    ``varm["cape_lorentz"]`` (n_vars, d+1) hyperboloid points (hyperbolic geometry only; removed for the
+    Euclidean ablation), ``varm["cape_poincare"]`` (n_vars, d) Poincaré-ball positions,
+    ``var["cape_generality"]`` PageRank π, ``var["cape_embedded"]`` (gene has an edge; others sit at the
+    origin), ``uns["cape"]["hyperbolic_embedding"]``.
+``rotary_encoding``
+    ``varm["cape_angles"]`` = c · ``varm["cape_poincare"]``, ``uns["cape"]["rotary_encoding"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import time
+from typing import Literal
+
+import anndata as ad
+import numpy as np
+
+from .._errors import CapeInputError
+from .._settings import resolve_seed
+
+logger = logging.getLogger("cape")
+
+DAG_KEY = "cape_dag"
+
+
+def _record(adata: ad.AnnData, step: str, entry: dict) -> None:
+    import geoopt
+    import torch
+
+    from .. import __version__
+
+    cape_uns = adata.uns.setdefault("cape", {})
+    entry = _h5ad_safe({**entry, "versions": {"cape": __version__, "torch": str(torch.__version__),
+                                   "geoopt": str(getattr(geoopt, "__version__", "unknown")),
+                                   "python": platform.python_version()}})
+    cape_uns[step] = entry
+
+
+def _h5ad_safe(obj):
+    """h5ad cannot store None: write it as the string "none" (e.g. ``negatives=None`` = exact loss)."""
+    if isinstance(obj, dict):
+        return {str(k): _h5ad_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_h5ad_safe(v) for v in obj]
+    return "none" if obj is None else obj
+
+
+def _adjacency_from(adata: ad.AnnData, adjacency, dag_key: str):
+    from ..hyperbolic.adjacency import as_sparse_adjacency
+
+    if adjacency is None:
+        if dag_key not in adata.varp:
+            raise CapeInputError(
+                f"varp[{dag_key!r}] not found: learn the causal graph first with `cape causal` "
+                "(cape.tl.causal_graph) or pass adjacency=")
+        return as_sparse_adjacency(adata.varp[dag_key], what=f"varp[{dag_key!r}]"), f"varp[{dag_key!r}]"
+    matrix = as_sparse_adjacency(adjacency, what="the supplied adjacency")
+    if matrix.shape[0] != adata.n_vars:
+        raise CapeInputError(f"the supplied adjacency is {matrix.shape[0]}×{matrix.shape[1]} but the AnnData has "
+                             f"{adata.n_vars} genes; it must be n_vars × n_vars in var_names order")
+    return matrix, "adjacency argument"
+
+
+def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1,
+                         restart: float = 0.15, epochs: int = 1000,
+                         optimizer: Literal["rsgd", "radam"] = "rsgd",
+                         geometry: Literal["hyperbolic", "euclidean"] = "hyperbolic", *,
+                         lr: float | None = None, negatives: int | Literal["auto"] | None = "auto",
+                         max_radius: float = 7.0, device: str | None = "auto", seed: int | None = 0,
+                         adjacency=None, dag_key: str = DAG_KEY, copy: bool = False) -> ad.AnnData | None:
+    """Embed the gene DAG in hyperbolic space (CAPE Step II, Sec. 3.4).
+
+    Parameters
+    ----------
+    adata
+        AnnData with the weighted DAG in ``varp[dag_key]`` (``A[i, j] != 0``: gene i → gene j), as written by
+        :func:`cape.tl.causal_graph`.
+    dim
+        Dimension d of the embedding (≥ 2); the paper uses d = D/2 of the transformer width.
+    k_hop
+        Genes joined by a directed path of ≤ k_hop edges are positives of the contrastive loss (Eq. 16).
+        Multi-hop pairs are weighted by the strongest path product (see :mod:`cape.hyperbolic.positives`).
+    lambda_g
+        Weight of the generality regulariser (Eq. 17).
+    restart
+        PageRank restart weight w (Eq. 18).
+    epochs
+        Full-batch optimisation steps.
+    optimizer
+        ``"rsgd"`` (Riemannian SGD; plain SGD for Euclidean) or ``"radam"`` (Riemannian Adam / Adam).
+    geometry
+        ``"hyperbolic"`` or ``"euclidean"`` (the CAPE-w/o-hyperbolic ablation; ``varm["cape_poincare"]`` then
+        holds the Euclidean points scaled uniformly into the unit ball).
+    lr
+        Learning rate (default per optimizer/geometry).
+    negatives
+        ``None`` exact loss, an int K of sampled negatives per gene, or ``"auto"`` (exact up to 1,500 genes).
+    max_radius
+        Largest hyperbolic distance from the origin.
+    device
+        ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
+    seed
+        Random seed (``None``: ``cape.settings.seed``).
+    adjacency
+        Optional n_vars × n_vars adjacency to use instead of ``varp[dag_key]``.
+    dag_key
+        Key of the DAG in ``varp``.
+    copy
+        Return a modified copy instead of writing into ``adata``.
+
+    Returns
+    -------
+    ``None``, or the copy when ``copy=True``. Sets ``varm["cape_lorentz"]``, ``varm["cape_poincare"]``,
+    ``var["cape_generality"]``, ``var["cape_embedded"]`` and ``uns["cape"]["hyperbolic_embedding"]``.
+    """
+    from ..hyperbolic.embedding import embed_dag
+
+    adata = adata.copy() if copy else adata
+    matrix, source = _adjacency_from(adata, adjacency, dag_key)
+    used = None
+    if "cape_used" in adata.var:
+        used = adata.var["cape_used"].to_numpy(dtype=bool)
+        outside = matrix.tocoo()
+        if outside.nnz and not (used[outside.row].all() and used[outside.col].all()):
+            logger.warning("%s has edges on genes outside var['cape_used']; embedding them anyway", source)
+    seed = resolve_seed(seed)
+    result = embed_dag(matrix, dim=dim, k_hop=k_hop, lambda_g=lambda_g, restart=restart, epochs=epochs,
+                       lr=lr, optimizer=optimizer, geometry=geometry, negatives=negatives,
+                       max_radius=max_radius, device=device, seed=seed, names=list(adata.var_names))
+    generality = result.generality
+    if used is not None:
+        # π of genes outside the causal graph is not a generality; renormalise over the genes that took part.
+        generality = np.where(used, generality, 0.0)
+        generality = generality / generality.sum() if generality.sum() > 0 else generality
+    if geometry == "hyperbolic":
+        adata.varm["cape_lorentz"] = result.points
+    else:
+        adata.varm.pop("cape_lorentz", None)
+        adata.varm["cape_euclidean"] = result.points
+    adata.varm["cape_poincare"] = result.poincare
+    adata.var["cape_generality"] = generality
+    adata.var["cape_embedded"] = result.embedded
+    losses = result.losses
+    _record(adata, "hyperbolic_embedding", {
+        "params": {"device": str(device), **result.params, "source": source},
+        "seed": seed,
+        "n_genes_embedded": int(result.embedded.sum()),
+        "n_positive_pairs": int(result.n_positive_pairs),
+        "final_loss": float(losses[-1]) if losses.size else float("nan"),
+        "loss_curve": losses[:: max(1, losses.size // 200)].tolist(),
+        "seconds": float(result.seconds),
+    })
+    logger.info("Step II: embedded %d genes (%d positive pairs) in %s space, d=%d, %.1f s",
+                int(result.embedded.sum()), result.n_positive_pairs, geometry, dim, result.seconds)
+    return adata if copy else None
+
+
+def rotary_encoding(adata: ad.AnnData, scale: float = math.pi / 4, *, key: str = "cape_poincare",
+                    key_added: str = "cape_angles", copy: bool = False) -> ad.AnnData | None:
+    """Rotary angles φ_v = c·e_v of every gene (CAPE Step III, Sec. 3.5, Eq. 26).
+
+    Parameters
+    ----------
+    adata
+        AnnData with Poincaré positions in ``varm[key]`` (from :func:`hyperbolic_embedding`).
+    scale
+        c; the paper's π/4 keeps every angle within ±π/4 since ‖e‖ < 1.
+    key, key_added
+        Input and output ``varm`` keys.
+    copy
+        Return a modified copy instead of writing into ``adata``.
+
+    Returns
+    -------
+    ``None`` or the copy. Sets ``varm[key_added]`` (n_vars, d) and ``uns["cape"]["rotary_encoding"]``.
+    """
+    import torch
+
+    from ..encodings.cape import cape_angles
+
+    if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
+        raise CapeInputError(f"scale must be a positive finite number, got {scale!r}")
+    if key not in adata.varm:
+        raise CapeInputError(f"varm[{key!r}] not found: embed the causal graph first with `cape embed` "
+                             "(cape.tl.hyperbolic_embedding)")
+    adata = adata.copy() if copy else adata
+    positions = np.asarray(adata.varm[key], dtype=np.float64)
+    angles = cape_angles(torch.from_numpy(positions), float(scale)).numpy()
+    adata.varm[key_added] = angles
+    _record(adata, "rotary_encoding", {"params": {"scale": float(scale), "key": key, "key_added": key_added},
+                                       "max_abs_angle": float(np.abs(angles).max()) if angles.size else 0.0})
+    return adata if copy else None
+
+
+def cape(adata: ad.AnnData, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1, restart: float = 0.15,
+         epochs: int = 1000, optimizer: Literal["rsgd", "radam"] = "rsgd",
+         geometry: Literal["hyperbolic", "euclidean"] = "hyperbolic", scale: float = math.pi / 4,
+         causal_kwargs: dict | None = None, embed_kwargs: dict | None = None, device: str | None = "auto",
+         seed: int | None = 0, copy: bool = False) -> ad.AnnData | None:
+    """Run CAPE Steps I–III in one call: causal graph → hyperbolic embedding → rotary angles.
+
+    Step I is :func:`cape.tl.causal_graph` with ``causal_kwargs`` (plus ``device`` and ``seed``); Step II is
+    :func:`hyperbolic_embedding` with the arguments above and ``embed_kwargs``; Step III is
+    :func:`rotary_encoding` with ``scale``. Sets every field the three steps set (``varp["cape_dag"]``,
+    ``varm["cape_lorentz"]``, ``varm["cape_poincare"]``, ``var["cape_generality"]``, ``varm["cape_angles"]``,
+    ``uns["cape"]``).
+    """
+    try:
+        from .causal_graph import causal_graph
+    except ImportError as err:  # pragma: no cover - Step I ships in the same package
+        raise CapeInputError("Step I (cape.tl.causal_graph) is not available in this installation") from err
+
+    adata = adata.copy() if copy else adata
+    seed = resolve_seed(seed)
+    start = time.perf_counter()
+    causal_graph(adata, **{"device": device, "seed": seed, **(causal_kwargs or {})})
+    hyperbolic_embedding(adata, dim=dim, k_hop=k_hop, lambda_g=lambda_g, restart=restart, epochs=epochs,
+                         optimizer=optimizer, geometry=geometry, device=device, seed=seed,
+                         **(embed_kwargs or {}))
+    rotary_encoding(adata, scale=scale)
+    adata.uns["cape"]["pipeline"] = {"steps": ["causal_graph", "hyperbolic_embedding", "rotary_encoding"],
+                                     "seed": seed, "seconds": time.perf_counter() - start}
+    return adata if copy else None

@@ -1,0 +1,50 @@
+rule embed:
+    """Step II: embed varp['cape_dag'] in hyperbolic space (paper Sec. 3.4) → varm['cape_lorentz'] and varm['cape_poincare']."""
+    input:
+        "results/{dataset}/causal.h5ad",
+    output:
+        "results/{dataset}/embedded.h5ad",
+    log:
+        "logs/{dataset}/embed.log",
+    benchmark:
+        "benchmarks/{dataset}/embed.tsv"
+    params:
+        cape=CAPE,
+        opts=config["embed"],
+        lr=lambda wildcards: f"--lr {config['embed']['lr']}" if config["embed"]["lr"] is not None else "",
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=60,
+        gpu=0,
+    shell:
+        "{params.cape} embed"
+        " --input {input:q} --output {output:q}"
+        " --dim {params.opts[dim]} --k-hop {params.opts[k_hop]} --lambda-g {params.opts[lambda_g]}"
+        " --restart {params.opts[restart]} --epochs {params.opts[epochs]}"
+        " --optimizer {params.opts[optimizer]} --geometry {params.opts[geometry]}"
+        " --negatives {params.opts[negatives]} --max-radius {params.opts[max_radius]} {params.lr}"
+        " > {log:q} 2>&1"
+
+
+rule encode:
+    """Step III: rotary angles φ = c·e of every gene (paper Sec. 3.5) → varm['cape_angles']."""
+    input:
+        "results/{dataset}/embedded.h5ad",
+    output:
+        "results/{dataset}/encoded.h5ad",
+    log:
+        "logs/{dataset}/encode.log",
+    benchmark:
+        "benchmarks/{dataset}/encode.tsv"
+    params:
+        cape=CAPE,
+        opts=config["encode"],
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+        gpu=0,
+    shell:
+        "{params.cape} encode --input {input:q} --output {output:q} --scale {params.opts[scale]}"
+        " > {log:q} 2>&1"
