@@ -351,7 +351,11 @@ class CellTransformer:
                       "cells_per_s": n_cells / max(seconds, 1e-9)}
             if val_loader is not None:
                 # Every process scores the whole validation set: identical numbers, so early stopping agrees.
+                # Validation cells share the training dataset object; score them with the same (epoch-0) gene
+                # sampling and masks every epoch, so that validation losses are comparable across epochs.
+                _dataset_of(val_set).set_epoch(0)
                 record["val_loss"] = self._evaluate(task, loss_fn, val_loader)
+                _dataset_of(train_set).set_epoch(epoch)
                 if record["val_loss"] < best - 1e-6:
                     best, bad_epochs = record["val_loss"], 0
                     best_state = copy.deepcopy(task.state_dict())
