@@ -12,6 +12,10 @@ configfile: "configs/config.yaml"
 
 include: "workflows/rules/common.smk"
 include: "workflows/rules/preprocess.smk"
+include: "workflows/rules/causal.smk"
+include: "workflows/rules/embed.smk"
+include: "workflows/rules/train.smk"
+include: "workflows/rules/evaluate.smk"
 
 
 rule all:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from .._errors import CapeInputError
 from .._settings import settings
 
-COMMAND_MODULES = ["data", "preprocess"]
+COMMAND_MODULES = ["data", "preprocess", "encodings", "causal", "train", "embed", "tasks", "evaluate"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -94,8 +94,11 @@ def preprocess(
                    "min_cells": min_cells, "hvg_flavor": hvg_flavor},
         "n_obs_in": adata.n_obs, "n_vars_in": adata.n_vars,
     }
+    import time
+
     import scanpy as sc
 
+    start = time.perf_counter()
     if min_genes > 0:
         n_genes = np.asarray((adata.X > 0).sum(axis=1)).ravel()
         keep = n_genes >= min_genes
@@ -139,7 +142,8 @@ def preprocess(
             layer="counts" if hvg_flavor == "seurat_v3" else None,
         )
     adata.var["cape_used"] = adata.var["highly_variable"].astype(bool).to_numpy()
-    record.update(n_obs=adata.n_obs, n_vars=adata.n_vars, n_used=int(adata.var["cape_used"].sum()))
+    record.update(n_obs=adata.n_obs, n_vars=adata.n_vars, n_used=int(adata.var["cape_used"].sum()),
+                  seconds=time.perf_counter() - start)
     adata.uns.setdefault("cape", {})["preprocess"] = record
     logger.info("preprocessed: %d cells × %d genes, %d genes used for the causal graph",
                 adata.n_obs, adata.n_vars, record["n_used"])

@@ -42,4 +42,4 @@ def input_files(wildcards):
 
 def final_outputs():
     """Final targets of the workflow: the last stage of the pipeline for this run."""
-    return [f"results/{RUN}/preprocessed.h5ad"]
+    return [f"results/{RUN}/report.md", f"results/{RUN}/metrics.json"]

@@ -1,0 +1,35 @@
+"""``cape evaluate``: metrics of a trained run against baselines, and the run's markdown report."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(commands, bench) -> None:
+    parser = commands.add_parser("evaluate", help="metrics of a trained run (annotation, clustering) and a report")
+    parser.add_argument("--input", "-i", required=True, help="trained .h5ad (from `cape train`)")
+    parser.add_argument("--metrics", required=True, help="output metrics .json (records)")
+    parser.add_argument("--report", required=True, help="output report .md (figures go to <stem>_figures/)")
+    parser.add_argument("--label-key", default="auto",
+                        help="obs column with cell labels; 'auto' (default) = the dataset's, 'none' = no labels")
+    parser.add_argument("--name", default=None, help="run name shown in the report and the records")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import data
+    from .._errors import CapeInputError
+    from .._settings import resolve_seed
+    from ..report import evaluate_run, resolve_label_key, write_metrics, write_report
+
+    if not args.metrics.endswith(".json"):
+        raise CapeInputError(f"--metrics must end in .json, got {args.metrics}")
+    if not args.report.endswith(".md"):
+        raise CapeInputError(f"--report must end in .md, got {args.report}")
+    adata = data.read(args.input, expect_counts=False)
+    label_key = resolve_label_key(adata, None if args.label_key == "none" else args.label_key)
+    name = args.name or adata.uns.get("cape", {}).get("dataset", {}).get("name", "data")
+    records = evaluate_run(adata, label_key, dataset=name, seed=resolve_seed(None))
+    write_report(adata, records, args.report, label_key=label_key, title=f"cape run: {name}")
+    write_metrics(records, args.metrics)
+    return 0

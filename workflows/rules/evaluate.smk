@@ -1,0 +1,23 @@
+rule evaluate:
+    """Annotation and clustering metrics beside baselines, and the run's report with the DAG and the Poincaré disk."""
+    input:
+        "results/{dataset}/trained.h5ad",
+    output:
+        metrics="results/{dataset}/metrics.json",
+        report="results/{dataset}/report.md",
+    log:
+        "logs/{dataset}/evaluate.log",
+    benchmark:
+        "benchmarks/{dataset}/evaluate.tsv"
+    params:
+        cape=CAPE,
+        labels=config["labels"] or "none",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+        gpu=0,
+    shell:
+        "{params.cape} evaluate --input {input:q} --metrics {output.metrics:q} --report {output.report:q}"
+        " --label-key {params.labels} --name {wildcards.dataset}"
+        " > {log:q} 2>&1"
