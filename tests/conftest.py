@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import anndata as ad
 import numpy as np
 import pandas as pd
@@ -10,6 +13,17 @@ import pytest
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own empty download cache, so tests never depend on (or fill) the user's cache."""
     monkeypatch.setenv("CAPE_CACHE_DIR", str(tmp_path_factory.mktemp("cape-cache")))
+
+
+@pytest.fixture
+def manifest_folder(tmp_path, monkeypatch) -> Path:
+    """A private copy of the shipped manifests (used through $CAPE_MANIFEST_DIR) that a test may edit."""
+    from cape.data.manifest import manifest_dir
+
+    folder = tmp_path / "manifests"
+    shutil.copytree(manifest_dir(), folder)
+    monkeypatch.setenv("CAPE_MANIFEST_DIR", str(folder))
+    return folder
 
 
 @pytest.fixture

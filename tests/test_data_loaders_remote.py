@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import shutil
 import tarfile
 from pathlib import Path
 
@@ -16,15 +15,6 @@ import yaml
 
 import cape
 from cape import CapeInputError
-from cape.data.manifest import manifest_dir
-
-
-@pytest.fixture
-def manifest_folder(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "manifests"
-    shutil.copytree(manifest_dir(), folder)
-    monkeypatch.setenv("CAPE_MANIFEST_DIR", str(folder))
-    return folder
 
 
 def _point(folder: Path, name: str, urls: dict[str, str]) -> None:

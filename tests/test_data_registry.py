@@ -22,15 +22,6 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@pytest.fixture
-def manifest_folder(tmp_path, monkeypatch) -> Path:
-    """A private copy of the shipped manifests that tests may edit."""
-    folder = tmp_path / "manifests"
-    shutil.copytree(manifest_dir(), folder)
-    monkeypatch.setenv("CAPE_MANIFEST_DIR", str(folder))
-    return folder
-
-
 def _edit_manifest(folder: Path, name: str, **changes) -> None:
     path = folder / f"{name}.yaml"
     data = yaml.safe_load(path.read_text())

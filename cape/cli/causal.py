@@ -48,7 +48,7 @@ def register(commands, bench) -> None:
 def run(args: argparse.Namespace) -> int:
     from .._io import write_h5ad
     from ..tl.causal_graph import causal_graph
-    from .preprocess import check_output, read_input
+    from ._io import check_output, read_input
 
     out = check_output(args.output)
     adata = read_input(args.input)

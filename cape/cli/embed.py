@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from ._io import check_output, read_input
+
 
 def _negatives(value: str):
     if value in ("auto", "exact"):
@@ -59,29 +61,12 @@ def register(commands, bench) -> None:
     props.set_defaults(func=run_bench_properties)
 
 
-def _read(path: str):
-    from .. import data
-
-    return data.read(path, expect_counts=False)
-
-
-def _check_output(path: str):
-    from pathlib import Path
-
-    from .._errors import CapeInputError
-
-    out = Path(path)
-    if out.suffix != ".h5ad":
-        raise CapeInputError(f"--output must end in .h5ad, got {path}")
-    return out
-
-
 def run_embed(args: argparse.Namespace) -> int:
     from .._io import write_h5ad
     from ..tl.hyperbolic import hyperbolic_embedding
 
-    out = _check_output(args.output)
-    adata = _read(args.input)
+    out = check_output(args.output)
+    adata = read_input(args.input, expect_counts=False)
     hyperbolic_embedding(adata, dim=args.dim, k_hop=args.k_hop, lambda_g=args.lambda_g, restart=args.restart,
                          epochs=args.epochs, optimizer=args.optimizer, geometry=args.geometry, lr=args.lr,
                          negatives=args.negatives, max_radius=args.max_radius, device=None, seed=None)
@@ -93,8 +78,8 @@ def run_encode(args: argparse.Namespace) -> int:
     from .._io import write_h5ad
     from ..tl.hyperbolic import rotary_encoding
 
-    out = _check_output(args.output)
-    adata = _read(args.input)
+    out = check_output(args.output)
+    adata = read_input(args.input, expect_counts=False)
     rotary_encoding(adata, scale=args.scale)
     write_h5ad(adata, out)
     return 0

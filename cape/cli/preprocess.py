@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def register(commands, bench) -> None:
@@ -20,27 +19,10 @@ def register(commands, bench) -> None:
     parser.set_defaults(func=run)
 
 
-def read_input(spec: str):
-    """Read ``spec``: a file path, or ``dataset:NAME`` for a named dataset."""
-    from .. import data
-
-    if spec.startswith("dataset:"):
-        return data.load(spec.split(":", 1)[1])
-    return data.read(spec)
-
-
-def check_output(path: str) -> Path:
-    from .._errors import CapeInputError
-
-    out = Path(path)
-    if out.suffix != ".h5ad":
-        raise CapeInputError(f"--output must end in .h5ad, got {path}")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from .._io import write_h5ad
     from ..pp import preprocess
+    from ._io import check_output, read_input
 
     out = check_output(args.output)
     adata = read_input(args.input)

@@ -70,19 +70,16 @@ def run_train(args: argparse.Namespace) -> int:
     import shutil
     from pathlib import Path
 
-    from .. import data
-    from .._errors import CapeInputError
     from .._io import write_h5ad
     from ..models import CellTransformer, distributed
     from ..report import resolve_label_key
+    from ._io import check_output, read_input
 
-    out = Path(args.output)
-    if out.suffix != ".h5ad":
-        raise CapeInputError(f"--output must end in .h5ad, got {args.output}")
+    out = check_output(args.output)
     model_dir = Path(args.model_dir) if args.model_dir else out.with_name(out.stem + "_model")
     distributed.init_from_env()
     try:
-        adata = data.read(args.input, expect_counts=False)
+        adata = read_input(args.input, expect_counts=False)
         label_key = resolve_label_key(adata, None if args.label_key in (None, "none") else args.label_key)
         fit_data = _fine_tune_cells(adata, label_key, args.fine_tune_fraction) if label_key else None
         model = CellTransformer(adata, args.architecture, args.encoding, layer=args.layer, use_raw=args.use_raw,
