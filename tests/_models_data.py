@@ -10,7 +10,9 @@ from __future__ import annotations
 import anndata as ad
 import numpy as np
 import pandas as pd
+import pytest
 import scipy.sparse as sp
+import torch
 
 
 def cape_adata(n_cells: int = 48, n_genes: int = 24, seed: int = 0, dim: int = 4) -> ad.AnnData:
@@ -36,3 +38,13 @@ def cape_adata(n_cells: int = 48, n_genes: int = 24, seed: int = 0, dim: int = 4
     adata.var["cape_generality"] = rng.random(n_genes)
     adata.var["cape_used"] = used
     return adata
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: the test machine's 2 cores are shared, and OpenMP spinning with 2 threads on a
+    loaded machine makes these tiny models ~50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

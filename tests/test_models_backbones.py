@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _models_data import cape_adata
+from _models_data import cape_adata, one_thread  # noqa: F401  (fixture)
 
 import cape.encodings as E
 from cape import CapeInputError
@@ -25,14 +25,7 @@ def _needs_logits(name: str) -> bool:
     return bool(E.get_class(name).provides & {"bias", "attention"})
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: the test machine's 2 cores are shared, and OpenMP spinning with 2 threads on a
-    loaded machine makes these tiny models ~50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import anndata as ad
 import pytest
-import torch
-from _models_data import cape_adata
+from _models_data import cape_adata, one_thread  # noqa: F401  (fixture)
 
 from cape.cli import main
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_cape_train_writes_model_and_embeddings(tmp_path):

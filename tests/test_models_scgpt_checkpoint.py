@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from _models_data import one_thread  # noqa: F401  (fixture)
 from torch import nn
 
 from cape import CapeInputError
@@ -21,14 +22,7 @@ D, H, D_HID, LAYERS = 16, 4, 24, 2
 TOKENS = [f"G{i}" for i in range(10)] + ["<pad>", "<cls>", "<eoc>"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: the test machine's 2 cores are shared, and OpenMP spinning with 2 threads on a
-    loaded machine makes these tiny models ~50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class _ReferenceScGPT(nn.Module):

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from _models_data import cape_adata
+from _models_data import cape_adata, one_thread  # noqa: F401  (fixture)
 
 from cape import CapeInputError
 from cape.models import CellTransformer
@@ -15,14 +15,7 @@ from cape.models import CellTransformer
 SMALL = dict(d_model=32, n_heads=4, n_layers=2, max_len=32, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: the test machine's 2 cores are shared, and OpenMP spinning with 2 threads on a
-    loaded machine makes these tiny models ~50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
