@@ -87,9 +87,6 @@ def write_report(adata: ad.AnnData, records: list[dict], output: str | os.PathLi
 
     Figures are written next to ``output`` in ``<stem>_figures/``; the report links them relatively.
     """
-    import matplotlib
-
-    matplotlib.use("agg")
     import matplotlib.pyplot as plt
 
     from . import pl
@@ -99,20 +96,24 @@ def write_report(adata: ad.AnnData, records: list[dict], output: str | os.PathLi
     fig_dir = out.parent / f"{out.stem}_figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     sections = [f"# {title}\n", _summary(adata, label_key)]
+    figures = []
     if "cape_dag" in adata.varp and adata.varp["cape_dag"].nnz:
-        save_figure(pl.dag(adata, return_fig=True), fig_dir / "dag.png")
+        figures.append(pl.dag(adata, return_fig=True))
+        save_figure(figures[-1], fig_dir / "dag.png")
         sections.append(f"## Causal gene graph (Step I)\n\n![DAG]({fig_dir.name}/dag.png)")
     if "cape_poincare" in adata.varm:
-        fig = pl.poincare(adata, components=(0, 1), return_fig=True,
-                          title="genes in the Poincaré disk (first two coordinates), coloured by generality")
-        save_figure(fig, fig_dir / "poincare.png")
+        figures.append(pl.poincare(adata, components=(0, 1), return_fig=True,
+                                   title="genes in the Poincaré disk (first two coordinates), coloured by generality"))
+        save_figure(figures[-1], fig_dir / "poincare.png")
         sections.append(f"## Hyperbolic embedding (Step II)\n\n![Poincaré disk]({fig_dir.name}/poincare.png)")
     if "X_cape" in adata.obsm:
-        save_figure(_embedding_figure(adata, label_key), fig_dir / "cells.png")
+        figures.append(_embedding_figure(adata, label_key))
+        save_figure(figures[-1], fig_dir / "cells.png")
         sections.append(f"## Cell embedding\n\n![cells]({fig_dir.name}/cells.png)")
     if records:
         sections.append("## Metrics\n\n" + _metrics_table(records))
-    plt.close("all")
+    for fig in figures:  # only ours: a notebook's other figures stay open
+        plt.close(fig)
     write_text("\n\n".join(sections) + "\n", out)
     return out
 
