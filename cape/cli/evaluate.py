@@ -13,6 +13,9 @@ def register(commands, bench) -> None:
     parser.add_argument("--label-key", default="auto",
                         help="obs column with cell labels; 'auto' (default) = the dataset's, 'none' = no labels")
     parser.add_argument("--name", default=None, help="run name shown in the report and the records")
+    parser.add_argument("--model", default=None,
+                        help="trained model folder (from `cape train --model-dir`): adds the per-layer attention "
+                             "non-relativity (Behind RoPE) to the metrics")
     parser.set_defaults(func=run)
 
 
@@ -30,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
     label_key = resolve_label_key(adata, None if args.label_key == "none" else args.label_key)
     name = args.name or adata.uns.get("cape", {}).get("dataset", {}).get("name", "data")
     records = evaluate_run(adata, label_key, dataset=name, seed=resolve_seed(None))
+    if args.model is not None:
+        from ..report import attention_records
+
+        records += attention_records(adata, args.model, dataset=name, seed=resolve_seed(None))
     write_report(adata, records, args.report, label_key=label_key, title=f"cape run: {name}")
     write_metrics(records, args.metrics)
     return 0

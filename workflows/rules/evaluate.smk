@@ -1,7 +1,8 @@
 rule evaluate:
     """Annotation and clustering metrics beside baselines, and the run's report with the DAG and the Poincaré disk."""
     input:
-        "results/{dataset}/trained.h5ad",
+        h5ad="results/{dataset}/trained.h5ad",
+        model="results/{dataset}/model",
     output:
         metrics="results/{dataset}/metrics.json",
         report="results/{dataset}/report.md",
@@ -18,6 +19,6 @@ rule evaluate:
         runtime=30,
         gpu=0,
     shell:
-        "{params.cape} evaluate --input {input:q} --metrics {output.metrics:q} --report {output.report:q}"
+        "{params.cape} evaluate --input {input.h5ad:q} --model {input.model:q} --metrics {output.metrics:q} --report {output.report:q}"
         " --label-key {params.labels} --name {wildcards.dataset}"
         " > {log:q} 2>&1"

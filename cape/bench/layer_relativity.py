@@ -1,0 +1,283 @@
+"""Behind-RoPE's non-relativity index per layer of a trained :class:`~cape.models.CellTransformer`.
+
+Each cell tokenises its own subset of genes, so a gene pair's logit is averaged over the cells in which both
+genes were tokenised (and over heads) — the gene analogue of averaging a sequence model over sequences. The
+resulting genes × genes mean-logit matrix of every layer goes to :func:`cape.bench.non_relativity` with a
+relative key per gene pair:
+
+* ``key="model"``: the positions the model's own encoding uses — Poincaré/angle vectors (CAPE, GRAPE-M...),
+  binned by distance, or a scalar order (RoPE on the DAG), binned by offset;
+* ``key="<varm key>"`` (e.g. ``"cape_poincare"``): vectors from the AnnData, so that models whose encoding has
+  no positions (``none``, ``trainable_absolute``) can be measured against the same causal geometry.
+
+The logits are the layer's q·k/√d (plus any bias) after the encoding's transform, computed from the hidden
+state that enters the layer (a forward hook; the genes×genes matrix exists only here, never in training).
+Performer layers are measured on the exact softmax logits that FAVOR+ approximates.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .._errors import CapeInputError
+from .non_relativity import non_relativity
+
+if TYPE_CHECKING:
+    import anndata as ad
+    import torch
+
+    from ..models import CellTransformer
+
+__all__ = ["layer_mean_logits", "layer_non_relativity"]
+
+logger = logging.getLogger("cape")
+
+
+def _layer_attention_modules(model: CellTransformer) -> list:
+    layers = getattr(model.backbone, "layers", None)
+    if layers is None:
+        raise CapeInputError(f"backbone {type(model.backbone).__name__} has no encoder layers to inspect")
+    return [layer.self_attn for layer in layers]
+
+
+def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    b, length, d = x.shape
+    return x.view(b, length, n_heads, d // n_heads).transpose(1, 2)
+
+
+def layer_mean_logits(model: CellTransformer, adata: ad.AnnData, *, n_cells: int | None = 256, batch_size: int = 32,
+                      seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per layer, the gene × gene attention logit averaged over heads and over the cells holding both genes.
+
+    Returns ``(means, counts)``: ``means[l]`` is (V, V) over the model's vocabulary (NaN where a pair never
+    co-occurs), ``counts`` (V, V) the number of cells behind each mean (same for every layer). ``<cls>`` and
+    padding are left out. ``n_cells`` cells are drawn at random (seeded; None = all).
+    """
+    import torch
+    from torch.utils.data import DataLoader
+
+    from ..models.tokenize import CellCollator
+
+    if n_cells is not None and n_cells < 1:
+        raise CapeInputError(f"n_cells must be at least 1, got {n_cells}")
+    if n_cells is not None and n_cells < adata.n_obs:
+        rows = np.sort(np.random.default_rng(seed).choice(adata.n_obs, n_cells, replace=False))
+        adata = adata[rows]
+    attn_modules = _layer_attention_modules(model)
+    n_vocab = len(model.vocab)
+    dev = model.device
+    sums = [torch.zeros(n_vocab * n_vocab, dtype=torch.float64, device=dev) for _ in attn_modules]
+    counts = torch.zeros(n_vocab * n_vocab, dtype=torch.float64, device=dev)
+    pair_index: dict[str, torch.Tensor] = {}
+
+    def hook(layer: int):
+        def capture(module, args, output):
+            x, encoding, ctx, layer_id = args
+            q, k, _ = module.in_proj(x).chunk(3, dim=-1)
+            logits = encoding.logits(_heads(q, module.n_heads), _heads(k, module.n_heads), ctx, layer_id)
+            mean = logits.float().mean(dim=1)  # over heads → (B, L, L)
+            keep = pair_index["keep"]
+            sums[layer].index_add_(0, pair_index["flat"], mean.reshape(-1)[keep].double())
+        return capture
+
+    handles = [m.register_forward_hook(hook(i)) for i, m in enumerate(attn_modules)]
+    loader = DataLoader(model._dataset(adata), batch_size=batch_size, shuffle=False,
+                        collate_fn=CellCollator(model.vocab.pad_id))
+    model.module.eval()
+    try:
+        with torch.no_grad():
+            for batch in loader:
+                batch = model._to_device(batch)
+                ids = batch["gene_ids"]
+                gene = ~batch["padding_mask"]
+                gene[:, 0] = False  # <cls>
+                pair = gene[:, :, None] & gene[:, None, :]
+                keep = pair.reshape(-1).nonzero().squeeze(1)
+                flat = (ids[:, :, None] * n_vocab + ids[:, None, :]).reshape(-1)[keep]
+                pair_index.update(keep=keep, flat=flat)
+                counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
+                model.backbone(ids, batch["values"], batch["padding_mask"])
+    finally:
+        for h in handles:
+            h.remove()
+    count = counts.view(n_vocab, n_vocab).cpu().numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = [np.where(count > 0, s.view(n_vocab, n_vocab).cpu().numpy() / count, np.nan) for s in sums]
+    return means, count
+
+
+def _key_vectors(model: CellTransformer, adata: ad.AnnData, key: str) -> tuple[np.ndarray, str]:
+    """(V, d) vectors or (V,) order over the vocabulary (NaN: no position) and the metric to bin them by."""
+    if key == "model":
+        # The field the encoding reads: an order for "cape_dag" (RoPE on the DAG), vectors otherwise.
+        encoding = model.backbone.encoding
+        requires, pos = type(encoding).requires, model.positions
+        per_cell = getattr(encoding, "order", None) == "expression" or requires == "values"
+        if pos is not None and not per_cell:
+            if requires == "cape_dag" and pos.order is not None:
+                return pos.order.double().cpu().numpy(), "offset"
+            if requires != "cape_dag" and pos.vectors is not None:
+                return pos.vectors.double().cpu().numpy(), "euclidean"
+        raise CapeInputError(f"encoding '{model.backbone.encoding_name}' has no gene positions; measure against "
+                             "the causal geometry instead, e.g. key='cape_poincare'")
+    if key not in adata.varm:
+        raise CapeInputError(f"adata.varm[{key!r}] not found (run cape.tl.hyperbolic_embedding, or use key='model')")
+    values = np.asarray(adata.varm[key], dtype=np.float64)
+    if "cape_used" in adata.var:
+        values = np.where(np.asarray(adata.var["cape_used"], dtype=bool)[:, None], values, np.nan)
+    table = np.full((len(model.vocab), values.shape[1]), np.nan)
+    idx = model.vocab.lookup(list(adata.var_names))
+    known = idx >= 0
+    table[idx[known]] = values[known]
+    return table, "poincare" if key == "cape_poincare" else "euclidean"
+
+
+def layer_non_relativity(model: CellTransformer, adata: ad.AnnData, *, key: str = "model", n_cells: int | None = 256,
+                         min_cells: int = 3, bins: int | None = 32, batch_size: int = 32, seed: int = 0
+                         ) -> list[dict]:
+    """Non-relativity index of every layer of ``model`` on the cells of ``adata``.
+
+    Parameters
+    ----------
+    model
+        A trained (or just built) :class:`~cape.models.CellTransformer`.
+    adata
+        Cells to run (the model's genes); also the source of ``key`` vectors.
+    key
+        ``"model"`` (the encoding's own positions) or a ``varm`` key such as ``"cape_poincare"`` (binned by
+        Poincaré distance; other keys by Euclidean distance). Genes without a position are left out.
+    n_cells
+        Cells sampled (seeded) to average over; None = all.
+    min_cells
+        A gene pair enters only when both genes were tokenised together in at least this many cells (fewer
+        makes its mean logit mostly noise, which reads as non-relativity).
+    bins
+        Quantile bins of the relative key (None: exact values, e.g. integer offsets).
+
+    Returns
+    -------
+    One record per layer: ``layer``, ``nri`` (0 = logits depend on the relative key only, ~1 = unrelated),
+    ``n_pairs``, ``n_genes``, ``key``, ``metric``.
+    """
+    if min_cells < 1:
+        raise CapeInputError(f"min_cells must be at least 1, got {min_cells}")
+    positions, metric = _key_vectors(model, adata, key)
+    has = np.isfinite(positions) if positions.ndim == 1 else np.isfinite(positions).all(axis=1)
+    means, count = layer_mean_logits(model, adata, n_cells=n_cells, batch_size=batch_size, seed=seed)
+    genes = np.flatnonzero(has & ((count >= min_cells).sum(axis=1) > 0))
+    sub_count = count[np.ix_(genes, genes)]
+    include = sub_count >= min_cells
+    np.fill_diagonal(include, False)
+    if genes.size < 3 or include.sum() < 10:
+        raise CapeInputError(f"too few gene pairs with a position seen together in ≥ {min_cells} cells "
+                             f"({int(include.sum())}); use more cells or a smaller min_cells")
+    records = []
+    for layer, mean in enumerate(means):
+        sub = np.nan_to_num(mean[np.ix_(genes, genes)])
+        nri = non_relativity(sub, positions[genes], metric=metric, bins=bins, mask=include)
+        records.append({"layer": layer, "nri": nri, "n_pairs": int(include.sum()), "n_genes": int(genes.size),
+                        "key": key, "metric": metric})
+        logger.info("layer %d: non-relativity %.3f over %d gene pairs (%s)", layer, nri, int(include.sum()), key)
+    return records
+
+
+DEFAULT_ENCODINGS = ("none", "trainable_absolute", "rope", "cape")
+
+
+def run_benchmark(adata: ad.AnnData, out, *, dataset: str = "data", encodings: list[str] | None = None,
+                  architecture: str = "scgpt", epochs: int = 5, seeds: tuple[int, ...] | list[int] = (0,),
+                  n_cells: int | None = 256, d_model: int = 64, n_layers: int = 2, n_heads: int = 4,
+                  max_len: int = 256, threads: int = 2) -> list[dict]:
+    """Per-layer non-relativity before and after masked-value pretraining, per encoding; writes
+    ``<out>/non_relativity.{json,md,png}`` and returns the records.
+
+    ``adata`` must carry the CAPE keys (``varp["cape_dag"]``, ``varm["cape_poincare"]``, ``varm["cape_angles"]``:
+    e.g. ``results/<dataset>/encoded.h5ad`` of the workflow), so that every model is also measured against the
+    same causal geometry (key ``cape_poincare``).
+    """
+    from pathlib import Path
+
+    import torch
+
+    from .. import encodings as registry
+    from ..models import CellTransformer
+    from .report import mean_sd_table, write_json, write_text
+
+    missing = [k for k, slot in (("cape_poincare", adata.varm), ("cape_angles", adata.varm),
+                                 ("cape_dag", adata.varp)) if k not in slot]
+    if missing:
+        raise CapeInputError(f"the input lacks {', '.join(missing)}: run Steps I–III first (e.g. the workflow's "
+                             "results/<dataset>/encoded.h5ad)")
+    encodings = list(encodings or DEFAULT_ENCODINGS)
+    unknown = [e for e in encodings if e not in registry.available()]
+    if unknown:
+        raise CapeInputError(f"unknown encoding(s) {unknown}; available: {', '.join(registry.available())}")
+    if epochs < 1:
+        raise CapeInputError(f"epochs must be at least 1, got {epochs}")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    records: list[dict] = []
+    try:
+        for enc in encodings:
+            for seed in seeds:
+                model = CellTransformer(adata, architecture, enc, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                                        max_len=max_len, seed=seed, device="cpu")
+                for stage in ("initial", "trained"):
+                    if stage == "trained":
+                        model.pretrain(adata, epochs=epochs, validation_fraction=0.1, early_stopping_patience=None)
+                    for key in ("model", "cape_poincare"):
+                        try:
+                            rows = layer_non_relativity(model, adata, key=key, n_cells=n_cells, seed=seed)
+                        except CapeInputError as err:  # e.g. an encoding without positions, against "model"
+                            logger.info("%s against %s skipped: %s", enc, key, err)
+                            continue
+                        label = "own positions" if key == "model" else "Poincaré distance"
+                        records.extend({"dataset": dataset, "architecture": architecture, "encoding": enc,
+                                        "seed": seed, "stage": stage, "key": label, "metric": f"layer {r['layer']}",
+                                        "value": r["nri"], "n_pairs": r["n_pairs"]} for r in rows)
+    finally:
+        torch.set_num_threads(previous)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(records, out / "non_relativity.json")
+    note = (f"Behind-RoPE non-relativity index (0 = attention logits depend on the relative position only, ~1 = "
+            f"unrelated to it) per layer of {architecture} models on {dataset} ({adata.n_obs} cells), before and "
+            f"after {epochs} epoch(s) of masked-value pretraining; mean logits over heads and ≤ {n_cells} cells, "
+            "gene pairs seen together in ≥ 3 cells, 32 quantile bins of the relative key. 'own positions': the "
+            "encoding's positions (DAG order offset for RoPE, angle distance for CAPE); 'Poincaré distance': Step "
+            "II's d_P for every model. mean ± sd over seeds.\n\n")
+    table = mean_sd_table(records, rows=["encoding", "key", "stage"], columns=["metric"])
+    write_text(note + table + "\n", out / "non_relativity.md")
+    _plot(records, out / "non_relativity.png")
+    return records
+
+
+def _plot(records: list[dict], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from .report import save_figure
+
+    frame = pd.DataFrame(records)
+    keys = list(dict.fromkeys(frame["key"]))
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.0 * len(keys), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        sub = frame[(frame["key"] == key) & (frame["stage"] == "trained")]
+        for enc, rows in sub.groupby("encoding", sort=False):
+            mean = rows.groupby("metric", sort=False)["value"].mean()
+            layers = [int(m.split()[-1]) for m in mean.index]
+            ax.plot(layers, mean.to_numpy(), marker="o", label=enc)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("non-relativity index")
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"after pretraining, against {key}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)

@@ -1,0 +1,134 @@
+"""Per-layer non-relativity of a CellTransformer: exact cases and the mean-logit bookkeeping."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from _models_data import cape_adata, one_thread  # noqa: F401  (fixture)
+
+from cape import CapeInputError
+from cape.bench.layer_relativity import _heads, layer_mean_logits, layer_non_relativity
+from cape.models import CellTransformer
+from cape.models.tokenize import CellCollator
+
+
+def _constant_qk(model: CellTransformer, seed: int = 0) -> None:
+    """q and k the same vector for every token in every layer: logits then depend on positions only."""
+    g = torch.Generator().manual_seed(seed)
+    for layer in model.backbone.layers:
+        proj = layer.self_attn.in_proj
+        with torch.no_grad():
+            proj.weight.zero_()
+            proj.bias.copy_(torch.randn(proj.bias.shape, generator=g))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_rope_with_constant_qk_is_purely_relative():
+    adata = cape_adata(n_cells=24, n_genes=16)
+    model = CellTransformer(adata, "scgpt", "rope", d_model=16, n_heads=2, n_layers=2, seed=0, device="cpu")
+    _constant_qk(model)
+    records = layer_non_relativity(model, adata, key="model", min_cells=1, bins=None)
+    assert [r["layer"] for r in records] == [0, 1]
+    assert all(r["metric"] == "offset" for r in records)
+    assert all(r["nri"] < 1e-6 for r in records)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_trained_weights_are_not_relative_to_unrelated_positions():
+    adata = cape_adata(n_cells=24, n_genes=16)
+    model = CellTransformer(adata, "scgpt", "trainable_absolute", d_model=16, n_heads=2, n_layers=2, seed=0,
+                            device="cpu")
+    records = layer_non_relativity(model, adata, key="cape_poincare", min_cells=1, bins=8)
+    assert all(r["metric"] == "poincare" for r in records)
+    assert all(0.3 < r["nri"] <= 1.0 for r in records)
+    assert records[0]["n_genes"] <= int(adata.var["cape_used"].sum())
+    with pytest.raises(CapeInputError, match="no gene positions"):
+        layer_non_relativity(model, adata, key="model")
+    with pytest.raises(CapeInputError, match="not found"):
+        layer_non_relativity(model, adata, key="nothere")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_mean_logits_match_explicit_first_layer_for_one_cell():
+    adata = cape_adata(n_cells=6, n_genes=12)
+    for arch, enc in (("scgpt", "cape"), ("scbert", "cape")):
+        model = CellTransformer(adata, arch, enc, d_model=16, n_heads=2, n_layers=1, seed=1, device="cpu")
+        one = adata[[2]]
+        means, count = layer_mean_logits(model, one, n_cells=None)
+        batch = next(iter(torch.utils.data.DataLoader(model._dataset(one), batch_size=1,
+                                                      collate_fn=CellCollator(model.vocab.pad_id))))
+        model.module.eval()
+        bb = model.backbone
+        with torch.no_grad():
+            ctx = bb.encoding.begin(batch["gene_ids"], batch["padding_mask"], values=batch["values"])
+            x = bb.encoding.apply_input(bb.embed_tokens(batch["gene_ids"], batch["values"]), ctx)
+            layer = bb.layers[0]
+            x_in = layer.norm1(x) if arch == "scbert" else x  # scBERT is pre-norm
+            q, k, _ = layer.self_attn.in_proj(x_in).chunk(3, dim=-1)
+            expected = bb.encoding.logits(_heads(q, layer.self_attn.n_heads), _heads(k, layer.self_attn.n_heads),
+                                          ctx, 0).mean(1)[0].double().numpy()
+        ids = batch["gene_ids"][0].numpy()
+        genes = ids[1:]
+        got = means[0][np.ix_(genes, genes)]
+        np.testing.assert_allclose(got, expected[1:, 1:], rtol=1e-5, atol=1e-6)
+        assert count[np.ix_(genes, genes)].min() == 1 and count.sum() == len(genes) ** 2
+        assert math.isnan(means[0][ids[0], ids[0]])  # <cls> is left out
+
+
+def test_bad_arguments():
+    adata = cape_adata(n_cells=6, n_genes=12)
+    model = CellTransformer(adata, "scgpt", "rope", d_model=16, n_heads=2, n_layers=1, seed=0, device="cpu")
+    with pytest.raises(CapeInputError, match="min_cells"):
+        layer_non_relativity(model, adata, min_cells=0)
+    with pytest.raises(CapeInputError, match="n_cells"):
+        layer_mean_logits(model, adata, n_cells=0)
+    with pytest.raises(CapeInputError, match="too few gene pairs"):
+        layer_non_relativity(model, adata, min_cells=100)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_cape_evaluate_reports_non_relativity_per_layer(tmp_path):
+    import json
+
+    from cape.cli import main
+
+    adata = cape_adata(n_cells=24, n_genes=16)
+    model = CellTransformer(adata, "scgpt", "rope", d_model=16, n_heads=2, n_layers=2, seed=0, device="cpu")
+    model.save(tmp_path / "model")
+    adata.write_h5ad(tmp_path / "trained.h5ad")
+    metrics, report = tmp_path / "metrics.json", tmp_path / "report.md"
+    assert main(["--quiet", "evaluate", "-i", str(tmp_path / "trained.h5ad"), "--metrics", str(metrics),
+                 "--report", str(report), "--label-key", "none", "--model", str(tmp_path / "model")]) == 0
+    rows = [r for r in json.loads(metrics.read_text()) if r["task"] == "attention"]
+    assert {(r["method"], r["metric"]) for r in rows} == {
+        (f"rope vs {key}", f"non-relativity layer {layer}")
+        for key in ("own positions", "Poincaré distance") for layer in (0, 1)}
+    assert all(0.0 <= r["value"] <= 1.0 for r in rows)
+    assert "non-relativity layer 1" in report.read_text()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_bench_non_relativity_writes_tables(tmp_path, capsys):
+    import json
+
+    from cape.cli import main
+
+    adata = cape_adata(n_cells=24, n_genes=16)
+    adata.write_h5ad(tmp_path / "encoded.h5ad")
+    out = tmp_path / "bench"
+    assert main(["--quiet", "bench", "non-relativity", "-i", str(tmp_path / "encoded.h5ad"), "--quick",
+                 "--encodings", "none,rope", "--out", str(out)]) == 0
+    records = json.loads((out / "non_relativity.json").read_text())
+    seen = {(r["encoding"], r["key"], r["stage"]) for r in records}
+    # `none` has no positions of its own: measured against the Poincaré distance only
+    assert seen == {("none", "Poincaré distance", s) for s in ("initial", "trained")} | {
+        ("rope", k, s) for k in ("own positions", "Poincaré distance") for s in ("initial", "trained")}
+    assert (out / "non_relativity.png").stat().st_size > 0
+    assert "| rope | own positions | trained |" in (out / "non_relativity.md").read_text()
+    del adata.varm["cape_poincare"]
+    adata.write_h5ad(tmp_path / "bare.h5ad")
+    assert main(["bench", "non-relativity", "-i", str(tmp_path / "bare.h5ad"), "--out", str(tmp_path / "x")]) == 2
+    assert "cape_poincare" in capsys.readouterr().err
