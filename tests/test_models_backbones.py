@@ -225,3 +225,13 @@ def test_static_absolute_from_gene2vec_file_survives_save_load(adata, tmp_path):
     path.unlink()                                            # the saved model no longer needs the file
     loaded = CellTransformer.load(tmp_path / "m", adata)
     assert torch.equal(loaded.backbone.encoding.table, table)
+
+
+def test_scgpt_attention_dropout_is_separate_and_saved():
+    plain = ScGPTBackbone(10, 0, d_model=16, n_heads=2, n_layers=1, dropout=0.3)
+    assert plain.layers[0].self_attn.dropout == 0.0  # fused SDPA kernel stays usable on CPU
+    assert plain.config()["attention_dropout"] == 0.0
+    dropped = ScGPTBackbone(10, 0, d_model=16, n_heads=2, n_layers=1, attention_dropout=0.2)
+    assert dropped.layers[0].self_attn.dropout == 0.2 and dropped.config()["attention_dropout"] == 0.2
+    with pytest.raises(CapeInputError, match="attention_dropout"):
+        ScGPTBackbone(10, 0, d_model=16, n_heads=2, n_layers=1, attention_dropout=1.0)

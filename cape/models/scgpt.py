@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._errors import CapeInputError
 from ..encodings import EncodingContext, GenePositions, PositionalEncoding
 from .attention import SelfAttention
 from .backbone import Backbone, init_uniform_
@@ -54,9 +55,9 @@ class ContinuousValueEncoder(nn.Module):
 class PostNormEncoderLayer(nn.Module):
     """``nn.TransformerEncoderLayer(norm_first=False, activation="relu")`` with encoding-aware attention."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float = 0.0) -> None:
         super().__init__()
-        self.self_attn = SelfAttention(d_model, n_heads, dropout)
+        self.self_attn = SelfAttention(d_model, n_heads, attention_dropout)
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.norm1 = nn.LayerNorm(d_model)
@@ -85,6 +86,10 @@ class ScGPTBackbone(Backbone):
     gene_embedding
         Keep scGPT's learnt gene embedding (default). ``False`` follows the paper's strict replacement of scGPT's
         gene codebook by the positional encoding (Supp. F.2).
+    attention_dropout
+        Dropout on the attention probabilities (default 0; ``dropout`` still acts on the residual and
+        feed-forward paths). Any value > 0 makes PyTorch's CPU ``scaled_dot_product_attention`` leave its fused
+        kernel for the explicit one, measured ~5× slower at batch 32 × 256 genes.
     """
 
     architecture = "scgpt"
@@ -93,17 +98,20 @@ class ScGPTBackbone(Backbone):
     def __init__(self, vocab_size: int, pad_id: int = 0, *, d_model: int = 64, n_heads: int = 4,
                  n_layers: int = 2, d_ff: int | None = None, dropout: float = 0.1, encoding: str = "none",
                  encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
-                 gene_embedding: bool = True, max_value: float = 512.0) -> None:
+                 gene_embedding: bool = True, max_value: float = 512.0, attention_dropout: float = 0.0) -> None:
         super().__init__(vocab_size=vocab_size, pad_id=pad_id, d_model=d_model, n_heads=n_heads,
                          n_layers=n_layers, d_ff=d_ff, dropout=dropout, encoding=encoding,
                          encoding_options=encoding_options, positions=positions, gene_embedding=gene_embedding)
         self.dropout_p = float(dropout)
+        if not 0.0 <= attention_dropout < 1.0:
+            raise CapeInputError(f"attention_dropout must be in [0, 1), got {attention_dropout}")
+        self.attention_dropout = float(attention_dropout)
         self.max_value = float(max_value)
         self.encoding_options = dict(encoding_options or {})
         self.encoder = GeneEncoder(vocab_size, d_model, pad_id) if gene_embedding else None
         self.value_encoder = ContinuousValueEncoder(d_model, dropout, max_value)
         self.layers = nn.ModuleList(
-            PostNormEncoderLayer(d_model, n_heads, self.d_ff, dropout) for _ in range(n_layers)
+            PostNormEncoderLayer(d_model, n_heads, self.d_ff, dropout, self.attention_dropout) for _ in range(n_layers)
         )
         # Post-norm layers end in a LayerNorm already (scGPT has no final norm).
         self.final_norm = nn.Identity()
@@ -118,4 +126,5 @@ class ScGPTBackbone(Backbone):
         return {"vocab_size": self.vocab_size, "pad_id": self.pad_id, "d_model": self.d_model,
                 "n_heads": self.n_heads, "n_layers": self.n_layers, "d_ff": self.d_ff, "dropout": self.dropout_p,
                 "encoding": self.encoding_name, "encoding_options": self.encoding_options,
-                "gene_embedding": self.use_gene_embedding, "max_value": self.max_value}
+                "gene_embedding": self.use_gene_embedding, "max_value": self.max_value,
+                "attention_dropout": self.attention_dropout}
