@@ -18,7 +18,14 @@ include: "workflows/rules/train.smk"
 include: "workflows/rules/evaluate.smk"
 
 
+# configs/benchmarks/*.yaml set benchmark.task and .dataset: the workflow then makes that table, not the pipeline
+BENCHMARK = bool(config["benchmark"].get("task") or config["benchmark"].get("dataset"))
+if BENCHMARK:
+
+    include: "workflows/rules/benchmarks.smk"
+
+
 rule all:
     input:
-        final_outputs(),
+        benchmark_outputs() if BENCHMARK else final_outputs(),
     default_target: True

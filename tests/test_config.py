@@ -26,7 +26,7 @@ def test_nested_strings_are_coerced():
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"sed": 1}, "unknown config key 'sed' (misspelled?); allowed keys: causal, dataset, device"),
+        ({"sed": 1}, "unknown config key 'sed' (misspelled?); allowed keys: benchmark, causal, dataset, device"),
         ({"preprocess": {"n_top": 5}}, "unknown config key 'preprocess.n_top'"),
         ({"preprocess": {"min_genes": "many"}}, "config key 'preprocess.min_genes' must be of type integer"),
         ({"device": "gpu"}, "config key 'device'"),

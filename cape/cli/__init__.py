@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from .._errors import CapeInputError
 from .._settings import settings
 
-COMMAND_MODULES = ["data", "preprocess", "encodings", "causal", "train", "embed", "tasks", "evaluate"]
+COMMAND_MODULES = ["data", "preprocess", "encodings", "causal", "train", "embed", "tasks", "evaluate",
+                   "bench_encodings"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,94 @@
+"""``cape bench encodings``: every positional encoding × backbone × seed on annotation, clustering or perturbation,
+with CAPE's ablations and the task baselines (paper Tables 2, 3, S1, S2)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+QUICK_NOTE = ("--quick: 1 seed, 200 genes, d_model 32 / 2 heads, ≤ 64 tokens/cell, 3 pretraining and 30 "
+              "fine-tuning epochs, Step I 30 epochs, Step II d 8 / 300 epochs, predictor 150 epochs (full: 3 seeds, "
+              "500 genes, d_model 64 / 4 heads, ≤ 256 tokens, 10 + 50 epochs, Step I 100 epochs, Step II d 8 / 1,000 "
+              "epochs, predictor 400 epochs)")
+
+
+def register(commands, bench) -> None:
+    from ..bench.encodings import BACKBONES, TASKS
+
+    p = bench.add_parser("encodings", help="every positional encoding × scGPT/scBERT × seeds on a task, with CAPE "
+                                           "ablations and baselines (paper Tables 2, 3, S1, S2)",
+                         description="Writes <out>/<task>_<dataset>.{json,md,png}. " + QUICK_NOTE + ".")
+    p.add_argument("--task", choices=TASKS, required=True)
+    p.add_argument("--dataset", required=True,
+                   help="a registered dataset (cape data list), 'simulated' (perturbation) or an .h5ad path")
+    p.add_argument("--label-key", default=None, help="obs column with labels (default: the dataset manifest's)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="model seeds (default 0 1 2; --quick: 0)")
+    p.add_argument("--encodings", nargs="+", default=None,
+                   help="encodings and ablations (default: all of `cape encodings list` + cape_null, cape_wo_csl, "
+                        "cape_wo_hyperbolic, cape_wo_rotary)")
+    p.add_argument("--backbones", nargs="+", default=list(BACKBONES), help="scgpt and/or scbert (both)")
+    p.add_argument("--quick", action="store_true", help=QUICK_NOTE)
+    p.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    p.add_argument("--name", default=None, help="output file stem (default <task>_<dataset>)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1; fastest on a shared CPU)")
+    p.add_argument("--positions-seed", type=int, default=0, help="seed of Steps I-III, shared by all runs (0)")
+    for flag, kind, what in [("--n-genes", int, "genes kept (most dispersed)"), ("--d-model", int, "model width"),
+                             ("--n-layers", int, "layers"), ("--max-len", int, "tokens per cell"),
+                             ("--pretrain-epochs", int, "masked-value epochs"),
+                             ("--fine-tune-epochs", int, "annotation fine-tuning epochs"),
+                             ("--causal-epochs", int, "Step I epochs"), ("--causal-tau", float, "Step I threshold τ"),
+                             ("--embed-epochs", int, "Step II epochs"), ("--embed-dim", int, "Step II dimension"),
+                             ("--predictor-epochs", int, "perturbation predictor epochs")]:
+        p.add_argument(flag, type=kind, default=None, help=f"{what} (default: the mode's preset)")
+    p.set_defaults(func=run)
+
+
+def _perturbation_data(name: str, quick: bool):
+    from ..data.perturbation import sachs_interventions, simulate_perturbation
+
+    if name == "simulated":
+        # the same simulations as `cape bench baselines --task perturbation`
+        if quick:
+            return simulate_perturbation(n_genes=50, n_edges=100, n_control=300, n_cells_per_perturbation=40,
+                                         n_single=20, n_double=30, seed=0)
+        return simulate_perturbation(n_genes=100, n_edges=200, n_control=1000, n_cells_per_perturbation=100,
+                                     n_single=40, n_double=60, seed=0)
+    from .tasks import _load
+
+    adata = _load(name, "perturbation")
+    if "observational" in adata.obs and "target" in adata.obs:  # Sachs 2005
+        adata = sachs_interventions(adata)
+    return adata
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._errors import CapeInputError
+    from .._settings import settings as cape_settings
+    from ..bench.encodings import BenchSettings, run_encodings_benchmark, variants
+    from .tasks import _load
+
+    variants(args.encodings)  # unknown names fail before any data is loaded
+    name = Path(args.dataset).stem if args.dataset.endswith(".h5ad") else args.dataset
+    label_key = None
+    if args.task == "perturbation":
+        adata = _perturbation_data(args.dataset, args.quick)
+    else:
+        adata = _load(args.dataset, args.task)
+        keys = adata.uns.get("cape", {}).get("dataset", {}).get("keys", {})
+        label_key = args.label_key or keys.get("labels")
+        if label_key is None:
+            raise CapeInputError(f"dataset {name} has no label key in its manifest; pass --label-key")
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    overrides = {k: getattr(args, k) for k in ("n_genes", "d_model", "n_layers", "max_len", "pretrain_epochs",
+                                               "fine_tune_epochs", "causal_epochs", "causal_tau", "embed_epochs",
+                                               "embed_dim", "predictor_epochs")}
+    bench_settings = BenchSettings.for_mode(args.quick, **overrides)
+    device = cape_settings.device or "auto"
+    result = run_encodings_benchmark(adata, args.task, dataset=name, label_key=label_key,
+                                     encoding_names=args.encodings, backbones=args.backbones, seeds=seeds,
+                                     quick=args.quick, settings=bench_settings, out=args.out, name=args.name,
+                                     positions_seed=args.positions_seed, threads=args.threads, device=device)
+    logging.getLogger("cape").info("wrote %s (%.1f min)", ", ".join(map(str, result.paths.values())),
+                                   result.seconds / 60)
+    return 0

@@ -1,0 +1,206 @@
+"""Downstream tasks on AnnData (scanpy style): cell-type annotation, clustering and perturbation prediction.
+
+Thin wrappers: the models live in :mod:`cape.models`, splits and metrics in :mod:`cape.bench`.
+
+Fields set
+----------
+``annotate``
+    ``obs[key_added]`` predicted labels of every cell, ``obs["cape_split"]`` (``fine_tune`` / ``test`` /
+    ``unused``), ``uns["cape"]["annotate"]`` (parameters, seed, metrics on the test cells, seconds).
+``cluster``
+    ``obs[key_added]`` k-means clusters, ``uns["cape"]["cluster"]`` (k, seed, ARI/NMI/ASW when labels are given).
+``predict_perturbation``
+    ``uns[key_added]``: predicted mean expression of each test perturbation (DataFrame), per-perturbation top-DE
+    MSE, the GEARS split and the metrics of the embedding predictor and of the no-change/additive baselines;
+    ``uns["cape"]["predict_perturbation"]`` (parameters, metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from .._errors import CapeInputError
+from .._settings import resolve_seed
+
+logger = logging.getLogger("cape")
+
+SPLIT_KEY = "cape_split"
+
+
+def _record(adata: ad.AnnData, step: str, entry: dict) -> None:
+    adata.uns.setdefault("cape", {})[step] = entry
+
+
+def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", encoding: str = "cape",
+             model=None, fine_tune_fraction: float = 0.3, pretrain_epochs: int = 5, epochs: int = 10,
+             seed: int | None = None, key_added: str = "cape_prediction", model_kwargs: dict[str, Any] | None = None,
+             train_kwargs: dict[str, Any] | None = None, device: str | None = "auto", copy: bool = False):
+    """Cell-type annotation (CAPE Supp. F.1.1): fine-tune a transformer on a stratified ``fine_tune_fraction`` of
+    the labelled cells and score the rest.
+
+    Parameters
+    ----------
+    adata
+        Log-normalised cells × genes with labels in ``obs[label_key]`` and, for ``encoding="cape"``, the keys of
+        Steps I–III (``cape.tl.cape``).
+    label_key
+        obs column with the cell types; classes with fewer than 2 cells are excluded with a warning.
+    architecture, encoding, model_kwargs
+        Passed to :class:`cape.models.CellTransformer` when ``model`` is None.
+    model
+        A (pretrained) :class:`~cape.models.CellTransformer` to fine-tune instead of building one.
+    fine_tune_fraction
+        Share of the labelled cells used for fine-tuning (paper 0.3); the others are test cells.
+    pretrain_epochs
+        Masked-value pretraining epochs on every cell (no labels) before fine-tuning; 0 skips.
+    epochs, train_kwargs
+        Fine-tuning epochs and further :meth:`~cape.models.CellTransformer.fit` keywords.
+    seed
+        Seeds the split and the model (default ``cape.settings.seed``).
+    key_added
+        obs column of the predicted labels.
+    copy
+        Work on a copy and return it.
+
+    Returns
+    -------
+    The metrics ``{"accuracy", "macro_f1", "n_fine_tune", "n_test"}`` on the test cells, or the copy when
+    ``copy=True`` (metrics in ``uns["cape"]["annotate"]``).
+    """
+    from ..bench.annotation import annotation_metrics, annotation_split, checked_labels
+    from ..models import CellTransformer
+
+    adata = adata.copy() if copy else adata
+    seed = resolve_seed(seed)
+    start = time.perf_counter()
+    labels = checked_labels(adata, label_key)
+    split = annotation_split(labels, seed=seed, fine_tune_fraction=fine_tune_fraction)
+    rows = adata.obs_names.get_indexer(labels.index)
+    role = np.full(adata.n_obs, "unused", dtype=object)
+    role[rows[split.fine_tune]] = "fine_tune"
+    role[rows[split.test]] = "test"
+    if model is None:
+        model = CellTransformer(adata, architecture, encoding, seed=seed, device=device, **(model_kwargs or {}))
+        if pretrain_epochs > 0:
+            model.pretrain(adata, epochs=pretrain_epochs)
+    fine_tune = adata[role == "fine_tune"].copy()
+    fine_tune.obs[label_key] = labels.reindex(fine_tune.obs_names).to_numpy()
+    model.fit(fine_tune, label_key, epochs=epochs, **(train_kwargs or {}))
+    predicted = model.predict(adata, key_added=key_added)
+    adata.obs[SPLIT_KEY] = pd.Categorical(role.astype(str))
+    test = role == "test"
+    metrics = annotation_metrics(labels.reindex(adata.obs_names[test]).to_numpy(), np.asarray(predicted)[test])
+    metrics |= {"n_fine_tune": len(split.fine_tune), "n_test": len(split.test)}
+    _record(adata, "annotate", {"params": {"label_key": label_key, "architecture": model.architecture,
+                                           "fine_tune_fraction": float(fine_tune_fraction),
+                                           "pretrain_epochs": int(pretrain_epochs), "epochs": int(epochs),
+                                           "key_added": key_added},
+                                "seed": int(seed), "metrics": metrics, "seconds": time.perf_counter() - start})
+    logger.info("annotation: accuracy %.3f, macro-F1 %.3f on %d test cells", metrics["accuracy"],
+                metrics["macro_f1"], metrics["n_test"])
+    return adata if copy else metrics
+
+
+def cluster(adata: ad.AnnData, label_key: str | None = None, *, obsm_key: str = "X_cape",
+            n_clusters: int | None = None, seed: int | None = None, key_added: str = "cape_cluster",
+            copy: bool = False):
+    """k-means on a cell embedding (CAPE Supp. E.3); with labels, ARI and NMI against them and the label ASW.
+
+    Parameters
+    ----------
+    adata
+        AnnData with the embedding in ``obsm[obsm_key]`` (e.g. from :meth:`cape.models.CellTransformer.embed`).
+    label_key
+        Optional obs column with true labels: sets k (unless ``n_clusters``) and gives the metrics.
+    n_clusters
+        k; required without ``label_key``.
+    seed
+        k-means seed (default ``cape.settings.seed``).
+    key_added
+        obs column of the clusters (categorical of strings ``"0"``, ``"1"``, ...).
+    copy
+        Work on a copy and return it.
+
+    Returns
+    -------
+    ``{"ARI", "NMI", "ASW", "k"}`` (only ``k`` without labels), or the copy when ``copy=True``.
+    """
+    from ..bench.annotation import checked_labels
+    from ..bench.clustering import clustering_metrics, kmeans_clusters
+
+    if obsm_key not in adata.obsm:
+        raise CapeInputError(f"embedding obsm[{obsm_key!r}] not found; obsm keys: "
+                             f"{', '.join(adata.obsm.keys()) or '(none)'}")
+    emb = np.asarray(adata.obsm[obsm_key], dtype=np.float64)
+    if emb.ndim != 2 or not np.isfinite(emb).all():
+        raise CapeInputError(f"obsm[{obsm_key!r}] must be a finite 2-D array")
+    labels = checked_labels(adata, label_key) if label_key is not None else None
+    if n_clusters is None:
+        if labels is None:
+            raise CapeInputError("give n_clusters or a label_key (k = number of labels)")
+        n_clusters = labels.nunique()
+    if not 1 < n_clusters < adata.n_obs:
+        raise CapeInputError(f"n_clusters must be between 2 and the number of cells - 1, got {n_clusters}")
+    adata = adata.copy() if copy else adata
+    seed = resolve_seed(seed)
+    clusters = kmeans_clusters(emb, int(n_clusters), seed=seed)
+    adata.obs[key_added] = pd.Categorical(clusters.astype(str))
+    metrics: dict[str, float] = {"k": int(n_clusters)}
+    if labels is not None:
+        rows = adata.obs_names.get_indexer(labels.index)
+        metrics |= clustering_metrics(emb[rows], labels.to_numpy(), clusters[rows])
+    _record(adata, "cluster", {"params": {"obsm_key": obsm_key, "label_key": label_key or "none",
+                                          "key_added": key_added}, "seed": int(seed), "metrics": metrics})
+    return adata if copy else metrics
+
+
+def predict_perturbation(adata: ad.AnnData, *, gene_embedding_key: str = "cape_gene_embedding",
+                         condition_key: str = "condition", control: str = "ctrl", split_seed: int = 1,
+                         seed: int | None = None, n_de: int = 20, predictor_kwargs: dict[str, Any] | None = None,
+                         key_added: str = "cape_perturbation", copy: bool = False):
+    """Predict unseen perturbations from gene embeddings (CAPE Sec. 5.2, GEARS setting).
+
+    GEARS' simulation split (``split_seed``, default 1) of the conditions in ``obs[condition_key]``; an
+    :class:`~cape.bench.perturbation.EmbeddingPerturbationPredictor` reading ``varm[gene_embedding_key]`` (e.g.
+    written by :meth:`cape.models.CellTransformer.embed` on control cells) is trained on the training
+    perturbations and scored by the top-``n_de`` DE-gene MSE on the test perturbations, next to the no-change and
+    additive baselines.
+
+    Returns
+    -------
+    Metrics of the embedding predictor (``mse_single``, ``mse_double``, ``mse_combo_seen0/1/2``, ``mse_overall``),
+    or the copy when ``copy=True``. See the module docstring for the fields set.
+    """
+    from ..bench.encodings import PerturbationTask
+    from ..bench.perturbation import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+
+    if gene_embedding_key not in adata.varm:
+        raise CapeInputError(f"gene embeddings varm[{gene_embedding_key!r}] not found: run "
+                             "CellTransformer.embed(adata) (or `cape train`) first")
+    task = PerturbationTask.build(adata, condition_key=condition_key, control=control, split_seed=split_seed,
+                                  n_de=n_de)
+    adata = adata.copy() if copy else adata
+    seed = resolve_seed(seed)
+    predictor = EmbeddingPerturbationPredictor(np.asarray(adata.varm[gene_embedding_key]), seed=seed,
+                                               **(predictor_kwargs or {}))
+    predicted, per_condition, metrics = task.evaluate(predictor)
+    baselines = {p.name: task.score(p) for p in (NoChangePredictor(), AdditivePredictor())}
+    adata.uns[key_added] = {
+        "predicted_mean": predicted,
+        "top_de_mse": per_condition.to_dict(),
+        "split": {"train": list(task.split.train), "val": list(task.split.val), "test": list(task.split.test),
+                  "subgroup": dict(task.split.subgroup)},
+        "metrics": metrics,
+        "baselines": baselines,
+    }
+    _record(adata, "predict_perturbation", {
+        "params": {"gene_embedding_key": gene_embedding_key, "condition_key": condition_key, "control": control,
+                   "split_seed": int(split_seed), "n_de": int(n_de), "key_added": key_added},
+        "seed": int(seed), "metrics": metrics})
+    return adata if copy else metrics

@@ -1,0 +1,337 @@
+"""``cape bench encodings``: variants and ablation wiring, records and tables, bad input, the CLI and the
+benchmark configs (tiny data, 1 epoch)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import anndata as ad
+import networkx as nx
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cape import CapeInputError
+from cape.bench import encodings as be
+from cape.data.perturbation import simulate_perturbation
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = be.BenchSettings(n_genes=24, d_model=8, n_layers=1, n_heads=2, max_len=16, batch_size=16, pretrain_epochs=1,
+                        fine_tune_epochs=1, patience=1, causal_epochs=2, causal_tau=0.01, causal_rank=4, embed_dim=4,
+                        embed_epochs=10, corr_neighbors=3, predictor_epochs=3)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def labelled() -> ad.AnnData:
+    """90 cells × 30 genes of log counts in 3 groups of 30 (each group raises its own 6 genes)."""
+    rng = np.random.default_rng(0)
+    x = rng.poisson(1.0, size=(90, 30)).astype(np.float32)
+    for g in range(3):
+        x[30 * g:30 * (g + 1), 6 * g:6 * (g + 1)] += rng.poisson(4.0, size=(30, 6))
+    adata = ad.AnnData(np.log1p(x))
+    adata.obs_names = [f"c{i}" for i in range(90)]
+    adata.var_names = [f"G{i}" for i in range(30)]
+    adata.obs["cell_type"] = pd.Categorical(np.repeat(["a", "b", "c"], 30))
+    return adata
+
+
+@pytest.fixture(scope="module")
+def perturbed() -> ad.AnnData:
+    return simulate_perturbation(n_genes=16, n_edges=24, n_control=60, n_cells_per_perturbation=8, n_single=10,
+                                 n_double=10, seed=0)
+
+
+# ------------------------------------------------------------------------------------------------------ variants
+def test_variants_map_ablations_to_encoding_and_positions():
+    rows = {v.name: v for v in be.variants()}
+    assert set(rows) == {*be.encodings.available(), *be.ABLATIONS}
+    assert (rows["cape_null"].encoding, rows["cape_null"].positions) == ("none", "none")
+    assert (rows["cape_wo_csl"].encoding, rows["cape_wo_csl"].positions) == ("cape", "correlation")
+    assert (rows["cape_wo_hyperbolic"].encoding, rows["cape_wo_hyperbolic"].positions) == ("cape", "euclidean")
+    assert (rows["cape_wo_rotary"].encoding, rows["cape_wo_rotary"].positions) == ("cape_additive", "cape")
+    assert (rows["cape"].encoding, rows["cape"].positions) == ("cape", "cape")
+    assert rows["rope"].positions == "cape"  # DAG order from Step I
+    assert rows["trainable_absolute"].positions == "none"
+    assert rows["static_absolute"].positions == "none"  # co-expression vectors, no Steps I-III
+
+
+def test_unknown_encoding_lists_the_available_ones():
+    with pytest.raises(CapeInputError, match="unknown encoding.*cape_wo_rotari.*available:.*cape_wo_csl"):
+        be.variants(["cape", "cape_wo_rotari"])
+
+
+@pytest.mark.parametrize("name", ["trainable_relative", "grape_a", "hope"])
+def test_logit_encodings_are_skipped_on_scbert_only(name):
+    variant = be.variants([name])[0]
+    assert "Performer" in be.skip_reason("scbert", variant)
+    assert be.skip_reason("scgpt", variant) is None
+
+
+@pytest.mark.parametrize("name", ["cape", "cape_wo_rotary", "rope", "static_absolute", "tape"])
+def test_qk_and_input_encodings_run_on_scbert(name):
+    assert be.skip_reason("scbert", be.variants([name])[0]) is None
+
+
+# ------------------------------------------------------------------------------------------- correlation graph
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(1, 4))
+def test_correlation_graph_is_an_oriented_knn_similarity_graph(seed, k):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(40, 9)) @ rng.normal(size=(9, 9))
+    graph = be.correlation_graph(x, k=k).toarray()
+    assert nx.is_directed_acyclic_graph(nx.from_numpy_array(graph, create_using=nx.DiGraph))
+    corr = np.abs(np.corrcoef(x.T))
+    np.fill_diagonal(corr, 0)
+    skeleton = np.maximum(graph, graph.T)
+    # brute force: i–j is an edge iff j is among i's k most correlated genes or i among j's
+    top = np.zeros_like(corr, dtype=bool)
+    for i in range(9):
+        top[i, np.argsort(-corr[i])[:k]] = True
+    np.testing.assert_array_equal(skeleton > 0, top | top.T)
+    np.testing.assert_allclose(skeleton[skeleton > 0], corr[skeleton > 0], rtol=1e-10)
+    assert not (graph * graph.T).any()  # each similarity edge appears in one direction only
+    # correlation is invariant to a positive rescaling and shift of a gene
+    x2 = x.copy()
+    x2[:, 0] = 3.0 * x2[:, 0] + 1.0
+    np.testing.assert_allclose(be.correlation_graph(x2, k=k).toarray(), graph, atol=1e-12)
+
+
+# -------------------------------------------------------------------------------------------- ablation wiring
+def test_position_sets_use_the_intended_graph_and_geometry(labelled):
+    data = be.prepare_expression(labelled, TINY.n_genes)
+    sets, timings = be.position_sets(data, ["cape", "euclidean", "correlation"], TINY, seed=0, device="cpu")
+    cape_set, eucl, corr = sets["cape"], sets["euclidean"], sets["correlation"]
+    # w/o hyperbolic: the same Step I DAG, embedded in Euclidean space
+    assert (cape_set.varp["cape_dag"] != eucl.varp["cape_dag"]).nnz == 0
+    assert "cape_lorentz" in cape_set.varm and "cape_lorentz" not in eucl.varm and "cape_euclidean" in eucl.varm
+    assert cape_set.uns["cape"]["hyperbolic_embedding"]["params"]["geometry"] == "hyperbolic"
+    assert eucl.uns["cape"]["hyperbolic_embedding"]["params"]["geometry"] == "euclidean"
+    # w/o CSL: the similarity graph, never stored as a causal DAG
+    assert "cape_dag" not in corr.varp
+    assert corr.uns["cape"]["hyperbolic_embedding"]["params"]["source"] == "adjacency argument"
+    assert "causal_graph" not in corr.uns["cape"]
+    for s in sets.values():
+        np.testing.assert_allclose(s.varm["cape_angles"], math.pi / 4 * s.varm["cape_poincare"], rtol=1e-6)
+    assert not np.allclose(corr.varm["cape_angles"], cape_set.varm["cape_angles"])
+    steps = {(t["position_set"], t["step"], t["metric"]) for t in timings}
+    assert ("cape", "I_causal_graph", "seconds") in steps and ("correlation", "I_correlation_graph", "n_edges") in steps
+
+
+def test_models_read_the_intended_encoding_and_positions(labelled, tmp_path, monkeypatch):
+    seen = {}
+    real = be.build_model
+
+    def spy(data, backbone, variant, settings, seed, device=None):
+        model = real(data, backbone, variant, settings, seed, device)
+        seen[(backbone, variant.name)] = (model.backbone.encoding.__class__.__name__, set(data.varm), set(data.varp))
+        return model
+
+    monkeypatch.setattr(be, "build_model", spy)
+    be.run_encodings_benchmark(labelled, "clustering", label_key="cell_type", settings=TINY, seeds=[0],
+                               backbones=["scgpt"], out=None,
+                               encoding_names=["cape", "cape_null", "cape_wo_csl", "cape_wo_hyperbolic",
+                                               "cape_wo_rotary"])
+    cls = {k[1]: v[0] for k, v in seen.items()}
+    assert cls == {"cape": "CapeEncoding", "cape_null": "NoPositionalEncoding", "cape_wo_csl": "CapeEncoding",
+                   "cape_wo_hyperbolic": "CapeEncoding", "cape_wo_rotary": "CapeAdditiveEncoding"}
+    assert "cape_lorentz" in seen[("scgpt", "cape")][1] and "cape_dag" in seen[("scgpt", "cape")][2]
+    assert "cape_euclidean" in seen[("scgpt", "cape_wo_hyperbolic")][1]
+    assert "cape_dag" not in seen[("scgpt", "cape_wo_csl")][2]
+    assert "cape_angles" not in seen[("scgpt", "cape_null")][1]
+
+
+# ------------------------------------------------------------------------------------------ records and tables
+REQUIRED = {"task", "dataset", "backbone", "encoding", "seed", "metric", "value"}
+
+
+def test_annotation_records_table_and_files(labelled, tmp_path):
+    names = ["trainable_absolute", "static_absolute", "cape", "grape_a"]
+    result = be.run_encodings_benchmark(labelled, "annotation", dataset="tiny", label_key="cell_type",
+                                        encoding_names=names, seeds=[0, 1], settings=TINY, out=tmp_path)
+    records = json.loads((tmp_path / "annotation_tiny.json").read_text())
+    assert records == json.loads(json.dumps(result.records, default=float))
+    assert all(REQUIRED <= set(r) for r in records)
+    models = [r for r in records if r["kind"] == "model"]
+    # scgpt: 4 encodings, scbert: 3 (grape_a skipped); 2 seeds; accuracy + macro-F1
+    assert len(models) == (4 + 3) * 2 * 2
+    assert {(r["backbone"], r["encoding"]) for r in models if r["backbone"] == "scbert"} == {
+        ("scbert", n) for n in ("trainable_absolute", "static_absolute", "cape")}
+    assert all(0 <= r["value"] <= 1 for r in models)
+    skipped = [r for r in records if r["kind"] == "skipped"]
+    assert [(r["backbone"], r["encoding"]) for r in skipped] == [("scbert", "grape_a")]
+    baseline = [r for r in records if r["kind"] == "baseline"]
+    assert {(r["encoding"], r["seed"], r["metric"]) for r in baseline} == {
+        ("logreg_pca50", s, m) for s in (0, 1) for m in ("accuracy", "macro_f1")}
+    md = (tmp_path / "annotation_tiny.md").read_text()
+    assert "| scgpt | trainable_absolute † |" in md and "| scbert | static_absolute † |" in md
+    assert "Not run: grape_a on scbert" in md
+    table_rows = [line for line in md.splitlines() if line.startswith("| scgpt") or line.startswith("| scbert")]
+    assert len(table_rows) == 7
+    assert (tmp_path / "annotation_tiny.png").stat().st_size > 0
+
+
+def test_table_shows_mean_sd_and_difference_to_each_backbone_default():
+    recs = []
+    for backbone, default in be.DEFAULT_ENCODING.items():
+        for seed, (d, c) in enumerate([(0.5, 0.6), (0.7, 0.8)]):
+            recs += [{"kind": "model", "backbone": backbone, "encoding": default, "seed": seed, "metric": "accuracy",
+                      "value": d},
+                     {"kind": "model", "backbone": backbone, "encoding": "cape", "seed": seed, "metric": "accuracy",
+                      "value": c + (0.1 if backbone == "scbert" else 0.0)}]
+    recs.append({"kind": "baseline", "backbone": "baseline", "encoding": "logreg_pca50", "seed": 0,
+                 "metric": "accuracy", "value": 0.55})
+    table = be.results_table(recs, "annotation")
+    sd = np.std([0.5, 0.7], ddof=1)
+    assert f"| scgpt | trainable_absolute † | 0.600 ± {sd:.3f} |" in table
+    assert f"| scgpt | cape | 0.700 ± {sd:.3f} (+0.100) |" in table
+    assert f"| scbert | cape | 0.800 ± {sd:.3f} (+0.200) |" in table
+    assert "| baseline | logreg_pca50 | 0.550 |" in table
+    assert "macro_f1" not in table  # only measured metrics get a column
+
+
+def test_clustering_and_perturbation_records(labelled, perturbed):
+    clus = be.run_encodings_benchmark(labelled, "clustering", label_key="cell_type", settings=TINY, seeds=[0],
+                                      backbones=["scbert"], encoding_names=["none"], out=None).records
+    assert {r["metric"] for r in clus if r["kind"] == "model"} == {"ARI", "NMI", "ASW"}
+    assert {r["encoding"] for r in clus if r["kind"] == "baseline"} == {"pca_kmeans"}
+    pert = be.run_encodings_benchmark(perturbed, "perturbation", settings=TINY, seeds=[0], backbones=["scgpt"],
+                                      encoding_names=["trainable_absolute", "cape"], out=None).records
+    models = [r for r in pert if r["kind"] == "model"]
+    assert {r["metric"] for r in models} <= set(be.METRICS["perturbation"])
+    assert {"mse_single", "mse_double", "mse_overall"} <= {r["metric"] for r in models}
+    assert all(r["value"] >= 0 for r in models if not math.isnan(r["value"]))
+    assert {r["encoding"] for r in pert if r["kind"] == "baseline"} == {"no_change", "additive"}
+    # Steps I-III ran on control cells only (the cells the backbone is pretrained on)
+    n_control = int((perturbed.obs["condition"] == "ctrl").sum())
+    assert n_control < perturbed.n_obs
+    assert any(r["kind"] == "positions" and r["metric"] == "n_edges" for r in pert)
+
+
+def test_same_seed_same_records(labelled):
+    kw = dict(label_key="cell_type", settings=TINY, seeds=[3], backbones=["scgpt"], encoding_names=["cape"],
+              out=None)
+    a = be.run_encodings_benchmark(labelled, "clustering", **kw).records
+    b = be.run_encodings_benchmark(labelled, "clustering", **kw).records
+
+    def values(recs):
+        return [(r["encoding"], r["metric"], r["value"]) for r in recs if r["kind"] in ("model", "baseline")]
+
+    assert values(a) == values(b)
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+def test_missing_label_key_is_named(labelled):
+    with pytest.raises(CapeInputError, match=r"obs\['nope'\] not found"):
+        be.run_encodings_benchmark(labelled, "annotation", label_key="nope", settings=TINY, out=None)
+    with pytest.raises(CapeInputError, match="needs a label key"):
+        be.run_encodings_benchmark(labelled, "clustering", label_key=None, settings=TINY, out=None)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"task": "imputation"}, "unknown task"),
+    ({"task": "clustering", "backbones": ["scfoundation"]}, "unknown backbone"),
+    ({"task": "clustering", "seeds": []}, "at least one seed"),
+])
+def test_bad_arguments(labelled, kwargs, words):
+    with pytest.raises(CapeInputError, match=words):
+        be.run_encodings_benchmark(labelled, label_key="cell_type", settings=TINY, out=None, **kwargs)
+
+
+def test_perturbation_without_control_cells(perturbed):
+    bad = perturbed[perturbed.obs["condition"] != "ctrl"].copy()
+    with pytest.raises(CapeInputError, match="no control cells"):
+        be.run_encodings_benchmark(bad, "perturbation", settings=TINY, out=None)
+
+
+# ---------------------------------------------------------------------------------------------------------- CLI
+def test_cli_runs_and_rejects_unknown_encodings(labelled, tmp_path, capsys):
+    from cape.cli import main
+
+    path = tmp_path / "tiny.h5ad"
+    labelled.write_h5ad(path)
+    assert main(["--quiet", "bench", "encodings", "--task", "annotation", "--dataset", str(path),
+                 "--encodings", "cape_null", "--backbones", "scgpt", "--label-key", "cell_type", "--seeds", "0",
+                 "--out", str(tmp_path / "out"), "--n-genes", "24", "--d-model", "8", "--n-layers", "1",
+                 "--max-len", "16", "--pretrain-epochs", "1", "--fine-tune-epochs", "1"]) == 0
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {f"annotation_tiny.{s}" for s in ("json", "md", "png")}
+    code = main(["bench", "encodings", "--task", "annotation", "--dataset", str(path), "--encodings", "kape"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown encoding(s) kape; available:" in err and "Traceback" not in err
+    code = main(["bench", "encodings", "--task", "clustering", "--dataset", str(path)])
+    assert code == 2 and "pass --label-key" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ workflow
+def test_benchmark_configs_dry_run(tmp_path):
+    for item in ("Snakefile", "workflows", "configs"):
+        src = REPO / item
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / item)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile",
+                           "configs/benchmarks/ablation_perturbation_simulated.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "bench_encodings" in proc.stdout
+    assert "results/bench/ablation_perturbation_simulated.json" in proc.stdout
+    assert "preprocess" not in proc.stdout  # a benchmark config runs the table, not the default pipeline
+
+
+def test_every_benchmark_config_names_a_valid_run():
+    import yaml
+
+    expected = {"annotation_pbmc68k_reduced", "clustering_pbmc68k_reduced", "clustering_krumsiek11",
+                "perturbation_simulated", "perturbation_sachs2005", "ablation_perturbation_simulated"}
+    configs = {p.stem: yaml.safe_load(p.read_text()) for p in (REPO / "configs/benchmarks").glob("*.yaml")}
+    assert expected <= set(configs)
+    for name in expected:
+        bench = configs[name]["benchmark"]
+        assert bench["task"] in be.TASKS
+        be.variants(bench.get("encodings"))  # every name is known
+        assert set(bench.get("backbones", be.BACKBONES)) <= set(be.BACKBONES)
+        assert len(bench.get("seeds", [0, 1, 2])) >= 3
+
+
+def test_an_encoding_that_cannot_be_built_is_reported_and_the_rest_runs(labelled):
+    # TINY: 2 heads of width 4 hold 2 shared rotary planes, fewer than the 4 Step II coordinates TAPE shares
+    records = be.run_encodings_benchmark(labelled, "clustering", label_key="cell_type", settings=TINY, seeds=[0, 1],
+                                         backbones=["scgpt"], encoding_names=["tape", "none"], out=None).records
+    skipped = [r for r in records if r["kind"] == "skipped"]
+    assert [(r["encoding"], "rotary planes" in r["reason"]) for r in skipped] == [("tape", True)]
+    assert {r["encoding"] for r in records if r["kind"] == "model"} == {"none"}
+    assert "Not run: tape on scgpt" in be.markdown_report(
+        be.BenchmarkResult(records, TINY, 1.0, {}), "clustering", "tiny",
+        {"n_cells": 90, "n_genes": 24, "seeds": [0, 1], "quick": False, "threads": 1, "cpu_count": 2,
+         "machine": "x", "load_average": 0.0})
+
+
+def test_identical_models_run_once(labelled, monkeypatch):
+    calls = []
+    real = be.build_model
+
+    def counting(data, backbone, variant, settings, seed, device=None):
+        calls.append(variant.name)
+        return real(data, backbone, variant, settings, seed, device)
+
+    monkeypatch.setattr(be, "build_model", counting)
+    records = be.run_encodings_benchmark(labelled, "clustering", label_key="cell_type", settings=TINY, seeds=[0],
+                                         backbones=["scgpt"], encoding_names=["none", "cape_null"], out=None).records
+    assert calls == ["none"]  # cape_null is the same model: no positional encoding
+    models = [r for r in records if r["kind"] == "model"]
+    by = {(r["encoding"], r["metric"]): r["value"] for r in models}
+    assert all(by[("none", m)] == by[("cape_null", m)] for m in ("ARI", "NMI", "ASW"))
+    assert {r.get("same_run_as") for r in models if r["encoding"] == "cape_null"} == {"none"}

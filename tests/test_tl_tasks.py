@@ -1,0 +1,103 @@
+"""cape.tl.annotate / cluster / predict_perturbation: the fields they set, their metrics and bad input."""
+
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import cape
+from cape import CapeInputError
+from cape.bench.clustering import clustering_metrics
+from cape.bench.perturbation import pca_gene_embeddings
+from cape.data.perturbation import simulate_perturbation
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def labelled() -> ad.AnnData:
+    rng = np.random.default_rng(1)
+    x = rng.poisson(1.0, size=(60, 20)).astype(np.float32)
+    x[30:, :5] += rng.poisson(5.0, size=(30, 5))
+    adata = ad.AnnData(np.log1p(x))
+    adata.obs_names = [f"c{i}" for i in range(60)]
+    adata.var_names = [f"G{i}" for i in range(20)]
+    adata.obs["cell_type"] = pd.Categorical(np.repeat(["a", "b"], 30))
+    return adata
+
+
+SMALL = {"d_model": 8, "n_layers": 1, "n_heads": 2, "max_len": 16}
+
+
+def test_annotate_sets_split_predictions_and_metrics(labelled):
+    metrics = cape.tl.annotate(labelled, "cell_type", encoding="trainable_absolute", model_kwargs=SMALL,
+                               pretrain_epochs=1, epochs=1, seed=0, device="cpu")
+    split = labelled.obs["cape_split"].astype(str)
+    assert (split == "fine_tune").sum() == 18 and (split == "test").sum() == 42
+    assert set(labelled.obs["cape_prediction"].astype(str)) <= {"a", "b"}
+    test = split == "test"
+    expected = np.mean(labelled.obs["cape_prediction"].astype(str)[test] == labelled.obs["cell_type"].astype(str)[test])
+    assert metrics["accuracy"] == pytest.approx(expected)
+    assert metrics["n_test"] == 42
+    assert labelled.uns["cape"]["annotate"]["metrics"]["accuracy"] == metrics["accuracy"]
+
+
+def test_annotate_copy_leaves_input_alone(labelled):
+    out = cape.tl.annotate(labelled, "cell_type", encoding="none", model_kwargs=SMALL, pretrain_epochs=0, epochs=1,
+                           seed=0, device="cpu", copy=True)
+    assert "cape_prediction" in out.obs and "cape_prediction" not in labelled.obs
+
+
+def test_annotate_bad_labels(labelled):
+    with pytest.raises(CapeInputError, match=r"obs\['celltype'\] not found"):
+        cape.tl.annotate(labelled, "celltype", encoding="none")
+    one = labelled.copy()
+    one.obs["cell_type"] = "a"
+    with pytest.raises(CapeInputError, match="at least 2"):
+        cape.tl.annotate(one, "cell_type", encoding="none")
+
+
+def test_cluster_matches_the_bench_metrics(labelled):
+    rng = np.random.default_rng(0)
+    labelled.obsm["X_cape"] = rng.normal(size=(60, 4)) + 3.0 * (labelled.obs["cell_type"] == "b").to_numpy()[:, None]
+    metrics = cape.tl.cluster(labelled, "cell_type", seed=0)
+    clusters = labelled.obs["cape_cluster"].astype(int).to_numpy()
+    ref = clustering_metrics(labelled.obsm["X_cape"], labelled.obs["cell_type"].to_numpy(), clusters)
+    assert metrics == {"k": 2, **ref}
+    assert metrics["ARI"] > 0.9  # well-separated groups are found
+    only_k = cape.tl.cluster(labelled, n_clusters=3, key_added="k3", seed=0)
+    assert only_k == {"k": 3} and labelled.obs["k3"].nunique() == 3
+
+
+def test_cluster_bad_input(labelled):
+    with pytest.raises(CapeInputError, match=r"obsm\['X_cape'\] not found"):
+        cape.tl.cluster(labelled, "cell_type")
+    labelled.obsm["X_cape"] = np.zeros((60, 2))
+    with pytest.raises(CapeInputError, match="n_clusters or a label_key"):
+        cape.tl.cluster(labelled)
+
+
+def test_predict_perturbation_writes_predictions_and_baselines(tmp_path):
+    adata = simulate_perturbation(n_genes=16, n_edges=24, n_control=60, n_cells_per_perturbation=8, n_single=10,
+                                  n_double=10, seed=0)
+    adata.varm["cape_gene_embedding"] = pca_gene_embeddings(adata, 4)
+    metrics = cape.tl.predict_perturbation(adata, seed=0, predictor_kwargs={"epochs": 5})
+    out = adata.uns["cape_perturbation"]
+    assert list(out["predicted_mean"].index) == out["split"]["test"]
+    assert list(out["predicted_mean"].columns) == list(adata.var_names)
+    assert metrics["mse_overall"] == pytest.approx(np.mean(list(out["top_de_mse"].values())))
+    assert set(out["baselines"]) == {"no_change", "additive"}
+    adata.write_h5ad(tmp_path / "p.h5ad")  # everything set is storable
+    back = ad.read_h5ad(tmp_path / "p.h5ad").uns["cape_perturbation"]
+    pd.testing.assert_frame_equal(back["predicted_mean"], out["predicted_mean"], check_names=False)
+    with pytest.raises(CapeInputError, match="gene embeddings"):
+        cape.tl.predict_perturbation(adata, gene_embedding_key="missing")
