@@ -39,7 +39,7 @@ from .._progress import progress
 from .._settings import resolve_device, resolve_seed, seed_everything
 from ..encodings import GenePositions
 from . import distributed
-from .heads import ClsDecoder, ExprDecoder
+from .heads import ClsDecoder, ExprDecoder, check_pooling, pool_cells, pooled_width
 from .positions import gene_positions
 from .scbert import ScBERTBackbone
 from .scgpt import ScGPTBackbone
@@ -87,14 +87,44 @@ class _MaskedValueTask(nn.Module):
 
 
 class _ClassifierTask(nn.Module):
-    def __init__(self, backbone: nn.Module, head: ClsDecoder) -> None:
+    def __init__(self, backbone: nn.Module, head: ClsDecoder, pooling: str = "cls") -> None:
         super().__init__()
         self.backbone = backbone
         self.head = head
+        self.pooling = pooling
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         hidden = self.backbone(batch["gene_ids"], batch["values"], batch["padding_mask"])
-        return self.head(hidden[:, 0])
+        return self.head(pool_cells(hidden, batch["padding_mask"], self.pooling))
+
+
+def lr_factor(step: int, total_steps: int, schedule: str = "constant", warmup_fraction: float = 0.0) -> float:
+    """Learning-rate multiplier at optimiser ``step`` (0-based) of ``total_steps``.
+
+    ``"constant"``: 1 after a linear warm-up; ``"cosine"``: linear warm-up over ``warmup_fraction`` of the steps,
+    then half a cosine from 1 down to 0 at ``total_steps``. The warm-up ramps ``(step + 1) / n_warmup`` so that the
+    first step already moves the weights.
+    """
+    n_warmup = round(warmup_fraction * total_steps)
+    if step < n_warmup:
+        return (step + 1) / n_warmup
+    if schedule == "constant":
+        return 1.0
+    progress_ = (step - n_warmup) / max(total_steps - n_warmup, 1)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress_, 1.0)))
+
+
+SCHEDULES = ("constant", "cosine")
+CLASS_WEIGHTS = (None, "balanced")
+
+
+def balanced_class_weights(codes: np.ndarray, n_classes: int) -> np.ndarray:
+    """``n / (k · n_c)`` per class over the classes present (scikit-learn's "balanced"); absent classes get 1."""
+    counts = np.bincount(np.asarray(codes, dtype=np.int64), minlength=n_classes).astype(np.float64)
+    present = counts > 0
+    weights = np.ones(n_classes)
+    weights[present] = counts.sum() / (present.sum() * counts[present])
+    return weights
 
 
 class _SeededShuffle(torch.utils.data.Sampler):
@@ -186,6 +216,7 @@ class CellTransformer:
                                        encoding_options=encoding_options, expression=X, max_dim=d_model)
         self.positions = positions
         self.n_cls_layers = int(n_cls_layers)
+        self.pooling = "cls"
         self.labels: list[str] | None = None
         self.label_key: str | None = None
         self.history: dict[str, list[dict[str, float]]] = {}
@@ -211,8 +242,9 @@ class CellTransformer:
         levels = n_value_levels(self.tokenizer.binning, self.tokenizer.n_bins)
         # scGPT regresses the binned value; scBERT classifies the masked token's level.
         self.expr_head = ExprDecoder(self.backbone.d_model, 1 if self.architecture == "scgpt" else levels)
-        self.cls_head = None if self.labels is None else ClsDecoder(self.backbone.d_model, len(self.labels),
-                                                                    self.n_cls_layers)
+        self.cls_head = None if self.labels is None else ClsDecoder(
+            self.backbone.d_model, len(self.labels), self.n_cls_layers,
+            d_in=pooled_width(self.backbone.d_model, self.pooling))
         self.module = nn.ModuleDict({"backbone": self.backbone, "expr_head": self.expr_head})
         if self.cls_head is not None:
             self.module["cls_head"] = self.cls_head
@@ -292,13 +324,24 @@ class CellTransformer:
 
     def _train(self, task: nn.Module, loss_fn, train_set, val_set, *, epochs: int, batch_size: int, lr: float,
                weight_decay: float, grad_clip: float | None, patience: int | None, desc: str,
-               num_workers: int) -> list[dict[str, float]]:
+               num_workers: int, schedule: str = "constant", warmup_fraction: float = 0.0, score_fn=None,
+               monitor: str = "val_loss") -> list[dict[str, float]]:
+        """Train ``task`` on ``loss_fn``; score ``val_set`` each epoch and keep the best epoch's weights.
+
+        ``score_fn(task, batch) -> {name: batch sum}`` gives the validation scores (default: ``val_loss`` from
+        ``loss_fn``); ``monitor`` names the one that picks the best epoch (``val_loss`` is minimised, any other
+        score maximised with ``val_loss`` breaking ties).
+        """
         if epochs < 1:
             raise CapeInputError(f"epochs must be at least 1, got {epochs}")
         if batch_size < 1:
             raise CapeInputError(f"batch_size must be at least 1, got {batch_size}")
         if len(train_set) == 0:
             raise CapeInputError("no cells left for training")
+        if schedule not in SCHEDULES:
+            raise CapeInputError(f"unknown lr schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+        if not 0.0 <= warmup_fraction < 1.0:
+            raise CapeInputError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
         collate = CellCollator(self.vocab.pad_id)
         if distributed.is_active():
             sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=self.seed)
@@ -320,10 +363,16 @@ class CellTransformer:
                                  num_workers=num_workers) if val_set is not None and len(val_set) else None)
         params = [p for p in task.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        total_steps = epochs * len(loader)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, total_steps, schedule, warmup_fraction))
+        if score_fn is None:
+            def score_fn(m, batch):
+                return {"val_loss": float(loss_fn(m, batch)) * batch["gene_ids"].shape[0]}
         use_scaler = self.amp and self.device.type == "cuda" and not torch.cuda.is_bf16_supported()
         scaler = torch.amp.GradScaler("cuda", enabled=use_scaler)
         history: list[dict[str, float]] = []
-        best, best_state, bad_epochs = math.inf, None, 0
+        best, best_state, bad_epochs = (math.inf, math.inf), None, 0
         bar = progress(range(epochs), desc=desc, total=epochs)
         for epoch in bar:
             sampler.set_epoch(epoch)
@@ -342,22 +391,25 @@ class CellTransformer:
                     nn.utils.clip_grad_norm_(params, grad_clip)
                 scaler.step(optimizer)
                 scaler.update()
+                scheduler.step()
                 b = batch["gene_ids"].shape[0]
                 total += float(loss.detach()) * b
                 n_cells += b
             seconds = time.perf_counter() - start
             total, n_cells = distributed.all_reduce_sum([total, float(n_cells)], self.device)
             record = {"epoch": epoch + 1, "train_loss": total / max(n_cells, 1), "seconds": seconds,
-                      "cells_per_s": n_cells / max(seconds, 1e-9)}
+                      "cells_per_s": n_cells / max(seconds, 1e-9), "lr": optimizer.param_groups[0]["lr"]}
             if val_loader is not None:
                 # Every process scores the whole validation set: identical numbers, so early stopping agrees.
                 # Validation cells share the training dataset object; score them with the same (epoch-0) gene
                 # sampling and masks every epoch, so that validation losses are comparable across epochs.
                 _dataset_of(val_set).set_epoch(0)
-                record["val_loss"] = self._evaluate(task, loss_fn, val_loader)
+                record.update(self._evaluate(task, score_fn, val_loader))
                 _dataset_of(train_set).set_epoch(epoch)
-                if record["val_loss"] < best - 1e-6:
-                    best, bad_epochs = record["val_loss"], 0
+                # Lexicographic: the monitored score first (as a loss: lower is better), validation loss second.
+                key = (record["val_loss"], 0.0) if monitor == "val_loss" else (-record[monitor], record["val_loss"])
+                if key[0] < best[0] - 1e-6 or (abs(key[0] - best[0]) <= 1e-6 and key[1] < best[1] - 1e-6):
+                    best, bad_epochs = key, 0
                     best_state = copy.deepcopy(task.state_dict())
                 else:
                     bad_epochs += 1
@@ -366,7 +418,8 @@ class CellTransformer:
                 bar.set_postfix({k: round(v, 4) for k, v in record.items() if k.endswith("loss")})
             logger.debug("%s epoch %d: %s", desc, epoch + 1, record)
             if patience is not None and val_loader is not None and bad_epochs >= patience:
-                logger.info("%s: early stop after epoch %d (best validation loss %.4f)", desc, epoch + 1, best)
+                logger.info("%s: early stop after epoch %d (best %s %.4f)", desc, epoch + 1, monitor,
+                            abs(best[0]))
                 break
         if best_state is not None:
             task.load_state_dict(best_state)
@@ -387,17 +440,19 @@ class CellTransformer:
         return unused
 
     @torch.no_grad()
-    def _evaluate(self, task: nn.Module, loss_fn, loader) -> float:
+    def _evaluate(self, task: nn.Module, score_fn, loader) -> dict[str, float]:
+        """Per-cell means of ``score_fn``'s batch sums over ``loader``."""
         task.eval()
-        total, n = 0.0, 0
+        totals: dict[str, float] = {}
+        n = 0
         for batch in loader:
             batch = self._to_device(batch)
             with self._autocast():
-                loss = loss_fn(task, batch)
-            b = batch["gene_ids"].shape[0]
-            total += float(loss) * b
-            n += b
-        return total / max(n, 1)
+                scores = score_fn(task, batch)
+            for name, value in scores.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+            n += batch["gene_ids"].shape[0]
+        return {name: value / max(n, 1) for name, value in totals.items()}
 
     def pretrain(self, adata, epochs: int = 10, mask_ratio: float = 0.15, *, batch_size: int = 32,
                  lr: float = 1e-3, weight_decay: float = 0.01, grad_clip: float | None = 1.0,
@@ -425,14 +480,37 @@ class CellTransformer:
         self.history["pretrain"] = history
         return history
 
-    def fit(self, adata, label_key: str, epochs: int = 10, *, batch_size: int = 32, lr: float = 1e-3,
-            weight_decay: float = 0.01, grad_clip: float | None = 1.0, validation_fraction: float = 0.1,
-            early_stopping_patience: int | None = 5, freeze_backbone: bool = False,
-            num_workers: int = 0) -> list[dict[str, float]]:
+    def fit(self, adata, label_key: str, epochs: int = 100, *, batch_size: int = 32, lr: float = 1e-3,
+            weight_decay: float = 0.01, grad_clip: float | None = 1.0, validation_fraction: float = 0.2,
+            early_stopping_patience: int | None = 15, freeze_backbone: bool = False,
+            num_workers: int = 0, class_weight: str | None = "balanced", pooling: str | None = None,
+            lr_schedule: str = "constant", warmup_fraction: float = 0.0,
+            early_stopping_metric: str = "val_loss", label_smoothing: float = 0.0) -> list[dict[str, float]]:
         """Train the annotation head (and, unless ``freeze_backbone``, the backbone) on ``obs[label_key]``.
 
         Cells with a missing label are left out. The validation split is stratified when every class has at
-        least two cells.
+        least two cells; the weights of the best validation epoch (``early_stopping_metric``: ``"val_loss"``,
+        ``"val_accuracy"`` or ``"val_balanced_accuracy"``) are kept.
+
+        The defaults are the recipe chosen on validation cells carved out of pbmc68k_reduced's 30 % fine-tune
+        split (never its test cells): up to 100 epochs with early stopping (patience 15) on a 20 % validation
+        split, class-balanced cross-entropy and mean pooling of the gene tokens, constant lr 1e-3; with
+        ``dropout=0`` in the constructor.
+
+        Parameters
+        ----------
+        class_weight
+            ``"balanced"`` weights each class's cross-entropy by ``n / (k · n_c)`` over the training cells, so rare
+            cell types count as much as common ones (macro-F1); None: unweighted.
+        pooling
+            Cell embedding fed to the head: ``"cls"`` (scGPT), ``"mean"`` of the gene tokens, or ``"cls+mean"``.
+            Default: the pooling of an existing head, else ``"mean"``. A change rebuilds the head; :meth:`embed`
+            then uses the same pooling.
+        lr_schedule, warmup_fraction
+            ``"constant"`` or ``"cosine"`` decay to 0 over ``epochs``, after a linear warm-up over
+            ``warmup_fraction`` of the steps (:func:`lr_factor`).
+        label_smoothing
+            Cross-entropy label smoothing.
         """
         if label_key not in adata.obs:
             raise CapeInputError(f"label key '{label_key}' not in adata.obs ({', '.join(map(str, adata.obs))})")
@@ -443,9 +521,20 @@ class CellTransformer:
         classes = sorted(pd.unique(raw.iloc[keep].astype(str)))
         if len(classes) < 2:
             raise CapeInputError(f"obs['{label_key}'] has a single class ({classes[0]!r}); need at least two")
-        if self.labels != classes:
-            self.labels = classes
-            self.cls_head = ClsDecoder(self.backbone.d_model, len(classes), self.n_cls_layers).to(self.device)
+        if class_weight not in CLASS_WEIGHTS:
+            raise CapeInputError(f"class_weight must be None or 'balanced', got {class_weight!r}")
+        monitors = ("val_loss", "val_accuracy", "val_balanced_accuracy")
+        if early_stopping_metric not in monitors:
+            raise CapeInputError(f"early_stopping_metric must be one of {', '.join(monitors)}, "
+                                 f"got {early_stopping_metric!r}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise CapeInputError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        pooling = check_pooling(pooling or (self.pooling if self.cls_head is not None else "mean"))
+        if self.labels != classes or pooling != self.pooling or self.cls_head is None:
+            self.labels, self.pooling = classes, pooling
+            seed_everything(self.seed)
+            self.cls_head = ClsDecoder(self.backbone.d_model, len(classes), self.n_cls_layers,
+                                       d_in=pooled_width(self.backbone.d_model, pooling)).to(self.device)
             self.module["cls_head"] = self.cls_head
         self.label_key = label_key
         codes = np.full(adata.n_obs, -1, dtype=np.int64)
@@ -455,16 +544,36 @@ class CellTransformer:
         train_pos, val_pos = self._split(keep.size, validation_fraction, stratify=codes[keep])
         for p in self.backbone.parameters():
             p.requires_grad_(not freeze_backbone)
-        task = _ClassifierTask(self.backbone, self.cls_head)
+        task = _ClassifierTask(self.backbone, self.cls_head, pooling)
+        weight = None
+        if class_weight == "balanced":
+            weight = torch.as_tensor(balanced_class_weights(codes[keep[train_pos]], len(classes)),
+                                     dtype=torch.float32, device=self.device)
 
         def loss_fn(m, batch):
-            return nn.functional.cross_entropy(m(batch).float(), batch["label"])
+            return nn.functional.cross_entropy(m(batch).float(), batch["label"], weight=weight,
+                                               label_smoothing=label_smoothing)
 
+        def score_fn(m, batch):
+            # Batch sums: the weighted loss as trained, plain accuracy, and per-class hits for balanced accuracy.
+            logits = m(batch).float()
+            y = batch["label"]
+            loss = nn.functional.cross_entropy(logits, y, weight=weight, label_smoothing=label_smoothing)
+            hits = (logits.argmax(-1) == y).float()
+            return {"val_loss": float(loss) * y.shape[0], "val_accuracy": float(hits.sum()),
+                    "val_balanced_accuracy": float((hits / val_class_counts[y]).sum()) * n_val / n_val_classes}
+
+        val_codes = codes[keep[val_pos]]
+        val_class_counts = torch.as_tensor(np.bincount(val_codes, minlength=len(classes)).clip(min=1),
+                                           dtype=torch.float32, device=self.device)
+        n_val, n_val_classes = len(val_pos), max(len(np.unique(val_codes)), 1)
         try:
             history = self._train(task, loss_fn, Subset(data, keep[train_pos]),
                                   Subset(data, keep[val_pos]) if len(val_pos) else None, epochs=epochs,
                                   batch_size=batch_size, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip,
-                                  patience=early_stopping_patience, desc="fit", num_workers=num_workers)
+                                  patience=early_stopping_patience, desc="fit", num_workers=num_workers,
+                                  schedule=lr_schedule, warmup_fraction=warmup_fraction, score_fn=score_fn,
+                                  monitor=early_stopping_metric)
         finally:
             for p in self.backbone.parameters():
                 p.requires_grad_(True)
@@ -493,8 +602,8 @@ class CellTransformer:
         """
         if self.cls_head is None or self.labels is None:
             raise CapeInputError("the model has no annotation head: call fit(adata, label_key) first")
-        parts = self._forward_all(adata, batch_size,
-                                  lambda h, b: torch.softmax(self.cls_head(h[:, 0]).float(), -1).cpu())
+        parts = self._forward_all(adata, batch_size, lambda h, b: torch.softmax(
+            self.cls_head(pool_cells(h, b["padding_mask"], self.pooling)).float(), -1).cpu())
         probs = torch.cat(parts).numpy()
         if return_probabilities:
             return probs
@@ -504,8 +613,11 @@ class CellTransformer:
         return labels
 
     def embed(self, adata, *, key_added: str = "X_cape", gene_key: str | None = "cape_gene_embedding",
-              batch_size: int = 64, copy: bool = False):
-        """Cell embeddings (``<cls>`` hidden state) → ``obsm[key_added]``; gene embeddings → ``varm[gene_key]``.
+              batch_size: int = 64, copy: bool = False, pooling: str | None = None):
+        """Cell embeddings → ``obsm[key_added]``; gene embeddings → ``varm[gene_key]``.
+
+        The cell embedding is read off the hidden states by ``pooling`` (:func:`~cape.models.heads.pool_cells`):
+        by default the pooling the annotation head was fitted with, and the ``<cls>`` state before any fit.
 
         A gene's embedding is the mean of its contextual hidden states over the cells where it was tokenised
         (zeros for genes never tokenised); ``var[f"{gene_key}_n_cells"]`` counts those cells.
@@ -521,8 +633,9 @@ class CellTransformer:
             keep = ~batch["padding_mask"][:, 1:].reshape(-1)
             gene_sum.index_add_(0, ids[keep], hidden[:, 1:].reshape(-1, d)[keep].double())
             gene_n.index_add_(0, ids[keep], torch.ones_like(ids[keep], dtype=torch.float64))
-            return hidden[:, 0].cpu()
+            return pool_cells(hidden, batch["padding_mask"], pooling).cpu()
 
+        pooling = check_pooling(pooling or self.pooling)
         cells = torch.cat(self._forward_all(adata, batch_size, take)).numpy().astype(np.float32)
         adata.obsm[key_added] = cells
         if gene_key is not None:
@@ -563,6 +676,7 @@ class CellTransformer:
         return {"cape_version": __version__, "architecture": self.architecture, "backbone": kwargs,
                 "tokenizer": asdict(self.tokenizer), "layer": self.layer, "use_raw": self.use_raw,
                 "labels": self.labels, "label_key": self.label_key, "n_cls_layers": self.n_cls_layers,
+                "pooling": self.pooling,
                 "seed": self.seed, "history": self.history, "strict_genes": getattr(self, "strict_genes", True),
                 "value_scale": self._value_scale()}
 
@@ -623,6 +737,7 @@ class CellTransformer:
         self.tokenizer = TokenizerConfig(**cfg["tokenizer"])
         self.labels, self.label_key = cfg["labels"], cfg["label_key"]
         self.n_cls_layers = int(cfg["n_cls_layers"])
+        self.pooling = cfg.get("pooling", "cls")
         self.history = cfg.get("history", {})
         self.strict_genes = bool(cfg.get("strict_genes", True))
         self.value_scale = cfg.get("value_scale")
@@ -672,6 +787,7 @@ class CellTransformer:
                                          include_zero_genes=include_zero_genes)
         self.positions = positions
         self.n_cls_layers = int(args.get("n_layers_cls", 3))
+        self.pooling = "cls"
         self.labels, self.label_key, self.history = None, None, {}
         bb = imported.backbone
         self._backbone_kwargs = dict(d_model=bb.d_model, n_heads=bb.n_heads, n_layers=bb.n_layers, d_ff=bb.d_ff,

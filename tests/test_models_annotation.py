@@ -1,0 +1,194 @@
+"""Annotation fine-tuning options: pooling, class weights, learning-rate schedule, early-stopping metrics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from _models_data import cape_adata, one_thread  # noqa: F401  (fixture)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cape import CapeInputError
+from cape.models import CellTransformer
+from cape.models.heads import ClsDecoder, pool_cells, pooled_width
+from cape.models.transformer import balanced_class_weights, lr_factor
+
+SMALL = dict(d_model=32, n_heads=4, n_layers=1, max_len=32, dropout=0.0)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def adata():
+    return cape_adata(n_cells=60)
+
+
+# ------------------------------------------------------------------------------------------------ pure functions
+@given(st.integers(1, 6), st.integers(2, 9), st.integers(0, 3))
+@settings(max_examples=30, deadline=None)
+def test_mean_pooling_is_the_mean_over_unpadded_gene_tokens(batch, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch, length, 5, generator=g, dtype=torch.float64)
+    n_tokens = torch.randint(1, length + 1, (batch,), generator=g)          # <cls> + 0..length-1 genes
+    padding = torch.arange(length)[None, :] >= n_tokens[:, None]
+    mean = pool_cells(hidden, padding, "mean")
+    for b in range(batch):
+        genes = hidden[b, 1:n_tokens[b]]
+        expected = genes.mean(0) if len(genes) else torch.zeros(5, dtype=torch.float64)
+        torch.testing.assert_close(mean[b], expected)
+    both = pool_cells(hidden, padding, "cls+mean")
+    torch.testing.assert_close(both, torch.cat([hidden[:, 0], mean], -1))
+    torch.testing.assert_close(pool_cells(hidden, padding, "cls"), hidden[:, 0])
+    # Extra padding (any content) changes nothing.
+    padded = torch.cat([hidden, torch.randn(batch, 3, 5, generator=g, dtype=torch.float64)], 1)
+    torch.testing.assert_close(pool_cells(padded, torch.cat([padding, torch.ones(batch, 3, dtype=bool)], 1),
+                                          "mean"), mean)
+
+
+def test_pooled_width_and_head_input():
+    assert pooled_width(8, "cls") == pooled_width(8, "mean") == 8 and pooled_width(8, "cls+mean") == 16
+    head = ClsDecoder(8, 3, n_layers=3, d_in=16)
+    assert head(torch.zeros(2, 16)).shape == (2, 3)
+    assert ClsDecoder(8, 3, n_layers=1, d_in=16)(torch.zeros(2, 16)).shape == (2, 3)
+    with pytest.raises(CapeInputError, match="unknown pooling"):
+        pool_cells(torch.zeros(1, 2, 8), None, "max")
+
+
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=40))
+@settings(max_examples=40, deadline=None)
+def test_balanced_class_weights_match_scikit_learn_and_equalise_classes(codes):
+    from sklearn.utils.class_weight import compute_class_weight
+
+    codes = np.asarray(codes)
+    weights = balanced_class_weights(codes, 6)
+    present = np.unique(codes)
+    np.testing.assert_allclose(weights[present], compute_class_weight("balanced", classes=present, y=codes))
+    np.testing.assert_array_equal(weights[np.setdiff1d(np.arange(6), present)], 1.0)
+    totals = np.bincount(codes, minlength=6)[present] * weights[present]  # every class weighs the same in total
+    np.testing.assert_allclose(totals, totals[0])
+
+
+@given(st.integers(1, 200), st.floats(0.0, 0.9), st.sampled_from(["constant", "cosine"]))
+@settings(max_examples=60, deadline=None)
+def test_lr_factor_warms_up_then_decays(total, warmup, schedule):
+    f = [lr_factor(s, total, schedule, warmup) for s in range(total)]
+    n_warmup = round(warmup * total)
+    assert all(0.0 <= x <= 1.0 for x in f)
+    assert f[:n_warmup] == sorted(f[:n_warmup]) and (n_warmup == 0 or f[n_warmup - 1] == 1.0)
+    after = f[n_warmup:]
+    assert after == sorted(after, reverse=True)
+    if schedule == "constant":
+        assert all(x == 1.0 for x in after)
+    elif after:
+        assert after[0] == 1.0
+        mid = n_warmup + (total - n_warmup) // 2
+        if (total - n_warmup) % 2 == 0 and mid < total:
+            assert f[mid] == pytest.approx(0.5)                              # half-way down the cosine
+    assert lr_factor(total, total, "cosine", warmup) == pytest.approx(0.0, abs=1e-12) or n_warmup >= total
+
+
+# ------------------------------------------------------------------------------------------------ fit
+def _val_cells(model: CellTransformer, adata, validation_fraction: float):
+    """The validation cells fit() carved out (same seeded, stratified split)."""
+    codes = np.searchsorted(model.labels, adata.obs["cell_type"].astype(str).to_numpy())
+    _, val = model._split(adata.n_obs, validation_fraction, stratify=codes)
+    return adata[val].copy()
+
+
+def test_early_stopping_keeps_the_best_validation_epoch(adata):
+    from sklearn.metrics import balanced_accuracy_score
+
+    model = CellTransformer(adata, "scgpt", "none", **SMALL, seed=3)
+    history = model.fit(adata, "cell_type", epochs=8, batch_size=8, lr=2e-2, validation_fraction=0.3,
+                        early_stopping_patience=None, early_stopping_metric="val_balanced_accuracy",
+                        pooling="cls", class_weight=None)
+    scores = [h["val_balanced_accuracy"] for h in history]
+    best = int(np.argmax(scores))
+    val = _val_cells(model, adata, 0.3)
+    pred = np.asarray(model.predict(val))
+    # The kept weights are the best epoch's, and the recorded score is scikit-learn's balanced accuracy.
+    assert balanced_accuracy_score(val.obs["cell_type"].astype(str), pred) == pytest.approx(scores[best])
+    assert np.mean(pred == val.obs["cell_type"].astype(str).to_numpy()) == pytest.approx(
+        history[best]["val_accuracy"])
+    assert len({round(s, 6) for s in scores}) > 1                       # the epochs did differ
+
+
+def test_val_loss_monitor_restores_the_lowest_loss_epoch(adata):
+    model = CellTransformer(adata, "scgpt", "none", **SMALL, seed=1)
+    history = model.fit(adata, "cell_type", epochs=6, batch_size=8, lr=5e-2, validation_fraction=0.3,
+                        early_stopping_patience=None, class_weight="balanced")
+    losses = [h["val_loss"] for h in history]
+    assert int(np.argmin(losses)) != len(losses) - 1, "settings should make the last epoch not the best"
+    val = _val_cells(model, adata, 0.3)
+    probs = model.predict(val, return_probabilities=True)
+    codes = np.searchsorted(model.labels, val.obs["cell_type"].astype(str).to_numpy())
+    train_codes = np.searchsorted(model.labels, adata.obs["cell_type"].astype(str).to_numpy())
+    _, val_pos = model._split(adata.n_obs, 0.3, stratify=train_codes)
+    w = balanced_class_weights(np.delete(train_codes, val_pos), len(model.labels))[codes]
+    weighted_ce = float(np.sum(w * -np.log(probs[np.arange(len(codes)), codes])) / w.sum())
+    assert weighted_ce == pytest.approx(min(losses), rel=1e-4)          # weighted loss of the restored epoch
+
+
+def test_cosine_schedule_is_followed_per_step(adata):
+    model = CellTransformer(adata, "scgpt", "none", **SMALL, seed=0)
+    history = model.fit(adata, "cell_type", epochs=4, batch_size=16, lr=1e-3, validation_fraction=0.0,
+                        lr_schedule="cosine", warmup_fraction=0.25)
+    steps = math.ceil(adata.n_obs / 16)
+    for h in history[:-1]:
+        assert h["lr"] == pytest.approx(1e-3 * lr_factor(h["epoch"] * steps, 4 * steps, "cosine", 0.25))
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls+mean"])
+def test_pooling_option_trains_predicts_and_round_trips(adata, tmp_path, pooling):
+    model = CellTransformer(adata, "scgpt", "rope", **SMALL, seed=0)
+    model.fit(adata, "cell_type", epochs=10, batch_size=16, lr=3e-3, validation_fraction=0.0, pooling=pooling,
+              class_weight="balanced", lr_schedule="cosine", warmup_fraction=0.1)
+    assert model.cls_head.out_layer.in_features == 32
+    assert model.cls_head._decoder[0].in_features == pooled_width(32, pooling)
+    labels = np.asarray(model.predict(adata))
+    assert np.mean(labels == adata.obs["cell_type"].to_numpy()) > 0.7   # marker genes separate the groups
+    # Cell embeddings follow the head's pooling unless told otherwise.
+    assert model.embed(adata, copy=True, gene_key=None).obsm["X_cape"].shape == (60, pooled_width(32, pooling))
+    assert model.embed(adata, copy=True, gene_key=None, pooling="cls").obsm["X_cape"].shape == (60, 32)
+    model.save(tmp_path / "m")
+    loaded = CellTransformer.load(tmp_path / "m", adata, device="cpu")
+    assert loaded.pooling == pooling
+    np.testing.assert_array_equal(model.predict(adata, return_probabilities=True),
+                                  loaded.predict(adata, return_probabilities=True))
+    # Fitting again with another pooling rebuilds the head at the new width.
+    model.fit(adata, "cell_type", epochs=1, batch_size=16, validation_fraction=0.0, pooling="cls")
+    assert model.pooling == "cls" and model.cls_head._decoder[0].in_features == 32
+
+
+def test_fit_option_errors(adata):
+    model = CellTransformer(adata, "scgpt", "none", **SMALL)
+    for kwargs, match in [({"pooling": "max"}, "unknown pooling"), ({"class_weight": "inverse"}, "class_weight"),
+                          ({"lr_schedule": "step"}, "lr schedule"), ({"warmup_fraction": 1.0}, "warmup_fraction"),
+                          ({"early_stopping_metric": "f1"}, "early_stopping_metric"),
+                          ({"label_smoothing": 1.0}, "label_smoothing")]:
+        with pytest.raises(CapeInputError, match=match):
+            model.fit(adata, "cell_type", epochs=1, **kwargs)
+
+
+def test_cape_train_passes_the_fine_tuning_options(tmp_path):
+    import anndata as ad
+
+    from cape.cli import main
+
+    cape_adata(n_cells=40).write_h5ad(tmp_path / "in.h5ad")
+    out = tmp_path / "trained.h5ad"
+    code = main(["--quiet", "train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--label-key", "cell_type",
+                 "--epochs", "3", "--d-model", "16", "--n-heads", "2", "--max-len", "32", "--encoding", "none",
+                 "--pooling", "cls+mean", "--class-weight", "none", "--lr-schedule", "cosine",
+                 "--warmup-fraction", "0.2", "--early-stopping-metric", "val_accuracy", "--fit-lr", "0.002"])
+    assert code == 0
+    result = ad.read_h5ad(out)
+    assert result.obsm["X_cape"].shape == (40, 32)                     # cls+mean: twice d_model
+    record = result.uns["cape"]["model"]
+    assert record["pooling"] == "cls+mean" and "pretrain" not in record["history"]   # no pretraining by default
+    fit = record["history"]["fit"]
+    assert len(fit["epoch"]) == 3 and {"val_accuracy", "val_balanced_accuracy", "lr"} <= set(fit)
+    assert fit["lr"][-1] == pytest.approx(0.0, abs=1e-12)              # cosine ends at 0
