@@ -138,3 +138,122 @@ def test_cyclic_and_non_square_adjacency_rejected():
         embed_dag(cyc, names=["a", "b", "c"], epochs=1, show_progress=False)
     with pytest.raises(CapeInputError, match="square"):
         embed_dag(np.zeros((2, 3)), epochs=1, show_progress=False)
+
+
+def test_fused_lorentz_negative_term_matches_autograd_reference():
+    from cape.hyperbolic.geometry import LorentzGeometry
+    from cape.hyperbolic.loss import lorentz_sampled_negative_logsumexp, negative_logsumexp_sampled
+    from cape.hyperbolic.poincare import lift_to_hyperboloid
+
+    gen = torch.Generator().manual_seed(0)
+    x = lift_to_hyperboloid(torch.randn(9, 4, generator=gen, dtype=torch.float64) * 2).requires_grad_()
+    y = lift_to_hyperboloid(torch.randn(6, 4, generator=gen, dtype=torch.float64) * 2)
+    y = torch.cat([y, x[:1].detach()]).requires_grad_()  # a sample that coincides with anchor 0 (u at its floor)
+    valid = torch.rand(9, 7, generator=gen) > 0.3
+    valid[2] = False  # an anchor without any valid sample
+    n_neg = torch.tensor([4, 6, 3, 0, 5, 2, 8, 1, 7])  # anchor 3 has no negatives at all
+    weights = torch.randn(9, generator=gen, dtype=torch.float64)
+    for tau in (1.0, 0.5, 0.1):
+        fused = lorentz_sampled_negative_logsumexp(x, y, valid, n_neg, tau)
+        ref = negative_logsumexp_sampled(LorentzGeometry.dist_matrix(x, y) / tau, valid, n_neg)
+        torch.testing.assert_close(fused, ref, rtol=1e-12, atol=0.0)
+        assert float(fused[2].detach()) == float(fused[3].detach()) == -1e30
+        g_fused = torch.autograd.grad((fused * weights).sum(), (x, y))
+        g_ref = torch.autograd.grad((ref * weights).sum(), (x, y))
+        for a, b in zip(g_fused, g_ref, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # finite differences away from the coincident pair (the distance has a kink at 0)
+    y_apart = y[:-1].detach().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda a, b: lorentz_sampled_negative_logsumexp(a, b, valid[:, :-1], n_neg, 0.5), (x, y_apart))
+
+
+def test_valid_negatives_match_brute_force():
+    from cape.hyperbolic.embedding import _valid_negatives
+    from cape.hyperbolic.positives import khop_positives
+
+    adj = barabasi_albert_dag(40, 2, seed=3)
+    pairs = khop_positives(adj, 2)
+    positive = pairs.to_sparse().toarray() > 0
+    rows, cols = torch.as_tensor(pairs.rows), torch.as_tensor(pairs.cols)
+    slot = torch.full((40,), -1, dtype=torch.long)
+    gen = torch.Generator().manual_seed(0)
+    for k in (1, 7, 40):
+        sample = torch.randperm(40, generator=gen)[:k]
+        valid = _valid_negatives(sample, slot, torch.arange(k), rows, cols, 40)
+        expected = ~positive[:, sample.numpy()] & (sample.numpy()[None, :] != np.arange(40)[:, None])
+        np.testing.assert_array_equal(valid.numpy(), expected)
+        assert torch.all(slot == -1)  # scratch buffer restored
+
+
+@pytest.mark.parametrize("geometry", ["hyperbolic", "euclidean"])
+def test_sampling_every_node_reproduces_the_exact_loss(geometry):
+    # K ≥ M draws every node each epoch: the estimate is the exact negative sum, so the runs coincide.
+    adj = barabasi_albert_dag(30, 2, seed=5)
+    exact = embed_dag(adj, dim=4, epochs=60, negatives=None, geometry=geometry, show_progress=False)
+    sampled = embed_dag(adj, dim=4, epochs=60, negatives=64, geometry=geometry, show_progress=False)
+    np.testing.assert_allclose(sampled.losses, exact.losses, rtol=1e-9)
+    np.testing.assert_allclose(sampled.points, exact.points, rtol=1e-7, atol=1e-9)
+
+
+def test_temperature_divides_the_contrastive_distances():
+    # With λ_g = 0 and τ, the first loss equals the paper's contrastive loss of the distances / τ.
+    from cape.hyperbolic.geometry import LorentzGeometry
+    from cape.hyperbolic.loss import contrastive_terms, negative_logsumexp_exact
+    from cape.hyperbolic.poincare import lift_to_hyperboloid
+    from cape.hyperbolic.positives import khop_positives
+
+    adj = barabasi_albert_dag(12, 2, seed=0)
+    pairs = khop_positives(adj, 2)
+    rows, cols = torch.as_tensor(pairs.rows), torch.as_tensor(pairs.cols)
+    mask = torch.zeros(12, 12, dtype=torch.bool)
+    mask[rows, cols] = True
+    for tau in (1.0, 0.5):
+        result = embed_dag(adj, dim=3, epochs=1, lambda_g=0.0, temperature=tau, init_scale=0.5, seed=2,
+                           show_progress=False)
+        spatial = torch.randn(12, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 0.5
+        dist = LorentzGeometry.dist_matrix(lift_to_hyperboloid(spatial), lift_to_hyperboloid(spatial)) / tau
+        expected = contrastive_terms(dist[rows, cols], rows, torch.as_tensor(pairs.weights),
+                                     negative_logsumexp_exact(dist, mask.clone()), 12).mean()
+        assert result.losses[0] == pytest.approx(float(expected), rel=1e-10)
+        assert result.params["temperature"] == tau
+    for bad in (0.0, -1.0, float("nan"), "hot"):
+        with pytest.raises(CapeInputError, match="temperature"):
+            embed_dag(adj, epochs=1, temperature=bad, show_progress=False)
+
+
+def _map_above_oracle(seed: int) -> dict:
+    adj = barabasi_albert_dag(100, 2, seed=seed)
+    result = embed_dag(adj, dim=8, seed=seed, negatives=None, show_progress=False)
+    return embedding_fidelity(result.points, result.poincare, adj, result.generality, tie_draws=10)
+
+
+def test_ba_dag_map_beats_graph_distance_oracle_with_defaults():
+    # Issue 4 target on the seed with the smallest margin (seed 4: oracle ≈ 0.78); all seeds 0–4 in the slow test.
+    fid = _map_above_oracle(4)
+    assert fid["map"] >= fid["oracle_map"]
+    assert fid["spearman"] >= 0.6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_ba_dag_map_beats_graph_distance_oracle_every_seed(seed):
+    fid = _map_above_oracle(seed)
+    assert fid["map"] >= fid["oracle_map"]
+    assert fid["spearman"] >= 0.6
+
+
+def test_scaling_benchmark_writes_records_table_and_plot(tmp_path):
+    import json
+
+    from cape.bench.embedding import run_benchmark
+
+    records = run_benchmark(tmp_path, quick=True, sections=("scaling",))
+    saved = json.loads((tmp_path / "embedding_scaling.json").read_text())
+    assert len(saved) == len(records) > 0
+    parts = {r["part"] for r in saved}
+    assert {"time vs M", "exact vs sampled"} <= parts and len(parts) == 3
+    timed = {(r["loss"], r["n_genes"]) for r in saved if r["part"] == "time vs M"}
+    assert ("exact", 100) in timed and ("sampled K=64", 300) in timed
+    assert "exact vs sampled" in (tmp_path / "embedding_scaling.md").read_text()
+    assert (tmp_path / "embedding_scaling.png").stat().st_size > 0

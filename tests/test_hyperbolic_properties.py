@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from cape.bench.properties import (
+    angle_sigma,
     attention_score,
     bound_surface,
     euclidean_gap,
     expected_bias,
+    hoeffding_bound,
     noise_bias,
     pair_at,
     upper_bound,
@@ -104,6 +106,45 @@ def test_noise_bias_concentrates_and_centres_on_expected_value():
         stderr = float(xi100.std()) / math.sqrt(200)
         assert abs(float(xi100.mean()) - expected) < 5 * stderr
     assert expected_bias(q, k, e[0], e[1], 0.0) == 0.0
+
+
+@pytest.mark.parametrize("noise_on", ["embedding", "angle"])
+def test_noise_bias_limit_is_the_papers_expectation_not_zero(noise_on):
+    # Prop A.10 / Eq. A.101: ξ_N → E ξ_N = (exp(−s²) − 1)·A in probability, s = cσ (noise on e) or σ (on φ).
+    # The centred ξ_N − E ξ_N goes to 0; ξ_N itself goes to 0 only as σ → 0 (Eq. A.104).
+    q, k, gen = qk(13)
+    e = torch.randn(2, 64, generator=gen, dtype=torch.float64)
+    e = e / e.norm(dim=-1, keepdim=True) * 0.5
+    clean = float(attention_score(q, k, e[0], e[1]))
+    sigma = 0.3
+    s = angle_sigma(sigma, noise_on)
+    assert s == pytest.approx(math.pi / 4 * sigma if noise_on == "embedding" else sigma)
+    expected = expected_bias(q, k, e[0], e[1], sigma, noise_on)
+    assert expected == pytest.approx((math.exp(-(s**2)) - 1.0) * clean, rel=1e-12)
+    xi = noise_bias(q, k, e[0], e[1], sigma, 4000, 20, gen, noise_on)
+    stderr = float(xi.std()) / math.sqrt(20)
+    assert abs(float(xi.mean()) - expected) < 5 * stderr
+    assert abs(expected) > 10 * stderr  # the limit is measurably not 0 at σ = 0.3
+    # spread of the centred bias shrinks like 1/√N: 16× more pairs, 4× smaller spread
+    sd4 = float(noise_bias(q, k, e[0], e[1], sigma, 4, 400, gen, noise_on).std())
+    sd64 = float(noise_bias(q, k, e[0], e[1], sigma, 64, 400, gen, noise_on).std())
+    assert 3.0 < sd4 / sd64 < 5.3
+    # Eq. A.104: the relative centre vanishes as σ → 0
+    ratios = [abs(expected_bias(q, k, e[0], e[1], sig, noise_on) / clean) for sig in (0.3, 0.1, 0.01, 0.0)]
+    assert np.all(np.diff(ratios) < 0) and ratios[-1] == 0.0
+
+
+def test_hoeffding_bound_holds_for_the_centred_bias():
+    q, k, gen = qk(17)
+    e = torch.randn(2, 64, generator=gen, dtype=torch.float64) * 0.05
+    sigma, eps = 0.3, 1.0
+    for n in (1, 10, 100):
+        xi = noise_bias(q, k, e[0], e[1], sigma, n, 200, gen)
+        tail = float((torch.abs(xi - expected_bias(q, k, e[0], e[1], sigma)) >= eps).double().mean())
+        assert tail <= hoeffding_bound(q, k, eps, n)
+    assert hoeffding_bound(q, k, 1e4, 100) < 1e-3  # not vacuous for large ε
+    with pytest.raises(ValueError, match="noise_on"):
+        angle_sigma(0.1, "gene")
 
 
 def small_embedded(dim: int) -> ad.AnnData:

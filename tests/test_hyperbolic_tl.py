@@ -33,6 +33,7 @@ def test_hyperbolic_embedding_sets_fields():
     assert adata.var["cape_embedded"].all()
     info = adata.uns["cape"]["hyperbolic_embedding"]
     assert info["params"]["dim"] == 4 and info["seed"] == 0 and info["params"]["negatives"] == "none"
+    assert info["params"]["temperature"] == 0.5  # the default τ
     assert "geoopt" in info["versions"]
 
 
@@ -111,12 +112,13 @@ def test_cli_embed_and_encode_roundtrip(tmp_path, capsys):
     adata.write_h5ad(src)
     emb, enc = tmp_path / "embedded.h5ad", tmp_path / "encoded.h5ad"
     assert main(["--quiet", "--seed", "3", "embed", "-i", str(src), "-o", str(emb), "--dim", "4",
-                 "--epochs", "10", "--negatives", "8"]) == 0
+                 "--epochs", "10", "--negatives", "8", "--temperature", "1"]) == 0
     assert main(["--quiet", "encode", "-i", str(emb), "-o", str(enc)]) == 0
     out = ad.read_h5ad(enc)
     assert out.varm["cape_angles"].shape == (20, 4)
     assert out.uns["cape"]["hyperbolic_embedding"]["seed"] == 3
     assert out.uns["cape"]["hyperbolic_embedding"]["params"]["negatives"] == 8
+    assert out.uns["cape"]["hyperbolic_embedding"]["params"]["temperature"] == 1.0
     np.testing.assert_allclose(out.varm["cape_angles"], out.varm["cape_poincare"] * math.pi / 4)
 
 

@@ -12,12 +12,19 @@ gradient of d(p, p) is meaningless), Eq. 16 reads
 computed with log-sum-exp. The sampled form replaces the negative sum by (|N⁻(m)| / K') Σ over the K' valid
 draws among K uniform samples (a draw that hits m or a positive is discarded), an unbiased estimate of the
 sum inside the logarithm. (:func:`cape.hyperbolic.embed_dag` draws one set of K candidates per epoch,
-shared by all anchors, so the negative distances form an M×K matrix computed by one matrix product.)
+shared by all anchors, so the negative distances form an M×K matrix computed by one matrix product;
+:func:`lorentz_sampled_negative_logsumexp` fuses that product, the distance and the masked log-sum-exp into
+one autograd node for the hyperboloid, which keeps the M×K work to a few passes.)
+
+All functions take distances already divided by the temperature τ of :func:`cape.hyperbolic.embed_dag`
+(the paper's Eq. 16 is τ = 1).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .geometry import _ACOSH_FLOOR
 
 # A finite stand-in for log(0) = −inf: keeps log-sum-exp gradients finite for anchors without negatives.
 _LOG_ZERO = -1e30
@@ -76,6 +83,71 @@ def negative_logsumexp_sampled(neg_dist: torch.Tensor, valid: torch.Tensor,
         n_valid.to(neg_dist.dtype).clamp_min(1.0))
     usable = (n_valid > 0) & (n_negatives > 0)
     return torch.where(usable, lse + scale, _LOG_ZERO)
+
+
+class _LorentzSampledNegativeLSE(torch.autograd.Function):
+    """Forward: ``lse_m = log Σ_k valid_mk exp(−arcosh(−⟨x_m, y_k⟩_L) / τ) + log_scale_m``; backward by hand.
+
+    d lse_m / d u_mk = −softmax_mk / (τ √(u_mk² − 1)) with u = −⟨x, y⟩_L, and u = (x ⊙ s) yᵀ with
+    s = (1, −1, …, −1), so the gradients are two (M, K) × (K, d+1) products. Where u is clamped at its floor
+    (coincident points) the distance is treated as constant, as in :class:`LorentzGeometry`.
+    """
+
+    @staticmethod
+    def forward(ctx, x, y, valid, log_scale, temperature: float):
+        sign = torch.full((x.shape[-1],), -1.0, dtype=x.dtype, device=x.device)
+        sign[0] = 1.0
+        u = (x * sign) @ y.T
+        floor = u <= _ACOSH_FLOOR
+        u.clamp_(min=_ACOSH_FLOOR)
+        logits = torch.acosh(u).div_(-temperature).masked_fill_(~valid, float("-inf"))
+        lse = torch.logsumexp(logits, dim=1)
+        has = torch.isfinite(lse)
+        # softmax weights; rows without any valid sample get weight 0 everywhere
+        weights = logits.sub_(torch.where(has, lse, 0.0)[:, None]).exp_()
+        # d/du arcosh(u) = 1 / √(u² − 1); zero at the floor
+        inv = u.mul_(u).sub_(1.0).clamp_(min=1e-300).rsqrt_().masked_fill_(floor, 0.0)
+        ctx.save_for_backward(x, y, weights.mul_(inv), sign)
+        ctx.temperature = temperature
+        return torch.where(has, lse + log_scale, _LOG_ZERO)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y, coef, sign = ctx.saved_tensors
+        # d out_m / d u_mk = −coef_mk / τ (rows without samples have coef 0)
+        c = coef * (grad / -ctx.temperature)[:, None]
+        grad_x = (c @ y) * sign if ctx.needs_input_grad[0] else None
+        grad_y = (c.T @ x) * sign if ctx.needs_input_grad[1] else None
+        return grad_x, grad_y, None, None, None
+
+
+def lorentz_sampled_negative_logsumexp(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor,
+                                       n_negatives: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """:func:`negative_logsumexp_sampled` of the hyperboloid distances d(x_m, y_k) / τ, fused.
+
+    Parameters
+    ----------
+    x
+        (M, d+1) anchors on the hyperboloid.
+    y
+        (K, d+1) sampled nodes.
+    valid
+        (M, K) bool: the sample is a true negative of the anchor.
+    n_negatives
+        (M,) |N⁻(m)|.
+    temperature
+        τ > 0; distances are divided by it.
+
+    Returns
+    -------
+    torch.Tensor
+        (M,), equal to ``negative_logsumexp_sampled(LorentzGeometry.dist_matrix(x, y) / τ, valid, n_negatives)``
+        (``_LOG_ZERO`` for anchors without a valid sample or without negatives).
+    """
+    n_valid = valid.sum(dim=1)
+    log_scale = torch.log(n_negatives.to(x.dtype).clamp_min(1.0)) - torch.log(n_valid.to(x.dtype).clamp_min(1.0))
+    return _LorentzSampledNegativeLSE.apply(x, y, valid & (n_negatives > 0)[:, None], log_scale,
+                                            float(temperature))
 
 
 def generality_regulariser(dist_to_origin: torch.Tensor, generality: torch.Tensor) -> torch.Tensor:

@@ -73,7 +73,8 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
                          optimizer: Literal["rsgd", "radam"] = "rsgd",
                          geometry: Literal["hyperbolic", "euclidean"] = "hyperbolic", *,
                          lr: float | None = None, negatives: int | Literal["auto"] | None = "auto",
-                         max_radius: float = 7.0, device: str | None = "auto", seed: int | None = 0,
+                         max_radius: float = 7.0, temperature: float | None = None,
+                         device: str | None = "auto", seed: int | None = 0,
                          adjacency=None, dag_key: str = DAG_KEY, copy: bool = False) -> ad.AnnData | None:
     """Embed the gene DAG in hyperbolic space (CAPE Step II, Sec. 3.4).
 
@@ -104,6 +105,9 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
         ``None`` exact loss, an int K of sampled negatives per gene, or ``"auto"`` (exact up to 1,500 genes).
     max_radius
         Largest hyperbolic distance from the origin.
+    temperature
+        τ > 0 dividing the distances of the contrastive term (``None``: 0.5, see
+        :data:`cape.hyperbolic.embedding.DEFAULT_TEMPERATURE`; 1 is the paper's Eq. 16).
     device
         ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
     seed
@@ -133,7 +137,8 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
     seed = resolve_seed(seed)
     result = embed_dag(matrix, dim=dim, k_hop=k_hop, lambda_g=lambda_g, restart=restart, epochs=epochs,
                        lr=lr, optimizer=optimizer, geometry=geometry, negatives=negatives,
-                       max_radius=max_radius, device=device, seed=seed, names=list(adata.var_names))
+                       max_radius=max_radius, device=device, seed=seed, names=list(adata.var_names),
+                       **({} if temperature is None else {"temperature": temperature}))
     generality = result.generality
     if used is not None:
         # π of genes outside the causal graph is not a generality; renormalise over the genes that took part.

@@ -23,7 +23,8 @@ rule embed:
         " --dim {params.opts[dim]} --k-hop {params.opts[k_hop]} --lambda-g {params.opts[lambda_g]}"
         " --restart {params.opts[restart]} --epochs {params.opts[epochs]}"
         " --optimizer {params.opts[optimizer]} --geometry {params.opts[geometry]}"
-        " --negatives {params.opts[negatives]} --max-radius {params.opts[max_radius]} {params.lr}"
+        " --negatives {params.opts[negatives]} --max-radius {params.opts[max_radius]}"
+        " --temperature {params.opts[temperature]} {params.lr}"
         " > {log:q} 2>&1"
 
 
