@@ -38,7 +38,7 @@ def _record(adata: ad.AnnData, step: str, entry: dict) -> None:
 
 
 def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", encoding: str = "cape",
-             model=None, fine_tune_fraction: float = 0.3, pretrain_epochs: int = 5, epochs: int = 10,
+             model=None, fine_tune_fraction: float = 0.3, pretrain_epochs: int = 0, epochs: int = 100,
              seed: int | None = None, key_added: str = "cape_prediction", model_kwargs: dict[str, Any] | None = None,
              train_kwargs: dict[str, Any] | None = None, device: str | None = "auto", copy: bool = False):
     """Cell-type annotation (CAPE Supp. F.1.1): fine-tune a transformer on a stratified ``fine_tune_fraction`` of
@@ -52,15 +52,18 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
     label_key
         obs column with the cell types; classes with fewer than 2 cells are excluded with a warning.
     architecture, encoding, model_kwargs
-        Passed to :class:`cape.models.CellTransformer` when ``model`` is None.
+        Passed to :class:`cape.models.CellTransformer` when ``model`` is None (default ``dropout=0``, the
+        recipe of ``cape train``).
     model
         A (pretrained) :class:`~cape.models.CellTransformer` to fine-tune instead of building one.
     fine_tune_fraction
         Share of the labelled cells used for fine-tuning (paper 0.3); the others are test cells.
     pretrain_epochs
-        Masked-value pretraining epochs on every cell (no labels) before fine-tuning; 0 skips.
+        Masked-value pretraining epochs on every cell (no labels) before fine-tuning; 0 (default) skips: it lowered
+        validation accuracy on pbmc68k_reduced.
     epochs, train_kwargs
-        Fine-tuning epochs and further :meth:`~cape.models.CellTransformer.fit` keywords.
+        Most fine-tuning epochs (early stopping on a validation part of the fine-tune cells) and further
+        :meth:`~cape.models.CellTransformer.fit` keywords.
     seed
         Seeds the split and the model (default ``cape.settings.seed``).
     key_added
@@ -86,7 +89,8 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
     role[rows[split.fine_tune]] = "fine_tune"
     role[rows[split.test]] = "test"
     if model is None:
-        model = CellTransformer(adata, architecture, encoding, seed=seed, device=device, **(model_kwargs or {}))
+        model = CellTransformer(adata, architecture, encoding, seed=seed, device=device,
+                                **({"dropout": 0.0} | dict(model_kwargs or {})))
         if pretrain_epochs > 0:
             model.pretrain(adata, epochs=pretrain_epochs)
     fine_tune = adata[role == "fine_tune"].copy()
