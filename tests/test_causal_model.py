@@ -31,7 +31,10 @@ def test_dense_adjacency_has_zero_diagonal_and_low_rank_is_uv() -> None:
         dense.weight.fill_(0.3)
     assert torch.all(dense.adjacency().diagonal() == 0)
     low = VariationalNotears(6, rank=2)
-    torch.testing.assert_close(low.adjacency(), low.U @ low.V.T)
+    full = low.U @ low.V.T
+    torch.testing.assert_close(low.adjacency(), full - torch.diag(full.diagonal()))
+    torch.testing.assert_close(low.self_loops(), full.diagonal())
+    assert torch.all(low.adjacency().diagonal() == 0)
     with pytest.raises(ValueError):
         VariationalNotears(4, rank=4)
 
@@ -126,3 +129,138 @@ def test_batches_never_hold_a_single_cell() -> None:
     # 33 cells with batch size 32 would leave a last batch of one cell.
     fit = fit_variational_notears(_data(33, 3, 2), rank=None, epochs=1, batch_size=32, device="cpu")
     assert np.all(np.isfinite(fit.adjacency))
+
+
+# --- the low-rank SEM masks its diagonal (A = UVᵀ − diag(UVᵀ)) ---------------------------------------------
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), m=st.integers(3, 9), rank=st.integers(1, 2), scale=st.floats(0.05, 0.6))
+def test_masked_woodbury_equals_dense_solve(seed: int, m: int, rank: int, scale: float) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    model = VariationalNotears(m, rank=rank, seed=seed).double()
+    with torch.no_grad():
+        model.U.copy_(torch.randn(m, rank, generator=gen, dtype=torch.float64) * scale)
+        model.V.copy_(torch.randn(m, rank, generator=gen, dtype=torch.float64) * scale)
+    full = model.U.detach() @ model.V.detach().T
+    masked = full - torch.diag(full.diagonal())
+    eye = torch.eye(m, dtype=torch.float64)
+    z = torch.randn(4, m, generator=gen, dtype=torch.float64)
+    # Woodbury with the diagonal base B = I + diag(UVᵀ) against a dense solve with the masked A.
+    expected = torch.linalg.solve((eye - masked).T, z.T).T
+    torch.testing.assert_close(model.propagate(z), expected, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(model.adjacency().detach(), masked, rtol=0, atol=0)
+    # The encoder uses the same masked A: μ = f(X)(I − A).
+    model.eval()
+    x = torch.randn(6, m, generator=gen, dtype=torch.float64)
+    fx = model.feature_norm(model.encoder_mlp(x)) * model.feature_scale
+    torch.testing.assert_close(model.encode(x), fx @ (eye - masked), rtol=1e-9, atol=1e-10)
+
+
+def test_sem_does_not_see_the_low_rank_diagonal() -> None:
+    # UVᵀ = 0.25·e₀e₀ᵀ is a pure self-loop: the masked A is 0, so the SEM (−ELBO, its U/V gradients from the
+    # data term) is exactly that of A = 0, while the acyclicity penalty, which counts the self-loop, is > 0.
+    model = VariationalNotears(6, rank=2, seed=3).double().eval()
+    x = torch.randn(16, 6, dtype=torch.float64)
+    with torch.no_grad():
+        model.U.zero_()
+        model.V.zero_()
+    reference = model(x)["nelbo"].detach()
+    with torch.no_grad():
+        model.U[0, 0] = model.V[0, 0] = 0.5
+    assert torch.all(model.adjacency() == 0)
+    torch.testing.assert_close(model(x)["nelbo"], reference, rtol=1e-12, atol=1e-12)
+    assert float(model.acyclicity().detach()) > 0.06
+
+
+def test_l1_is_the_norm_of_the_masked_adjacency() -> None:
+    model = VariationalNotears(5, rank=2, seed=0)
+    torch.testing.assert_close(model.l1(), model.adjacency().abs().sum())
+    dense = VariationalNotears(5, rank=None, seed=0)
+    with torch.no_grad():
+        dense.weight.fill_(-0.5)
+    torch.testing.assert_close(dense.l1(), torch.tensor(0.5 * 20))
+
+
+def test_feature_scale_sets_the_per_gene_scale_of_f() -> None:
+    model = VariationalNotears(3, rank=None, seed=0, feature_norm="data")
+    model.set_feature_scale(torch.tensor([1.0, 2.0, 5.0]))
+    fx = model.feature_norm(model.encoder_mlp(torch.randn(500, 3))) * model.feature_scale
+    torch.testing.assert_close(fx.std(0, unbiased=False), torch.tensor([1.0, 2.0, 5.0]), rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError):
+        VariationalNotears(3, feature_norm="bogus")
+
+
+def test_raw_scale_fit_keeps_the_genes_relative_scales() -> None:
+    X = _data(64, 3, 4) * np.array([1.0, 3.0, 0.5], dtype=np.float32)
+    captured = {}
+    import cape.causal.trainer as trainer
+
+    class Spy(VariationalNotears):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            captured["model"] = self
+
+    original = trainer.VariationalNotears
+    trainer.VariationalNotears = Spy
+    try:
+        fit_variational_notears(X, rank=None, epochs=1, batch_size=32, device="cpu", standardize="none",
+                                feature_norm="data")
+    finally:
+        trainer.VariationalNotears = original
+    np.testing.assert_allclose(captured["model"].feature_scale.numpy(), X.std(0), rtol=1e-4)
+
+
+def test_dual_steps_wait_for_enough_adam_steps() -> None:
+    X = _data(64, 3, 0)  # 4 steps per epoch at batch 16
+    kw = {"rank": None, "epochs": 12, "batch_size": 16, "device": "cpu", "min_epochs": 100, "dual_every": 5}
+    patient = fit_variational_notears(X, dual_steps=40, **kw)  # dual steps after epochs 10 only
+    eager = fit_variational_notears(X, dual_steps=1, **kw)  # after epochs 5 and 10
+    assert patient.history["alpha"][:10] == [0.0] * 9 + [patient.history["alpha"][9]]
+    assert patient.history["alpha"][8] == 0.0 and patient.history["alpha"][9] > 0
+    assert eager.history["alpha"][4] > 0 and eager.history["alpha"][3] == 0.0
+
+
+# --- compiled per-gene MLPs ------------------------------------------------------------------------------------
+def test_fused_mlp_expression_equals_the_chunked_module() -> None:
+    from cape.causal.model import ElementwiseMLP, _elementwise_mlp
+
+    mlp = ElementwiseMLP(11, 8, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        mlp.w2.normal_()
+        mlp.b2.normal_()
+    x = torch.randn(7, 11)
+    torch.testing.assert_close(_elementwise_mlp(x, mlp.w1, mlp.b1, mlp.w2, mlp.b2), mlp(x), rtol=1e-5, atol=1e-5)
+
+
+def test_compile_failure_falls_back_to_eager(monkeypatch, caplog) -> None:
+    import cape.causal.model as model_module
+    from cape.causal.trainer import _enable_compiled_mlps
+
+    def broken():
+        def fail(*args):
+            raise RuntimeError("no compiler here")
+        return fail
+
+    monkeypatch.setattr(model_module, "compiled_elementwise_mlp", broken)
+    model = VariationalNotears(4, rank=None, seed=0)
+    with caplog.at_level("WARNING", logger="cape"):
+        assert not _enable_compiled_mlps(model, torch.randn(8, 4))
+    assert "no compiler here" in caplog.text
+    assert not model.encoder_mlp.compiled and not model.decoder_mlp.compiled
+    fit = fit_variational_notears(_data(32, 4, 0), rank=None, epochs=1, batch_size=16, device="cpu",
+                                  compile_mlp=True)
+    assert not fit.compiled_mlp and np.all(np.isfinite(fit.adjacency))
+
+
+@pytest.mark.slow
+def test_compiled_mlp_matches_eager_values_and_gradients() -> None:
+    from cape.causal import ElementwiseMLP
+
+    mlp = ElementwiseMLP(9, 8, torch.Generator().manual_seed(2))
+    x = torch.randn(6, 9, requires_grad=True)
+    eager = mlp(x)
+    grads = torch.autograd.grad(eager.square().sum(), [x, *mlp.parameters()])
+    mlp.compiled = True
+    compiled = mlp(x)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(compiled.square().sum(), [x, *mlp.parameters()]), grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

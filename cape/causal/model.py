@@ -16,9 +16,13 @@ single-sample ELBO); on our development data that variant recovered fewer edges 
 
 f and g are element-wise 1–64–1 MLPs, one per gene (each gene's scalar goes through its own small
 network), with a skip connection so both start near the identity. A is either dense (diagonal masked) or
-low rank, A = UVᵀ; then the encoder costs O(B·M·r) and the decoder uses Woodbury,
-(I − UVᵀ)⁻¹ = I + U(I_r − VᵀU)⁻¹Vᵀ, so no M×M matrix is formed per cell. A low-rank A cannot mask its
-diagonal; the acyclicity penalty drives it to zero (h counts self-loops) and post-processing drops it.
+low rank. Low rank means A = UVᵀ − D with D = diag(UVᵀ) (the self-loops masked out, as in the dense case:
+otherwise the data term pulls A_ii towards 1 against the acyclicity penalty, which counts self-loops,
+and h cannot fall). D costs O(M·r) (d_i = Σ_a U_ia·V_ia), so the
+encoder costs O(B·M·r), and the decoder uses Woodbury with the diagonal base B = I + D,
+(B − UVᵀ)⁻¹ = B⁻¹ + B⁻¹U(I_r − VᵀB⁻¹U)⁻¹VᵀB⁻¹, so no M×M matrix is formed per cell. The acyclicity
+penalty stays the exact low-rank h(UVᵀ) ≥ h(UVᵀ − D): zero only when the masked A is a DAG and the now
+unopposed diagonal is zero.
 """
 
 from __future__ import annotations
@@ -33,8 +37,39 @@ from .acyclicity import acyclicity
 __all__ = ["ElementwiseMLP", "VariationalNotears"]
 
 
+def _elementwise_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+                     b2: torch.Tensor) -> torch.Tensor:
+    """y_bj = x_bj + Σ_h w2_jh·silu(w1_jh·x_bj + b1_jh) + b2_j in one expression (what torch.compile fuses).
+
+    The activation is laid out genes × hidden × batch so that the backward pass's three reductions over
+    the batch (the weight gradients) run along contiguous memory (measured ~15 % faster than batch first).
+    """
+    hidden = torch.nn.functional.silu(torch.addcmul(b1.unsqueeze(-1), x.T.unsqueeze(1), w1.unsqueeze(-1)))
+    return x + (hidden * w2.unsqueeze(-1)).sum(1).T + b2
+
+
+_compiled_mlp = None
+
+
+def compiled_elementwise_mlp():
+    """:func:`_elementwise_mlp` through ``torch.compile`` (built once per process, on first use)."""
+    global _compiled_mlp
+    if _compiled_mlp is None:
+        _compiled_mlp = torch.compile(_elementwise_mlp)
+    return _compiled_mlp
+
+
 class ElementwiseMLP(nn.Module):
-    """M independent 1–H–1 MLPs with a skip connection: y_j = x_j + Σ_h w2_jh·silu(w1_jh·x_j + b1_jh) + b2_j."""
+    """M independent 1–H–1 MLPs with a skip connection: y_j = x_j + Σ_h w2_jh·silu(w1_jh·x_j + b1_jh) + b2_j.
+
+    ``compiled = True`` evaluates it with :func:`compiled_elementwise_mlp`: the forward and backward passes
+    over the (batch, genes, hidden) activation become a few fused loops instead of about a dozen eager
+    kernels (forward + backward measured 2.6× faster at 128 × 1,000 × 64 on one CPU thread), the same
+    function.
+    """
+
+    #: Evaluate with :func:`compiled_elementwise_mlp` (set by the trainer, see ``compile_mlp`` there).
+    compiled: bool = False
 
     def __init__(self, n_genes: int, hidden: int = 64, generator: torch.Generator | None = None) -> None:
         super().__init__()
@@ -49,6 +84,8 @@ class ElementwiseMLP(nn.Module):
     chunk_elements = 1 << 18
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compiled:
+            return compiled_elementwise_mlp()(x, self.w1, self.b1, self.w2, self.b2)
         n_genes, hidden = self.w1.shape
         step = max(1, self.chunk_elements // max(1, x.shape[0] * hidden))
         if x.device.type != "cpu" or step >= n_genes:
@@ -104,7 +141,8 @@ class VariationalNotears(nn.Module):
     feature_norm
         ``"gene"`` (default): per-gene batch normalisation (unit variance per gene); ``"global"``: centre
         f(X) per gene and divide by one shared scale (keeps relative scales; fewer edges recovered on our
-        development seeds).
+        development seeds); ``"data"``: per-gene normalisation times :attr:`feature_scale` (the trainer
+        sets it to each gene's standard deviation in the standardised input).
     """
 
     def __init__(self, n_genes: int, rank: int | None = None, hidden: int = 64, seed: int = 0,
@@ -119,10 +157,13 @@ class VariationalNotears(nn.Module):
         self.rank = rank
         self.encoder_mlp = ElementwiseMLP(n_genes, hidden, gen)
         self.decoder_mlp = ElementwiseMLP(n_genes, hidden, gen)
-        if feature_norm not in {"global", "gene"}:
-            raise ValueError(f"feature_norm must be 'global' or 'gene', got {feature_norm!r}")
+        if feature_norm not in {"global", "gene", "data"}:
+            raise ValueError(f"feature_norm must be 'global', 'gene' or 'data', got {feature_norm!r}")
         self.feature_norm = (GlobalScaleNorm(n_genes) if feature_norm == "global"
                              else nn.BatchNorm1d(n_genes, affine=False))
+        # "data": per-gene normalisation times the gene's scale in the (standardised) input, set with
+        # set_feature_scale; f then keeps the input's relative scales but cannot shrink a gene away.
+        self.register_buffer("feature_scale", torch.ones(n_genes))
         self.sample_latent = bool(sample_latent)
         # log σ² of q(Z|X): learnt when sampling, else fixed at 0 (σ = 1).
         logvar = torch.full((n_genes,), -2.0 if sample_latent else 0.0)
@@ -140,6 +181,10 @@ class VariationalNotears(nn.Module):
             self.U = nn.Parameter(torch.randn(n_genes, rank, generator=gen) * scale)
             self.V = nn.Parameter(torch.randn(n_genes, rank, generator=gen) * scale)
 
+    def set_feature_scale(self, scale: torch.Tensor) -> None:
+        """Per-gene scale of f(X) after normalisation (``feature_norm="data"``: the input's gene scales)."""
+        self.feature_scale.copy_(torch.as_tensor(scale, dtype=self.feature_scale.dtype))
+
     # --- the graph -------------------------------------------------------------------------------------
     def adjacency_parameters(self) -> list[nn.Parameter]:
         """The parameters that define A (the acyclicity penalty only acts on these)."""
@@ -149,7 +194,12 @@ class VariationalNotears(nn.Module):
         """The dense M×M weighted adjacency A (A[i, j]: effect of gene i on gene j)."""
         if self.rank is None:
             return self.weight * self.off_diagonal
-        return self.U @ self.V.T
+        full = self.U @ self.V.T
+        return full - torch.diag(full.diagonal())  # exactly zero diagonal
+
+    def self_loops(self) -> torch.Tensor:
+        """diag(UVᵀ) in O(M·r) (low rank only): the self-loops masked out of the SEM."""
+        return (self.U * self.V).sum(1)
 
     def acyclicity(self) -> torch.Tensor:
         """h(A) (float64 scalar), through the k×k identity when that is cheaper."""
@@ -158,27 +208,27 @@ class VariationalNotears(nn.Module):
         return acyclicity(U=self.U, V=self.V)
 
     def l1(self) -> torch.Tensor:
-        """‖A‖₁ (off-diagonal entries)."""
-        A = self.adjacency()
-        return A.abs().sum() - A.diagonal().abs().sum()
+        """‖A‖₁ (A has a zero diagonal)."""
+        return self.adjacency().abs().sum()
 
     # --- the SEM ---------------------------------------------------------------------------------------
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """μ_Z = f(X)(I − A)."""
-        fx = self.feature_norm(self.encoder_mlp(x))
+        """μ_Z = f(X)(I − A) (low rank: f(X) − (f(X)U)Vᵀ + f(X)·diag(UVᵀ))."""
+        fx = self.feature_norm(self.encoder_mlp(x)) * self.feature_scale
         if self.rank is None:
             return fx - fx @ self.adjacency()
-        return fx - (fx @ self.U) @ self.V.T
+        return fx * (1.0 + self.self_loops()) - (fx @ self.U) @ self.V.T
 
     def propagate(self, z: torch.Tensor) -> torch.Tensor:
-        """Z(I − A)⁻¹ (Woodbury for low rank: Z + (ZU)(I_r − VᵀU)⁻¹Vᵀ)."""
+        """Z(I − A)⁻¹ (low rank, B = I + D: ZB⁻¹ + (ZB⁻¹U)(I_r − VᵀB⁻¹U)⁻¹VᵀB⁻¹)."""
         if self.rank is None:
             eye = torch.eye(self.n_genes, dtype=z.dtype, device=z.device)
             return torch.linalg.solve((eye - self.adjacency()).T, z.T).T
+        inv_base = 1.0 / (1.0 + self.self_loops())  # B⁻¹ (diagonal)
         eye_r = torch.eye(self.rank, dtype=z.dtype, device=z.device)
-        core = eye_r - self.V.T @ self.U  # r×r
-        zu = z @ self.U  # B×r
-        return z + torch.linalg.solve(core.T, zu.T).T @ self.V.T
+        core = eye_r - self.V.T @ (inv_base[:, None] * self.U)  # r×r
+        zb = z * inv_base  # ZB⁻¹
+        return zb + torch.linalg.solve(core.T, (zb @ self.U).T).T @ (self.V.T * inv_base)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """X̂ = g(Z(I − A)⁻¹)."""

@@ -206,6 +206,7 @@ def causal_graph(
         "epochs_run": int(fit.epochs_run),
         "converged": bool(fit.converged),
         "h_every": int(fit.h_every),
+        "compiled_mlp": bool(fit.compiled_mlp),
         "history": {k: np.asarray(v, dtype=np.float64) for k, v in fit.history.items()},
         "fit_seconds": float(fit.wall_time),
         "wall_time": float(time.perf_counter() - start),
