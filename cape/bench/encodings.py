@@ -131,7 +131,7 @@ class BenchSettings:
     def for_mode(cls, quick: bool, **overrides) -> BenchSettings:
         # embed_dim = head_dim / 2, so that encodings sharing one set of rotary planes across heads (tape) fit
         base = cls(n_genes=200, d_model=32, n_layers=2, n_heads=2, max_len=64, pretrain_epochs=3,
-                   fine_tune_epochs=40, fine_tune_patience=10, patience=5, causal_epochs=30, embed_dim=8,
+                   fine_tune_epochs=40, fine_tune_patience=10, patience=5, causal_epochs=100, embed_dim=8,
                    embed_epochs=300, predictor_epochs=150) if quick else cls(pretrain_epochs=10)
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
