@@ -15,7 +15,7 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 import pytest
-import torch
+from _models_data import one_thread  # noqa: F401  (fixture)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,12 +29,7 @@ TINY = be.BenchSettings(n_genes=24, d_model=8, n_layers=1, n_heads=2, max_len=16
                         embed_epochs=10, corr_neighbors=3, predictor_epochs=3)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # shared fixture from _models_data
 
 
 @pytest.fixture(scope="module")

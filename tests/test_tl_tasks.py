@@ -6,7 +6,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
-import torch
+from _models_data import one_thread  # noqa: F401  (fixture)
 
 import cape
 from cape import CapeInputError
@@ -14,13 +14,7 @@ from cape.bench.clustering import clustering_metrics
 from cape.bench.perturbation import pca_gene_embeddings
 from cape.data.perturbation import simulate_perturbation
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # shared fixture from _models_data
 
 
 @pytest.fixture
