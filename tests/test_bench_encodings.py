@@ -277,11 +277,12 @@ def test_benchmark_configs_dry_run(tmp_path):
     for item in ("Snakefile", "workflows", "configs"):
         src = REPO / item
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / item)
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile",
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "4", "--configfile",
                            "configs/benchmarks/ablation_perturbation_simulated.yaml"], cwd=tmp_path,
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "bench_encodings" in proc.stdout
+    assert "--threads 1 --jobs 2" in proc.stdout  # the schema's defaults: two models at once, one thread each
     assert "results/bench/ablation_perturbation_simulated.json" in proc.stdout
     assert "preprocess" not in proc.stdout  # a benchmark config runs the table, not the default pipeline
 
@@ -330,3 +331,19 @@ def test_identical_models_run_once(labelled, monkeypatch):
     by = {(r["encoding"], r["metric"]): r["value"] for r in models}
     assert all(by[("none", m)] == by[("cape_null", m)] for m in ("ARI", "NMI", "ASW"))
     assert {r.get("same_run_as") for r in models if r["encoding"] == "cape_null"} == {"none"}
+
+
+def test_worker_processes_give_the_same_records(labelled):
+    kw = dict(label_key="cell_type", settings=TINY, seeds=[0, 1], backbones=["scgpt"],
+              encoding_names=["cape", "none", "cape_null"], out=None)
+    serial = be.run_encodings_benchmark(labelled, "clustering", **kw).records
+    pooled = be.run_encodings_benchmark(labelled, "clustering", jobs=2, **kw).records
+
+    def values(recs):
+        return [(r["encoding"], r["seed"], r["metric"], r["value"], r.get("same_run_as"))
+                for r in recs if r["kind"] in ("model", "baseline")]
+
+    assert values(pooled) == values(serial)
+    assert any(r.get("same_run_as") == "none" for r in pooled)  # cape_null is the `none` model, run once
+    with pytest.raises(CapeInputError, match="jobs must be at least 1"):
+        be.run_encodings_benchmark(labelled, "clustering", jobs=0, **kw)

@@ -377,12 +377,14 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
                             backbones: Sequence[str] = BACKBONES, seeds: Sequence[int] = (0, 1, 2),
                             quick: bool = False, settings: BenchSettings | None = None,
                             out: str | Path | None = "results/bench", name: str | None = None,
-                            positions_seed: int = 0, threads: int | None = 1, device: str | None = None
-                            ) -> BenchmarkResult:
+                            positions_seed: int = 0, threads: int | None = 1, device: str | None = None,
+                            jobs: int = 1) -> BenchmarkResult:
     """Run every variant × backbone × seed on ``task`` and write ``<out>/<name>.{json,md,png}``.
 
     ``name`` defaults to ``<task>_<dataset>``; ``out=None`` writes nothing. ``threads`` sets torch's intra-op
     threads for the run (``None`` leaves it). ``positions_seed`` seeds Steps I–III, shared by every seed.
+    ``jobs`` > 1 trains that many models at once in worker processes (each with ``threads`` threads; Steps I–III
+    and the baselines still run once, here); every model is seeded, so the records do not depend on ``jobs``.
     """
     import torch
 
@@ -395,6 +397,8 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
         raise CapeInputError(f"unknown backbone(s) {', '.join(bad) or '(none)'}; choose from {', '.join(BACKBONES)}")
     if not seeds:
         raise CapeInputError("at least one seed is needed")
+    if jobs < 1:
+        raise CapeInputError(f"jobs must be at least 1, got {jobs}")
     rows = variants(encoding_names)
     settings = settings or BenchSettings.for_mode(quick)
     start_all, cpu_start = time.perf_counter(), time.process_time()
@@ -424,48 +428,47 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
                      "seed": positions_seed, **t} for t in timings]
         records += _baselines(task, data, labels, ptask, seeds, dataset)
         splits = {s: annotation_split(labels, seed=s) for s in seeds} if task == "annotation" else {}
-        done: dict[tuple, tuple[str, dict[str, float], float]] = {}  # same model → run once (cape_null = none)
+        # Plan every (backbone, variant, seed); a model identical to an earlier one (cape_null = none) runs once.
+        plan: list[tuple[str, Variant, int | None, tuple | None, str | None]] = []
+        unique: dict[tuple, tuple[str, Variant, int]] = {}
         for backbone in backbones:
             for variant in rows:
                 reason = skip_reason(backbone, variant)
                 if reason:
-                    logger.info("skipping %s on %s: %s", variant.name, backbone, reason)
-                    records.append({**base, "kind": "skipped", "backbone": backbone, "encoding": variant.name,
-                                    "seed": None, "metric": "skipped", "value": None, "reason": reason})
+                    plan.append((backbone, variant, None, None, reason))
                     continue
-                pos_data = sets[variant.positions]
                 for seed in seeds:
                     key = (backbone, variant.encoding, variant.positions, seed)
-                    if key in done:
-                        first, values, seconds = done[key]
-                        records += [{**base, "kind": "model", "backbone": backbone, "encoding": variant.name,
-                                     "seed": seed, "metric": m, "value": v, "registry_encoding": variant.encoding,
-                                     "position_set": variant.positions, "seconds": seconds, "same_run_as": first}
-                                    for m, v in values.items()]
-                        continue
-                    t0 = time.perf_counter()
-                    try:
-                        model = build_model(pos_data, backbone, variant, settings, seed, device)
-                    except CapeInputError as err:  # e.g. positions wider than the heads' rotary planes
-                        logger.warning("%s on %s not run: %s", variant.name, backbone, err)
-                        records.append({**base, "kind": "skipped", "backbone": backbone, "encoding": variant.name,
-                                        "seed": None, "metric": "skipped", "value": None, "reason": str(err)})
-                        break
-                    if task == "perturbation":
-                        values = perturbation_run(model, ptask, pos_data, settings, seed)
-                    else:
-                        if task == "annotation":
-                            values = annotation_run(model, pos_data, labels, splits[seed], settings)
-                        else:
-                            values = clustering_run(model, pos_data, labels, settings, seed)
-                    seconds = time.perf_counter() - t0
-                    done[key] = (variant.name, values, seconds)
-                    logger.info("%s %s/%s seed %d: %s (%.1f s)", task, backbone, variant.name, seed,
-                                ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds)
-                    records += [{**base, "kind": "model", "backbone": backbone, "encoding": variant.name,
-                                 "seed": seed, "metric": m, "value": v, "registry_encoding": variant.encoding,
-                                 "position_set": variant.positions, "seconds": seconds}
-                                for m, v in values.items()]
+                    unique.setdefault(key, (backbone, variant, seed))
+                    plan.append((backbone, variant, seed, key, None))
+        context = _RunContext(task, sets, labels, splits, ptask, settings, device, threads)
+        outcomes = _run_models(context, unique, jobs)
+        first_of: dict[tuple, str] = {}
+        failed: set[tuple[str, str]] = set()
+        for backbone, variant, seed, key, reason in plan:
+            if reason is not None:
+                logger.info("skipping %s on %s: %s", variant.name, backbone, reason)
+                records.append({**base, "kind": "skipped", "backbone": backbone, "encoding": variant.name,
+                                "seed": None, "metric": "skipped", "value": None, "reason": reason})
+                continue
+            if (backbone, variant.name) in failed:
+                continue
+            values, seconds, error = outcomes[key]
+            if error is not None:  # e.g. positions wider than the heads' rotary planes: the same for every seed
+                logger.warning("%s on %s not run: %s", variant.name, backbone, error)
+                records.append({**base, "kind": "skipped", "backbone": backbone, "encoding": variant.name,
+                                "seed": None, "metric": "skipped", "value": None, "reason": error})
+                failed.add((backbone, variant.name))
+                continue
+            extra = {"same_run_as": first_of[key]} if key in first_of else {}
+            if not extra:
+                first_of[key] = variant.name
+                logger.info("%s %s/%s seed %d: %s (%.1f s)", task, backbone, variant.name, seed,
+                            ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds)
+            records += [{**base, "kind": "model", "backbone": backbone, "encoding": variant.name,
+                         "seed": seed, "metric": m, "value": v, "registry_encoding": variant.encoding,
+                         "position_set": variant.positions, "seconds": seconds, **extra}
+                        for m, v in values.items()]
     finally:
         torch.set_num_threads(previous)
     seconds = time.perf_counter() - start_all
@@ -482,6 +485,78 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
                         "png": stem.with_suffix(".png")}
         plot_results(records, task, dataset, result.paths["png"])
     return result
+
+
+@dataclass
+class _RunContext:
+    """What every model run of one benchmark shares (sent once to each worker process)."""
+
+    task: str
+    sets: dict
+    labels: pd.Series | None
+    splits: dict
+    ptask: PerturbationTask | None
+    settings: BenchSettings
+    device: str | None
+    threads: int | None
+
+
+def _model_outcome(context: _RunContext, backbone: str, variant: Variant, seed: int
+                   ) -> tuple[dict[str, float] | None, float, str | None]:
+    """Train and score one model: (metric values, seconds, None), or (None, 0, reason) if it cannot be built."""
+    t0 = time.perf_counter()
+    pos_data = context.sets[variant.positions]
+    try:
+        model = build_model(pos_data, backbone, variant, context.settings, seed, context.device)
+    except CapeInputError as err:
+        return None, 0.0, str(err)
+    if context.task == "perturbation":
+        values = perturbation_run(model, context.ptask, pos_data, context.settings, seed)
+    elif context.task == "annotation":
+        values = annotation_run(model, pos_data, context.labels, context.splits[seed], context.settings)
+    else:
+        values = clustering_run(model, pos_data, context.labels, context.settings, seed)
+    return values, time.perf_counter() - t0, None
+
+
+_WORKER_CONTEXT: _RunContext | None = None
+
+
+def _worker_init(context: _RunContext) -> None:
+    import torch
+
+    from .._settings import settings as cape_settings
+
+    global _WORKER_CONTEXT
+    _WORKER_CONTEXT = context
+    if context.threads:
+        torch.set_num_threads(context.threads)
+    # The parent logs each result and shows one bar over the models; per-epoch bars of parallel runs would interleave.
+    logging.getLogger("cape").setLevel(logging.WARNING)
+    cape_settings.progress = False
+
+
+def _worker_run(job: tuple[str, Variant, int]):
+    assert _WORKER_CONTEXT is not None
+    return _model_outcome(_WORKER_CONTEXT, *job)
+
+
+def _run_models(context: _RunContext, unique: dict[tuple, tuple[str, Variant, int]], jobs: int) -> dict:
+    """Outcome of every distinct model, in this process (``jobs`` = 1) or in a pool of worker processes."""
+    if jobs == 1 or len(unique) <= 1:
+        return {key: _model_outcome(context, *job) for key, job in unique.items()}
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from .._progress import progress
+
+    # "spawn": a forked child would inherit torch's thread pools and locks from this process.
+    with ProcessPoolExecutor(max_workers=min(jobs, len(unique)), mp_context=mp.get_context("spawn"),
+                             initializer=_worker_init, initargs=(context,)) as pool:
+        futures = {key: pool.submit(_worker_run, job) for key, job in unique.items()}
+        for _ in progress(as_completed(futures.values()), desc="models", total=len(futures)):
+            pass
+        return {key: future.result() for key, future in futures.items()}
 
 
 def _baselines(task: str, data: ad.AnnData, labels, ptask, seeds, dataset: str) -> list[dict]:

@@ -7,31 +7,45 @@ import argparse
 import logging
 from pathlib import Path
 
-QUICK_NOTE = ("--quick: 1 seed, 200 genes, d_model 32 / 2 heads, ≤ 64 tokens/cell, 3 pretraining and 30 "
-              "fine-tuning epochs, Step I 30 epochs, Step II d 8 / 300 epochs, predictor 150 epochs (full: 3 seeds, "
-              "500 genes, d_model 64 / 4 heads, ≤ 256 tokens, 10 + 50 epochs, Step I 100 epochs, Step II d 8 / 1,000 "
-              "epochs, predictor 400 epochs)")
+
+def _mode_note() -> str:
+    """The two presets in words, read from :class:`BenchSettings` so that the help cannot drift from the code."""
+    from ..bench.encodings import BenchSettings
+
+    def words(s) -> str:
+        return (f"{s.n_genes} genes, d_model {s.d_model} / {s.n_heads} heads, ≤ {s.max_len} tokens/cell, "
+                f"{s.pretrain_epochs} pretraining epochs (annotation: {s.annotation_pretrain_epochs}), fine-tuning ≤ "
+                f"{s.fine_tune_epochs} epochs with early stopping (patience {s.fine_tune_patience}), Step I "
+                f"{s.causal_epochs} epochs τ {s.causal_tau}, Step II d {s.embed_dim} / {s.embed_epochs} epochs, "
+                f"predictor {s.predictor_epochs} epochs")
+
+    return (f"--quick: 1 seed, {words(BenchSettings.for_mode(True))} (full: 3 seeds, "
+            f"{words(BenchSettings.for_mode(False))})")
 
 
 def register(commands, bench) -> None:
     from ..bench.encodings import BACKBONES, TASKS
 
+    mode_note = _mode_note()
     p = bench.add_parser("encodings", help="every positional encoding × scGPT/scBERT × seeds on a task, with CAPE "
                                            "ablations and baselines (paper Tables 2, 3, S1, S2)",
-                         description="Writes <out>/<task>_<dataset>.{json,md,png}. " + QUICK_NOTE + ".")
+                         description="Writes <out>/<task>_<dataset>.{json,md,png}. " + mode_note + ".")
     p.add_argument("--task", choices=TASKS, required=True)
     p.add_argument("--dataset", required=True,
                    help="a registered dataset (cape data list), 'simulated' (perturbation) or an .h5ad path")
     p.add_argument("--label-key", default=None, help="obs column with labels (default: the dataset manifest's)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="model seeds (default 0 1 2; --quick: 0)")
     p.add_argument("--encodings", nargs="+", default=None,
-                   help="encodings and ablations (default: all of `cape encodings list` + cape_null, cape_wo_csl, "
+                   help="encodings and ablations (default: all of `cape encodings` + cape_null, cape_wo_csl, "
                         "cape_wo_hyperbolic, cape_wo_rotary)")
     p.add_argument("--backbones", nargs="+", default=list(BACKBONES), help="scgpt and/or scbert (both)")
-    p.add_argument("--quick", action="store_true", help=QUICK_NOTE)
+    p.add_argument("--quick", action="store_true", help=mode_note)
     p.add_argument("--out", default="results/bench", help="output folder (results/bench)")
     p.add_argument("--name", default=None, help="output file stem (default <task>_<dataset>)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1; fastest on a shared CPU)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="models trained at once in worker processes, each with --threads threads (1); e.g. the "
+                        "number of cores: same results, the full tables in a fraction of the time")
     p.add_argument("--positions-seed", type=int, default=0, help="seed of Steps I-III, shared by all runs (0)")
     for flag, kind, what in [("--n-genes", int, "genes kept (most dispersed)"), ("--d-model", int, "model width"),
                              ("--n-layers", int, "layers"), ("--max-len", int, "tokens per cell"),
@@ -88,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     result = run_encodings_benchmark(adata, args.task, dataset=name, label_key=label_key,
                                      encoding_names=args.encodings, backbones=args.backbones, seeds=seeds,
                                      quick=args.quick, settings=bench_settings, out=args.out, name=args.name,
-                                     positions_seed=args.positions_seed, threads=args.threads, device=device)
+                                     positions_seed=args.positions_seed, threads=args.threads, device=device,
+                                     jobs=args.jobs)
     logging.getLogger("cape").info("wrote %s (%.1f min)", ", ".join(map(str, result.paths.values())),
                                    result.seconds / 60)
     return 0

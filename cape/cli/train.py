@@ -34,7 +34,7 @@ def register(commands, bench) -> None:
                        help="fine-tune on this stratified fraction of the labelled cells and keep the rest as test "
                             "cells in obs['cape_split'] (paper: 0.3); 1 fine-tunes on every labelled cell")
     train.add_argument("--architecture", choices=["scgpt", "scbert"], default="scgpt")
-    train.add_argument("--encoding", default="cape", help="positional encoding (see `cape encodings list`)")
+    train.add_argument("--encoding", default="cape", help="positional encoding (see `cape encodings`)")
     train.add_argument("--encoding-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                        help="encoding option, repeatable (value parsed as JSON when possible)")
     train.add_argument("--layer", default=None, help="expression layer (default X)")

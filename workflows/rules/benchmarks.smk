@@ -17,7 +17,7 @@ def benchmark_outputs():
 def benchmark_flags():
     """Command-line flags of `cape bench encodings` for the config's non-default options."""
     flags = [f"--seeds {' '.join(map(str, BENCH['seeds']))}", f"--backbones {' '.join(BENCH['backbones'])}",
-             f"--threads {BENCH['threads']}", f"--name {BENCH_STEM}"]
+             f"--threads {BENCH['threads']}", f"--jobs {BENCH['jobs']}", f"--name {BENCH_STEM}"]
     if BENCH["encodings"]:
         flags.append(f"--encodings {' '.join(BENCH['encodings'])}")
     if BENCH["label_key"]:
@@ -44,7 +44,7 @@ rule bench_encodings:
         dataset=BENCH["dataset"],
         out=lambda wildcards, output: str(Path(output.json).parent),
         flags=benchmark_flags(),
-    threads: 2
+    threads: BENCH["jobs"] * BENCH["threads"]
     resources:
         mem_mb=8000,
         runtime=BENCH["runtime"],
