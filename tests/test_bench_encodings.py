@@ -347,3 +347,16 @@ def test_worker_processes_give_the_same_records(labelled):
     assert any(r.get("same_run_as") == "none" for r in pooled)  # cape_null is the `none` model, run once
     with pytest.raises(CapeInputError, match="jobs must be at least 1"):
         be.run_encodings_benchmark(labelled, "clustering", jobs=0, **kw)
+
+
+@pytest.mark.parametrize("task", ["annotation", "clustering"])
+def test_pretraining_epochs_per_task(labelled, monkeypatch, task):
+    """Clustering has no labels, so it pretrains; annotation follows `cape train` (fine-tuning only)."""
+    from cape.models import CellTransformer
+
+    calls = []
+    monkeypatch.setattr(CellTransformer, "pretrain", lambda self, data, epochs, **kw: calls.append(epochs))
+    settings = be.BenchSettings(**{**TINY.__dict__, "pretrain_epochs": 2, "annotation_pretrain_epochs": 0})
+    be.run_encodings_benchmark(labelled, task, label_key="cell_type", settings=settings, seeds=[0],
+                               backbones=["scgpt"], encoding_names=["none"], out=None)
+    assert calls == ([] if task == "annotation" else [2])

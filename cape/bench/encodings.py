@@ -292,7 +292,7 @@ def clustering_run(model, data: ad.AnnData, labels: pd.Series, settings: BenchSe
     """Pretrain (no labels), embed cells, k-means with k = number of labels; ARI, NMI, ASW."""
     from .clustering import cluster_embedding
 
-    _pretrain(model, data, settings, settings.annotation_pretrain_epochs)
+    _pretrain(model, data, settings)  # no labels here: masked-value pretraining is all the model learns
     cells = data[labels.index].copy()
     cells.obs["_label"] = labels.to_numpy()
     model.embed(cells, gene_key=None)
