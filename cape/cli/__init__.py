@@ -19,7 +19,7 @@ from .._errors import CapeInputError
 from .._settings import settings
 
 COMMAND_MODULES = ["data", "preprocess", "encodings", "causal", "train", "embed", "tasks", "evaluate",
-                   "bench_encodings"]
+                   "bench_encodings", "bench_gears"]
 
 
 class _Parser(argparse.ArgumentParser):
