@@ -65,3 +65,35 @@ def test_dag_comparison_figure() -> None:
     assert len(fig.axes) >= 4
     with pytest.raises(ValueError):
         dag_comparison(np.zeros((2, 2)), np.zeros((3, 3)), return_fig=True)
+
+
+def test_benchmark_feeds_raw_and_standardized_inputs_from_a_seed_offset(tmp_path, monkeypatch) -> None:
+    from cape._errors import CapeInputError
+
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny", {"kind": "sem", "n_nodes": 4, "n_samples": 200})
+    seen = []
+
+    def empty_graph(method, X, seed):
+        seen.append((seed, np.array(X)))
+        return np.zeros((X.shape[1], X.shape[1])), 1.0
+
+    monkeypatch.setattr(bench_causal, "_run_cape", empty_graph)
+    records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape_dense"],
+                                                n_seeds=2, seed_offset=3, inputs=["raw", "standardized"])
+    assert {r["seed"] for r in records} == {3, 4}
+    assert {r["input"] for r in records} == {"raw", "standardized"}
+    assert [s for s, _ in seen] == [3, 3, 4, 4]
+    raw, std = seen[0][1], seen[1][1]
+    assert not np.allclose(raw.std(0), 1.0)  # the simulated variances differ: the cue standardising removes
+    np.testing.assert_allclose(std, (raw - raw.mean(0)) / raw.std(0), atol=1e-10)
+    text = (tmp_path / "causal.md").read_text()
+    assert "| tiny | standardized | cape_dense |" in text and "median shd" in text
+    with pytest.raises(CapeInputError):
+        bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape_dense"], inputs=["zscore"])
+
+
+def test_standardized_leaves_constant_columns_centred() -> None:
+    X = np.column_stack([np.arange(5.0), np.full(5, 3.0)])
+    Z = bench_causal.standardized(X)
+    np.testing.assert_allclose(Z[:, 0].std(), 1.0)
+    np.testing.assert_allclose(Z[:, 1], 0.0)

@@ -7,8 +7,14 @@ CD3/CD28 condition of Sachs et al. (2005) and ``sachs_all`` all 7,466 cells, log
 consensus graph. Every method sees the same matrix. cape runs in this process (dense and low-rank A,
 τ = 0.2 and the other paper defaults; the ``*_raw`` variants keep the genes' scales, see
 :data:`CAPE_METHODS`); each peer runs in a subprocess with a time budget
-(:mod:`cape.bench.peers`), its own default threshold (0.3) and library defaults. Seeds 0..n-1 seed the
-simulated data and the methods. Wall time is measured around each fit.
+(:mod:`cape.bench.peers`), its own default threshold (0.3) and library defaults. Seeds
+``seed_offset``..``seed_offset + n - 1`` seed the simulated data and the methods (choose settings on one
+range of seeds, report another). Wall time is measured around each fit.
+
+``inputs`` picks what every method is fed: ``"raw"`` (the simulated matrix as is) and/or
+``"standardized"`` (each variable z-scored first). On simulated SEMs the variance grows along the causal
+order, a cue least-squares methods exploit on raw data and lose on standardised data; running both shows
+how much of a method's score comes from it. Each record carries ``input``.
 
 Outputs under ``out``: ``causal.json`` (records: setting, method, seed, metric, value, status),
 ``causal.md`` (mean ± sd) and ``causal.png``.
@@ -26,7 +32,7 @@ from .dag_metrics import dag_metrics
 from .peers import PEERS, run_peer
 from .report import mean_sd_table, save_figure, write_json, write_text
 
-__all__ = ["CAPE_METHODS", "SETTINGS", "run_causal_benchmark"]
+__all__ = ["CAPE_METHODS", "INPUTS", "SETTINGS", "run_causal_benchmark", "standardized"]
 
 logger = logging.getLogger("cape")
 
@@ -51,6 +57,7 @@ CAPE_METHODS = {
 QUICK = {"settings": ["fig3"], "n_samples": 2000, "seeds": 2, "budget": 60.0,
          "methods": ["cape_dense", "cape_low_rank", "notears", "dagma_linear"]}
 METRICS = ("shd", "tpr", "fdr", "f1", "auprc")
+INPUTS = ("raw", "standardized")
 
 
 def _low_rank(n_nodes: int) -> int:
@@ -75,6 +82,13 @@ def _dataset(setting: str, seed: int, n_samples: int | None):
     return X, a.varp["true_graph"].toarray()
 
 
+def standardized(X: np.ndarray) -> np.ndarray:
+    """Each column centred and divided by its standard deviation (constant columns only centred)."""
+    X = np.asarray(X, dtype=np.float64)
+    sd = X.std(axis=0)
+    return (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+
+
 def _run_cape(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
     from ..causal import fit_variational_notears, make_dag
 
@@ -89,8 +103,12 @@ def _run_cape(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, float]
 
 def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                          settings: list[str] | None = None, methods: list[str] | None = None,
-                         n_seeds: int | None = None, budget: float | None = None) -> list[dict]:
-    """Run the benchmark and write ``causal.json``/``.md``/``.png`` under ``out``; returns the records."""
+                         n_seeds: int | None = None, budget: float | None = None, seed_offset: int = 0,
+                         inputs: list[str] | None = None) -> list[dict]:
+    """Run the benchmark and write ``causal.json``/``.md``/``.png`` under ``out``; returns the records.
+
+    ``inputs``: any of :data:`INPUTS` (default ``["raw"]``); ``seed_offset``: first seed.
+    """
     from .._errors import CapeInputError
 
     settings = settings or (QUICK["settings"] if quick else list(SETTINGS))
@@ -99,41 +117,70 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                                                             if m not in PEERS and m not in CAPE_METHODS]
     if unknown:
         raise CapeInputError(f"unknown setting or method: {', '.join(unknown)}")
+    inputs = list(inputs or ["raw"])
+    if not inputs or any(i not in INPUTS for i in inputs):
+        raise CapeInputError(f"inputs must be among {', '.join(INPUTS)}, got {', '.join(inputs) or 'none'}")
+    if seed_offset < 0:
+        raise CapeInputError(f"seed_offset must be ≥ 0, got {seed_offset}")
     n_seeds = n_seeds or (QUICK["seeds"] if quick else 5)
     budget = budget or (QUICK["budget"] if quick else 600.0)
     n_samples = QUICK["n_samples"] if quick else None
     records: list[dict] = []
     for setting in settings:
         # Sachs data are fixed: seeds only change the methods' initialisation.
-        for seed in range(n_seeds):
-            X, truth = _dataset(setting, seed, n_samples)
-            for method in methods:
-                base = {"setting": setting, "method": method, "seed": seed, "n_samples": int(X.shape[0]),
-                        "n_nodes": int(X.shape[1])}
-                if method in CAPE_METHODS:
-                    W, seconds = _run_cape(method, X, seed)
-                    status = "ok"
-                else:
-                    result = run_peer(method, X, budget=budget, seed=seed)
-                    W, seconds, status = result.adjacency, result.seconds, result.status
-                records.append({**base, "metric": "seconds", "value": float(seconds), "status": status})
-                scores = dag_metrics(truth, W) if W is not None else dict.fromkeys(METRICS, float("nan"))
-                records.extend({**base, "metric": k, "value": float(scores[k]), "status": status} for k in METRICS)
-                logger.info("%s seed %d %s: %s, SHD %s, F1 %.3g, %.1f s", setting, seed, method, status,
-                            scores["shd"], scores["f1"], seconds)
+        for seed in range(seed_offset, seed_offset + n_seeds):
+            X_raw, truth = _dataset(setting, seed, n_samples)
+            for kind in inputs:
+                X = X_raw if kind == "raw" else standardized(X_raw)
+                for method in methods:
+                    base = {"setting": setting, "input": kind, "method": method, "seed": seed,
+                            "n_samples": int(X.shape[0]), "n_nodes": int(X.shape[1])}
+                    if method in CAPE_METHODS:
+                        W, seconds = _run_cape(method, X, seed)
+                        status = "ok"
+                    else:
+                        result = run_peer(method, X, budget=budget, seed=seed)
+                        W, seconds, status = result.adjacency, result.seconds, result.status
+                    records.append({**base, "metric": "seconds", "value": float(seconds), "status": status})
+                    scores = dag_metrics(truth, W) if W is not None else dict.fromkeys(METRICS, float("nan"))
+                    records.extend({**base, "metric": k, "value": float(scores[k]), "status": status}
+                                   for k in METRICS)
+                    logger.info("%s %s seed %d %s: %s, SHD %s, F1 %.3g, %.1f s", setting, kind, seed, method,
+                                status, scores["shd"], scores["f1"], seconds)
     out = Path(out)
     write_json(records, out / "causal.json")
-    table = mean_sd_table(records, rows=["setting", "method"], columns=["metric"])
+    table = mean_sd_table(records, rows=["setting", "input", "method"], columns=["metric"])
     timeouts = [r for r in records if r["status"] != "ok" and r["metric"] == "seconds"]
-    notes = [f"- {r['setting']} seed {r['seed']} {r['method']}: {r['status']} after {r['value']:.0f} s"
+    notes = [f"- {r['setting']} {r['input']} seed {r['seed']} {r['method']}: {r['status']} after {r['value']:.0f} s"
              for r in timeouts]
+    seeds = f"seeds {seed_offset}–{seed_offset + n_seeds - 1}" if n_seeds > 1 else f"seed {seed_offset}"
     text = (f"# Causal discovery benchmark{' (quick)' if quick else ''}\n\n"
-            f"mean ± sd over {n_seeds} seed(s); per-peer budget {budget:.0f} s; seconds = wall time of the fit.\n\n"
-            f"{table}\n" + ("\nRuns without a result (metrics left out of the means):\n" + "\n".join(notes) + "\n"
-                            if notes else ""))
+            f"mean ± sd over {n_seeds} seed(s) ({seeds}); input: {', '.join(inputs)}"
+            + (" (standardized = every method sees z-scored variables)" if "standardized" in inputs else "")
+            + f"; per-peer budget {budget:.0f} s; seconds = wall time of the fit.\n\n"
+            f"{table}\n\nMedian over seeds:\n\n{_median_table(records)}\n"
+            + ("\nRuns without a result (metrics left out of the means):\n" + "\n".join(notes) + "\n"
+               if notes else ""))
     write_text(text, out / "causal.md")
     save_figure(_figure(records), out / "causal.png")
     return records
+
+
+def _median_table(records: list[dict], metrics: tuple[str, ...] = ("shd", "f1", "seconds")) -> str:
+    """Markdown table of the median over seeds of ``metrics`` per setting, input and method (finished runs)."""
+    import pandas as pd
+
+    frame = pd.DataFrame([r for r in records if r["metric"] in metrics and r.get("status", "ok") == "ok"])
+    if frame.empty:
+        return "(no finished runs)"
+    wide = (frame.groupby(["setting", "input", "method", "metric"], sort=False)["value"].median()
+            .unstack("metric").reindex(columns=list(metrics)).reset_index())
+    lines = ["| setting | input | method | " + " | ".join(f"median {m}" for m in metrics) + " |",
+             "|" + "---|" * (3 + len(metrics))]
+    for row in wide.itertuples(index=False):
+        values = " | ".join("–" if pd.isna(v) else f"{v:.3g}" for v in row[3:])
+        lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {values} |")
+    return "\n".join(lines)
 
 
 def _figure(records: list[dict]):
@@ -144,6 +191,9 @@ def _figure(records: list[dict]):
     import pandas as pd
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    if len({r.get("input", "raw") for r in records}) > 1:
+        # One bar group per setting and input.
+        records = [{**r, "setting": f"{r['setting']} ({r.get('input', 'raw')})"} for r in records]
     frame = pd.DataFrame(records)
     failed = {(r["setting"], r["method"]): r["status"] for r in records if r.get("status", "ok") != "ok"}
     panels = ["shd", "f1", "seconds"]

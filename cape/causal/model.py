@@ -76,7 +76,7 @@ class ElementwiseMLP(nn.Module):
         self.w1 = nn.Parameter(torch.randn(n_genes, hidden, generator=generator))
         self.b1 = nn.Parameter(torch.randn(n_genes, hidden, generator=generator))
         # Small output weights: the module starts close to the identity.
-        self.w2 = nn.Parameter(torch.randn(n_genes, hidden, generator=generator) * (0.1 / math.sqrt(hidden)))
+        self.w2 = nn.Parameter(torch.randn(n_genes, hidden, generator=generator) * (0.1 / math.sqrt(max(hidden, 1))))
         self.b2 = nn.Parameter(torch.zeros(n_genes))
 
     #: Elements of the (batch, genes, hidden) activation processed at once. Gene chunks of about 1 MB stay
@@ -133,7 +133,8 @@ class VariationalNotears(nn.Module):
     rank
         Rank r of A = UVᵀ, or ``None`` for a dense A with zero diagonal.
     hidden
-        Hidden width of the element-wise encoder/decoder MLPs (paper: 64).
+        Hidden width of the element-wise encoder/decoder MLPs (paper: 64); 0 makes f and g the identity
+        (plus a bias): the linear SEM, i.e. NOTEARS' least squares on the normalised data.
     seed
         Seed of the parameter initialisation.
     sample_latent
@@ -209,7 +210,10 @@ class VariationalNotears(nn.Module):
 
     def l1(self) -> torch.Tensor:
         """‖A‖₁ (A has a zero diagonal)."""
-        return self.adjacency().abs().sum()
+        if self.rank is None:
+            return self.adjacency().abs().sum()
+        # ‖UVᵀ‖₁ − Σ|diag(UVᵀ)|: one M×M temporary per step instead of three (diag matrix, difference, abs).
+        return (self.U @ self.V.T).abs().sum() - self.self_loops().abs().sum()
 
     # --- the SEM ---------------------------------------------------------------------------------------
     def encode(self, x: torch.Tensor) -> torch.Tensor:
