@@ -89,6 +89,11 @@ def test_training_is_deterministic_and_sparse_streaming_matches_dense() -> None:
 def test_lagged_acyclicity_gradient_runs() -> None:
     fit = fit_variational_notears(_data(40, 4, 1), rank=None, epochs=2, batch_size=8, device="cpu", h_every=3)
     assert fit.h_every == 3 and np.all(np.isfinite(fit.adjacency))
+    # exact every step by default, whatever the size of the exponential (a stale gradient destabilises UVᵀ)
+    assert fit_variational_notears(_data(40, 300, 1), rank=None, epochs=1, batch_size=20,
+                                   device="cpu").h_every == 1
+    with pytest.raises(ValueError, match="h_every must be at least 1"):
+        fit_variational_notears(_data(40, 4, 1), rank=None, epochs=1, device="cpu", h_every=0)
 
 
 @settings(max_examples=8, deadline=None)
