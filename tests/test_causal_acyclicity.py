@@ -9,10 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cape.causal import (
+    LinearisedAcyclicity,
     acyclicity,
     acyclicity_dense,
     acyclicity_low_rank,
     acyclicity_power_series,
+    acyclicity_weights,
     hadamard_square_factors,
     trace_expm,
 )
@@ -114,3 +116,52 @@ def test_dispatcher_and_trace_expm_gradcheck() -> None:
     assert torch.autograd.gradcheck(trace_expm, (C,))
     with pytest.raises(ValueError):
         trace_expm(torch.zeros(2, 3))
+
+
+@settings(max_examples=20, deadline=None)
+@given(M=st.integers(2, 20), r=st.integers(1, 3), seed=st.integers(0, 10_000), dense=st.booleans())
+def test_acyclicity_weights_are_the_transposed_exponential(M: int, r: int, seed: int, dense: bool) -> None:
+    # M > 2k (k = r(r+1)/2) takes the 2k×2k block route, smaller M the M×M exponential: both exact.
+    U, V = _random_factors(M, r, seed, scale=0.6)
+    A = (U @ V.T).requires_grad_()
+    h, W = acyclicity_weights(A.detach()) if dense else acyclicity_weights(U=U, V=V)
+    h_ref = acyclicity_dense(A)
+    (grad,) = torch.autograd.grad(h_ref, A)
+    assert h.dtype == W.dtype == torch.float64
+    assert h.item() == pytest.approx(h_ref.item(), rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(W, torch.linalg.matrix_exp(A.detach() ** 2).T, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(2 * W * A.detach(), grad, rtol=1e-9, atol=1e-12)
+    assert torch.all(W >= 0)
+
+
+def test_acyclicity_weights_validate_input() -> None:
+    with pytest.raises(ValueError, match="either A or both U and V"):
+        acyclicity_weights(U=torch.zeros(3, 1))
+    with pytest.raises(ValueError, match="square"):
+        acyclicity_weights(torch.zeros(3, 2))
+
+
+@pytest.mark.parametrize("factored", [False, True])
+def test_linearised_acyclicity_is_h_to_first_order(factored: bool) -> None:
+    U, V = _random_factors(12, 2, 3, scale=0.8)  # 12 > 2k = 6: the block route when factored
+    A0 = U @ V.T
+    model = LinearisedAcyclicity(A0, U, V) if factored else LinearisedAcyclicity(A0)
+    A = A0.clone().requires_grad_()
+    value = model(A)
+    (grad,) = torch.autograd.grad(value, A)
+    A_ref = A0.clone().requires_grad_()
+    h = acyclicity_dense(A_ref)
+    (grad_ref,) = torch.autograd.grad(h, A_ref)
+    assert value.item() == pytest.approx(h.item(), rel=1e-10)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-9, atol=1e-12)
+    # away from A0 the error is second order: halving the step quarters it
+    direction = torch.randn(12, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    errors = [abs(model(A0 + eps * direction).item() - acyclicity_dense(A0 + eps * direction).item())
+              for eps in (1e-3, 5e-4)]
+    assert errors[0] / errors[1] == pytest.approx(4.0, rel=0.05)
+    # the pull on each weight is towards zero (W ≥ 0), and none on a zero weight
+    moved = A0 + 0.3 * direction
+    moved[0, 1] = 0.0
+    moved.requires_grad_()
+    (g,) = torch.autograd.grad(model(moved), moved)
+    assert torch.all(g * moved.detach() >= 0) and g[0, 1] == 0

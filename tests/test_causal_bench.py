@@ -52,6 +52,8 @@ def test_scale_benchmark_tiny_grid(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(causal_scale.QUICK, "h_M", [50])
     records = causal_scale.run_causal_scale(out=tmp_path, quick=True)
     assert {r["sweep"] for r in records} == {"N", "M", "h"}
+    assert {r["method"] for r in records if r["sweep"] == "h"} == {"exact", "low_rank", "linearised_step",
+                                                                    "linearise"}
     assert all(r["value"] > 0 for r in records)
     assert (tmp_path / "causal_scale.png").exists() and (tmp_path / "causal_scale.md").exists()
 

@@ -103,6 +103,9 @@ def test_nan_and_single_gene_are_refused() -> None:
         causal_graph(_adata(), rank=0, **FAST)
     with pytest.raises(CapeInputError, match="use_genes"):
         causal_graph(_adata(), use_genes="nope", **FAST)
+    for bad in (0, 2.5):
+        with pytest.raises(CapeInputError, match="h_every must be a positive integer"):
+            causal_graph(_adata(), h_every=bad, **FAST)
 
 
 def test_cli_causal_round_trip(tmp_path) -> None:
@@ -112,10 +115,15 @@ def test_cli_causal_round_trip(tmp_path) -> None:
     src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"
     a.write_h5ad(src)
     code = main(["--quiet", "--device", "cpu", "causal", "--input", str(src), "--output", str(out),
-                 "--rank", "dense", "--epochs", "2", "--tau", "0.1"])
+                 "--rank", "dense", "--epochs", "2", "--tau", "0.1", "--h-every", "3"])
     assert code == 0
     b = ad.read_h5ad(out)
     assert b.varp["cape_dag"].shape == (6, 6) and is_dag(b.varp["cape_dag"].toarray())
+    record = b.uns["cape"]["causal_graph"]
+    assert record["h_every"] == 3 and record["params"]["h_every"] == 3
+    with pytest.raises(SystemExit) as usage_error:  # argparse: one-line usage error, exit status 2
+        main(["--quiet", "causal", "--input", str(src), "--output", str(tmp_path / "x.h5ad"), "--h-every", "0"])
+    assert usage_error.value.code == 2
     assert main(["--quiet", "causal", "--input", str(src), "--output", str(tmp_path / "x.h5ad"),
                  "--tau", "1.2"]) == 2
     assert not (tmp_path / "x.h5ad").exists()

@@ -86,13 +86,32 @@ def test_training_is_deterministic_and_sparse_streaming_matches_dense() -> None:
     assert not np.array_equal(a.adjacency, d.adjacency)
 
 
-def test_lagged_acyclicity_gradient_runs() -> None:
-    fit = fit_variational_notears(_data(40, 4, 1), rank=None, epochs=2, batch_size=8, device="cpu", h_every=3)
-    assert fit.h_every == 3 and np.all(np.isfinite(fit.adjacency))
-    # exact every step by default, whatever the size of the exponential (a stale gradient destabilises UVᵀ)
-    assert fit_variational_notears(_data(40, 300, 1), rank=None, epochs=1, batch_size=20,
-                                   device="cpu").h_every == 1
-    with pytest.raises(ValueError, match="h_every must be at least 1"):
+def test_h_every_resolution() -> None:
+    from cape.causal.trainer import AUTO_H_EVERY, EXACT_ACYCLICITY_MAX, resolve_h_every
+
+    assert resolve_h_every(None, EXACT_ACYCLICITY_MAX, None) == 1
+    assert resolve_h_every(None, EXACT_ACYCLICITY_MAX + 1, None) == AUTO_H_EVERY
+    assert resolve_h_every(None, 1000, 20) == 1  # k = 210: the exact k×k exponential is cheap
+    assert resolve_h_every(None, 1000, 40) == AUTO_H_EVERY  # k = 820
+    assert resolve_h_every(3, 1000, 40) == 3
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="h_every must be a whole number"):
+            resolve_h_every(bad, 10, None)
+
+
+@pytest.mark.parametrize("rank", [None, 2])
+def test_linearised_acyclicity_steps_train_and_find_the_same_pair(rank: int | None) -> None:
+    X = _data(400, 6, 3)
+    X[:, 2] = np.random.default_rng(5).normal(size=400)
+    kw = dict(rank=rank, epochs=15, batch_size=64, device="cpu", seed=0)
+    exact = fit_variational_notears(X, h_every=1, **kw)
+    lagged = fit_variational_notears(X, h_every=4, **kw)
+    assert exact.h_every == 1 and lagged.h_every == 4
+    assert np.all(np.isfinite(lagged.adjacency)) and all(np.isfinite(lagged.history["h"]))
+    top = [set(np.unravel_index(np.argmax(np.abs(f.adjacency)), f.adjacency.shape)) for f in (exact, lagged)]
+    assert top[0] == top[1]
+    assert not np.array_equal(exact.adjacency, lagged.adjacency)  # the linearised steps did run
+    with pytest.raises(ValueError, match="h_every must be a whole number"):
         fit_variational_notears(_data(40, 4, 1), rank=None, epochs=1, device="cpu", h_every=0)
 
 

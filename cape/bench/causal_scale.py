@@ -5,7 +5,9 @@ Three sweeps, on CPU and, when present, on CUDA:
 * ``N``: seconds per training epoch for N = 1e4 … 1e5 cells at M = 100 genes (low rank r = 40, and dense);
 * ``M``: seconds per epoch for M = 100 … 2,000 genes at N = 1e4 (low rank r = 40, and dense A with the
   exact M×M acyclicity while M ≤ 1,000: beyond that one dense step takes seconds);
-* ``h``: seconds for one value + gradient of h(UVᵀ), exact M×M exponential vs the k×k identity (k = 820).
+* ``h``: seconds for one value + gradient of h(UVᵀ), exact M×M exponential vs the k×k identity (k = 820),
+  and for the linearised penalty the trainer uses between exact steps at this size (``h_every`` > 1): one
+  evaluation with gradient (``linearised_step``) and one re-linearisation (``linearise``).
 
 Data are random Gaussian (timing does not depend on the values). An epoch is timed as one full pass of
 :func:`cape.causal.fit_variational_notears` (``epochs=1``), including the per-epoch exact h evaluation.
@@ -41,19 +43,24 @@ def _epoch_seconds(n_cells: int, n_genes: int, rank: int | None, device: str, se
     return float(fit.history["seconds"][0])
 
 
-def _h_seconds(n_genes: int, exact: bool, device: str, rank: int = 40, repeats: int = 3) -> float:
+def _h_seconds(n_genes: int, method: str, device: str, rank: int = 40, repeats: int = 3) -> float:
     import torch
 
-    from ..causal import acyclicity_dense, acyclicity_low_rank
+    from ..causal import LinearisedAcyclicity, acyclicity_dense, acyclicity_low_rank
 
     gen = torch.Generator().manual_seed(0)
     U = (torch.randn(n_genes, rank, generator=gen) * 0.05).to(device).requires_grad_()
     V = (torch.randn(n_genes, rank, generator=gen) * 0.05).to(device).requires_grad_()
+    linearised = LinearisedAcyclicity(U @ V.T, U, V) if method == "linearised_step" else None
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        h = acyclicity_dense(U @ V.T) if exact else acyclicity_low_rank(U, V)
-        h.backward()
+        if method == "linearise":
+            LinearisedAcyclicity(U @ V.T, U, V)
+        else:
+            h = {"exact": lambda: acyclicity_dense(U @ V.T), "low_rank": lambda: acyclicity_low_rank(U, V),
+                 "linearised_step": lambda: linearised(U @ V.T)}[method]()
+            h.backward()
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -85,8 +92,8 @@ def run_causal_scale(out: str | Path = "results/bench", quick: bool = False) -> 
                 add("M", "dense", device, 10_000 if not quick else 2_000, m, "seconds_per_epoch",
                     _epoch_seconds(10_000 if not quick else 2_000, m, None, device))
         for m in grid["h_M"]:
-            add("h", "exact", device, None, m, "seconds_h_and_grad", _h_seconds(m, True, device))
-            add("h", "low_rank", device, None, m, "seconds_h_and_grad", _h_seconds(m, False, device))
+            for method in ("exact", "low_rank", "linearised_step", "linearise"):
+                add("h", method, device, None, m, "seconds_h_and_grad", _h_seconds(m, method, device))
 
     out = Path(out)
     write_json(records, out / "causal_scale.json")
@@ -94,8 +101,12 @@ def run_causal_scale(out: str | Path = "results/bench", quick: bool = False) -> 
     for sweep, key in (("N", "n_cells"), ("M", "n_genes"), ("h", "n_genes")):
         sub = [r for r in records if r["sweep"] == sweep]
         tables.append(f"## sweep {sweep}\n\n" + mean_sd_table(sub, rows=["device", key], columns=["method"]))
-    write_text(f"# Step I scaling{' (quick)' if quick else ''}\n\nseconds per epoch (N, M sweeps; batch 128) and "
-               f"per h evaluation with gradient (h sweep, r = 40). torch threads: {torch.get_num_threads()}.\n\n"
+    from ..causal.trainer import AUTO_H_EVERY, EXACT_ACYCLICITY_MAX
+
+    write_text(f"# Step I scaling{' (quick)' if quick else ''}\n\nseconds per epoch (N, M sweeps; batch 128; "
+               f"default h_every: exact acyclicity every step while min(M, k) ≤ {EXACT_ACYCLICITY_MAX}, else "
+               f"re-linearised every {AUTO_H_EVERY} steps) and per h evaluation with gradient (h sweep, "
+               f"r = 40). torch threads: {torch.get_num_threads()}.\n\n"
                + "\n\n".join(tables) + "\n", out / "causal_scale.md")
     save_figure(_figure(records), out / "causal_scale.png")
     return records
@@ -118,7 +129,7 @@ def _figure(records: list[dict]):
         ax.set_ylabel(ylabel)
         if sweep != "N":
             ax.set_yscale("log")
-        ax.set_title({"N": "epoch time vs N", "M": "epoch time vs M", "h": "acyclicity: exact vs k×k"}[sweep])
+        ax.set_title({"N": "epoch time vs N", "M": "epoch time vs M", "h": "acyclicity: exact, k×k, linearised"}[sweep])
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -6,10 +6,12 @@ Torch cores only (no AnnData); :func:`cape.tl.causal_graph` is the AnnData-facin
 from __future__ import annotations
 
 from .acyclicity import (
+    LinearisedAcyclicity,
     acyclicity,
     acyclicity_dense,
     acyclicity_low_rank,
     acyclicity_power_series,
+    acyclicity_weights,
     hadamard_square_factors,
     trace_expm,
 )
@@ -20,11 +22,13 @@ from .trainer import CausalFit, fit_variational_notears, gene_moments
 __all__ = [
     "CausalFit",
     "ElementwiseMLP",
+    "LinearisedAcyclicity",
     "VariationalNotears",
     "acyclicity",
     "acyclicity_dense",
     "acyclicity_low_rank",
     "acyclicity_power_series",
+    "acyclicity_weights",
     "fit_variational_notears",
     "gene_moments",
     "hadamard_square_factors",

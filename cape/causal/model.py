@@ -202,6 +202,10 @@ class VariationalNotears(nn.Module):
         """diag(UVᵀ) in O(M·r) (low rank only): the self-loops masked out of the SEM."""
         return (self.U * self.V).sum(1)
 
+    def acyclicity_matrix(self) -> torch.Tensor:
+        """The matrix whose acyclicity is penalised: A (dense) or UVᵀ including its diagonal (low rank)."""
+        return self.adjacency() if self.rank is None else self.U @ self.V.T
+
     def acyclicity(self) -> torch.Tensor:
         """h(A) (float64 scalar), through the k×k identity when that is cheaper."""
         if self.rank is None:

@@ -14,6 +14,18 @@ def _rank(value: str) -> int | None:
         raise argparse.ArgumentTypeError(f"rank must be an integer or 'dense', got {value!r}") from err
 
 
+def _h_every(value: str) -> int | None:
+    if value.lower() == "auto":
+        return None
+    try:
+        steps = int(value)
+    except ValueError:
+        steps = 0
+    if steps < 1:
+        raise argparse.ArgumentTypeError(f"h-every must be a positive integer or 'auto', got {value!r}")
+    return steps
+
+
 def register(commands, bench) -> None:
     parser = commands.add_parser("causal", help="learn the causal gene graph (Step I) into varp['cape_dag']")
     parser.add_argument("--input", "-i", required=True, help="input .h5ad (preprocessed), or 'dataset:NAME'")
@@ -27,6 +39,9 @@ def register(commands, bench) -> None:
     parser.add_argument("--use-genes", default="cape_used",
                         help="boolean var column selecting genes ('cape_used'; all genes when absent); 'all'")
     parser.add_argument("--layer", default=None, help="use this layer instead of X")
+    parser.add_argument("--h-every", type=_h_every, default=None,
+                        help="steps between exact acyclicity evaluations, linearised in between, or 'auto' "
+                             "(exact while the exponential is small, else every 10 steps)")
     parser.set_defaults(func=run)
 
     b = bench.add_parser("causal", help="causal discovery: cape vs gcastle and DAGMA peers (synthetic, Sachs)")
@@ -59,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     adata = read_input(args.input)
     causal_graph(adata, rank=args.rank, tau=args.tau, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
                  batch_size=args.batch_size, lr=args.lr, device="auto", seed=None,
-                 use_genes=None if args.use_genes == "all" else args.use_genes, layer=args.layer)
+                 use_genes=None if args.use_genes == "all" else args.use_genes, layer=args.layer,
+                 h_every=args.h_every)
     write_h5ad(adata, out)
     return 0
 
