@@ -1,4 +1,4 @@
-"""``cape data list`` and ``cape data fetch NAME``."""
+"""``cape data list``, ``cape data fetch NAME`` and ``cape data simulate`` (a matrix shaped like a real run)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,17 @@ def register(commands, bench) -> None:
     fetcher.add_argument("name", help="dataset name (see 'cape data list')")
     fetcher.add_argument("--output", "-o", default=None, help="also write the loaded AnnData to this .h5ad")
     fetcher.set_defaults(func=_fetch)
+    sim = sub.add_parser("simulate", help="write a synthetic matrix shaped like a real run (10x UMI or TPM)")
+    sim.add_argument("--output", "-o", required=True, help="output .h5ad")
+    sim.add_argument("--kind", choices=["umi", "tpm"], default="umi",
+                     help="'umi': sparse 10x-like raw counts; 'tpm': SMART-seq-like TPM (umi)")
+    sim.add_argument("--cells", type=int, default=5000, help="number of cells (5000)")
+    sim.add_argument("--genes", type=int, default=33000, help="number of genes (33000)")
+    sim.add_argument("--cell-types", type=int, default=5, help="cell types in obs['cell_type'] (5)")
+    sim.add_argument("--regulated", type=int, default=200,
+                     help="genes on the known regulatory DAG in varp['true_dag'] (200)")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.set_defaults(func=_simulate)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -40,4 +51,17 @@ def _fetch(args: argparse.Namespace) -> int:
     if args.output is not None:
         write_h5ad(data.load(args.name), args.output)
         print(f"{args.name} written to {args.output}")
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from .._io import write_h5ad
+    from ..data import simulate_expression
+    from ._io import check_output
+
+    out = check_output(args.output)
+    adata = simulate_expression(args.cells, args.genes, kind=args.kind, n_cell_types=args.cell_types,
+                                n_regulated=args.regulated, seed=args.seed)
+    write_h5ad(adata, out)
+    print(f"{args.kind} matrix, {adata.n_obs} cells × {adata.n_vars} genes, written to {out}")
     return 0
