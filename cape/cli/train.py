@@ -99,8 +99,9 @@ def run_train(args: argparse.Namespace) -> int:
     from ..report import resolve_label_key
     from ._io import check_output, read_input
 
-    out = check_output(args.output)
+    out = check_output(args.output, args.input)
     model_dir = Path(args.model_dir) if args.model_dir else out.with_name(out.stem + "_model")
+    check_output(str(model_dir), args.input, args.output, args.checkpoint, suffix=None, option="--model-dir")
     distributed.init_from_env()
     try:
         adata = read_input(args.input, expect_counts=False)
