@@ -74,8 +74,9 @@ def run_embed(args: argparse.Namespace) -> int:
     out = check_output(args.output, args.input, getattr(args, "adjacency", None))
     adata = read_input(args.input, expect_counts=False)
     adjacency = None if args.adjacency is None else read_adjacency(args.adjacency, adata.var_names)
-    hyperbolic_embedding(adata, adjacency=adjacency, dim=args.dim, k_hop=args.k_hop, lambda_g=args.lambda_g, restart=args.restart,
-                         epochs=args.epochs, optimizer=args.optimizer, geometry=args.geometry, lr=args.lr,
+    hyperbolic_embedding(adata, adjacency=adjacency, dim=args.dim, k_hop=args.k_hop, lambda_g=args.lambda_g,
+                         restart=args.restart, epochs=args.epochs, optimizer=args.optimizer,
+                         geometry=args.geometry, lr=args.lr,
                          negatives=args.negatives, max_radius=args.max_radius, temperature=args.temperature,
                          device=None, seed=None)
     write_h5ad(adata, out)

@@ -100,7 +100,8 @@ def _looks_scaled(adata: ad.AnnData) -> bool:
 
 
 def validate_adata(adata: ad.AnnData, *, source: str = "AnnData", expect_counts: bool | None = None) -> ad.AnnData:
-    """Check an AnnData in place: at least :data:`MIN_CELLS` cells and one gene, finite ``X``, non-negative where expected, unique gene names.
+    """Check an AnnData in place: at least :data:`MIN_CELLS` cells and one gene, finite ``X``, non-negative where
+    expected, unique gene names.
 
     Duplicated gene names are made unique (``var_names_make_unique``) with a warning; everything else raises
     :class:`cape.CapeInputError` with a one-line message that names the problem.
