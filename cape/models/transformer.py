@@ -782,6 +782,9 @@ class CellTransformer:
 
         if not Path(directory).is_dir():
             raise CapeInputError(f"scGPT checkpoint directory not found: {directory}")
+        for name in ("args.json", "vocab.json", "best_model.pt"):
+            if not (Path(directory) / name).is_file():
+                raise CapeInputError(f"scGPT checkpoint directory {directory} lacks {name}")
         self = cls.__new__(cls)
         self.seed = resolve_seed(seed)
         self.architecture = "scgpt"

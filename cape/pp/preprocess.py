@@ -175,7 +175,9 @@ def _varying_genes(x) -> np.ndarray:
         lo = np.asarray(x.min(axis=0).todense()).ravel()
     else:
         hi, lo = np.max(x, axis=0), np.min(x, axis=0)
-    return np.asarray(hi > lo).ravel()
+    # relative tolerance: normalisation of proportional cells leaves float rounding differences, not variation
+    hi, lo = np.asarray(hi, dtype=np.float64).ravel(), np.asarray(lo, dtype=np.float64).ravel()
+    return hi - lo > 1e-6 * np.maximum(1.0, np.abs(hi))
 
 
 def _check_params(adata: ad.AnnData, min_genes: int, target_sum: float, n_top_genes: int, min_cells: int) -> None:
