@@ -13,6 +13,7 @@ rule causal:
         opts=config["causal"],
         rank=lambda wildcards: config["causal"]["rank"] if config["causal"]["rank"] else "dense",
         h_every=config["causal"]["h_every"] or "auto",
+        layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
     threads: 2
     resources:
         mem_mb=8000,
@@ -23,5 +24,5 @@ rule causal:
         " --input {input:q} --output {output:q}"
         " --rank {params.rank} --tau {params.opts[tau]} --lambda-sparse {params.opts[lambda_sparse]}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
-        " --use-genes {params.opts[use_genes]} --h-every {params.h_every}"
+        " --use-genes {params.opts[use_genes]} --h-every {params.h_every} {params.layer}"
         " > {log:q} 2>&1"

@@ -43,7 +43,7 @@ def cli_options(section, skip=()):
     """`--key value` for every key of config[section] (schema key = CLI option with '-' for '_'), in config order.
 
     null leaves the CLI default; true/false switch a flag on/off; a mapping (train.encoding_options) gives
-    one `--encoding-option KEY=VALUE` (JSON value) per entry.
+    one `--encoding-option KEY=VALUE` per entry (VALUE as JSON).
     """
     flags = []
     for key, value in config[section].items():
@@ -54,7 +54,9 @@ def cli_options(section, skip=()):
             flags.append(option)
         elif isinstance(value, dict):
             singular = option.removesuffix("s")
-            flags += [f"{singular} {shlex.quote(f'{k}={json.dumps(v)}')}" for k, v in value.items()]
+            # strings go as typed (--config makes nested values strings; the CLI parses JSON where it can)
+            flags += [f"{singular} {shlex.quote(f'{k}={v if isinstance(v, str) else json.dumps(v)}')}"
+                      for k, v in value.items()]
         else:
             flags.append(f"{option} {shlex.quote(str(value))}")
     return " ".join(flags)
