@@ -35,7 +35,7 @@ else:
 
 
 def gpus():
-    """GPUs a rule asks the scheduler for: 1 when the config's device is cuda or cuda:N, else 0."""
+    """GPUs each job requests from a scheduler (resources.gpu), 1 when the config's device is cuda or cuda:N, else 0."""
     return 1 if str(config["device"]).startswith("cuda") else 0
 
 
@@ -49,7 +49,7 @@ def cli_options(section, skip=()):
     for key, value in config[section].items():
         if key in skip or value is None or value is False:
             continue
-        option = "--" + key.replace("_", "-")
+        option = f"--{key.replace('_', '-')}"
         if value is True:
             flags.append(option)
         elif isinstance(value, dict):
