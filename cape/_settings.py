@@ -1,12 +1,14 @@
-"""Global settings: device, seed, verbosity and progress bars (cf. ``scanpy.settings``)."""
+"""Global settings: device, seed, verbosity, progress bars and CPU threads (cf. ``scanpy.settings``)."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -33,12 +35,32 @@ class CapeSettings:
         0 errors, 1 warnings, 2 info (default), 3 debug; sets the level of the ``"cape"`` logger.
     progress
         Show progress bars. ``None`` means: only when stderr is a terminal.
+    n_threads
+        CPU threads for torch and the BLAS/OpenMP libraries (``None`` until set: the libraries' own defaults).
+        Setting it calls ``torch.set_num_threads`` and ``threadpoolctl.threadpool_limits`` and exports
+        ``OMP_NUM_THREADS`` and friends for libraries and worker processes started later. The CLI sets it to
+        ``cape --threads N``, by default :func:`available_cpus`.
     """
 
     device: str = "auto"
     seed: int = 0
     _verbosity: int = field(default=2, repr=False)
     progress: bool | None = None
+    _n_threads: int | None = field(default=None, repr=False)
+
+    @property
+    def n_threads(self) -> int | None:
+        return self._n_threads
+
+    @n_threads.setter
+    def n_threads(self, value: int | None) -> None:
+        if value is None:
+            self._n_threads = None
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CapeInputError(f"threads must be a positive integer, got {value!r}")
+        set_threads(value)
+        self._n_threads = int(value)
 
     @property
     def verbosity(self) -> int:
@@ -58,6 +80,105 @@ class CapeSettings:
         if os.environ.get("CI"):
             return False
         return sys.stderr.isatty()
+
+
+#: Environment variables read by OpenMP and the BLAS libraries when they load (later imports, child processes).
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def set_threads(n: int) -> None:
+    """Limit torch, the loaded BLAS/OpenMP libraries and those loaded later (via the environment) to ``n`` threads."""
+    for var in THREAD_ENV_VARS:
+        os.environ[var] = str(n)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - installed with scikit-learn
+        logger.debug("threadpoolctl not installed: BLAS threads limited through the environment only")
+    else:
+        threadpool_limits(limits=n)  # applies now, to every loaded library (not used as a context manager)
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup",
+                     proc_cgroup: str | os.PathLike = "/proc/self/cgroup") -> float | None:
+    """CPUs allowed by this process's cgroup quota (``quota / period``), or ``None`` when unlimited or unknown.
+
+    Reads cgroup v2 ``cpu.max`` ("quota period" or "max period") and cgroup v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us`` (quota -1 = unlimited), in the process's own cgroup (from ``proc_cgroup``) and at the
+    mount root (containers often see their cgroup there). The smallest limit found wins.
+    """
+    root = Path(root)
+    v1_path = v2_path = ""
+    try:
+        for line in Path(proc_cgroup).read_text().splitlines():
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            if parts[0] == "0" and parts[1] == "":
+                v2_path = parts[2]
+            elif "cpu" in parts[1].split(","):
+                v1_path = parts[2]
+    except OSError:
+        pass
+    limits = []
+    for folder in dict.fromkeys([root / v2_path.lstrip("/"), root]):
+        limits.append(_read_cpu_max(folder / "cpu.max"))
+    for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        for folder in dict.fromkeys([root / mount / v1_path.lstrip("/"), root / mount]):
+            limits.append(_read_cfs(folder))
+    found = [x for x in limits if x is not None]
+    return min(found) if found else None
+
+
+def _read_cpu_max(path: Path) -> float | None:
+    try:
+        fields = path.read_text().split()
+    except OSError:
+        return None
+    if len(fields) != 2 or fields[0] == "max":
+        return None
+    try:
+        quota, period = float(fields[0]), float(fields[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _read_cfs(folder: Path) -> float | None:
+    try:
+        quota = float((folder / "cpu.cfs_quota_us").read_text().strip())
+        period = float((folder / "cpu.cfs_period_us").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def available_cpus(root: str | os.PathLike = "/sys/fs/cgroup",
+                   proc_cgroup: str | os.PathLike = "/proc/self/cgroup") -> int:
+    """The CPUs this process may use: its affinity mask, capped by the cgroup CPU quota (rounded up), at least 1.
+
+    ``os.cpu_count()`` counts the machine's cores, which oversubscribes a job pinned to a few cores (cluster
+    schedulers, ``taskset``) or throttled by a container quota.
+    """
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        n = os.cpu_count() or 1
+    quota = cgroup_cpu_limit(root, proc_cgroup)
+    if quota is not None:
+        n = min(n, math.ceil(quota))
+    return max(1, n)
+
+
+def default_threads() -> int:
+    """Threads the CLI uses without ``--threads``: :func:`available_cpus`, lowered to torch's own default when that
+    is smaller (``OMP_NUM_THREADS`` set by the user or a scheduler, or a caller that already limited torch)."""
+    import torch
+
+    return max(1, min(available_cpus(), torch.get_num_threads()))
 
 
 settings = CapeSettings()

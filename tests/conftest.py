@@ -38,3 +38,32 @@ def counts_adata() -> ad.AnnData:
     adata.var_names = [f"G{i}" for i in range(400)]
     adata.obs["group"] = pd.Categorical(np.repeat(["a", "b"], 150))
     return adata
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """`cape.cli.main()` run in-process sets torch's, BLAS's and the environment's thread counts for the whole
+    process (cape.settings.n_threads); put them back after each test."""
+    import os
+    import sys
+
+    from cape._settings import THREAD_ENV_VARS
+
+    env = {var: os.environ.get(var) for var in THREAD_ENV_VARS}
+    torch_threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+    yield
+    if all(os.environ.get(var) == value for var, value in env.items()):
+        return
+    for var, value in env.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    if torch_threads is not None:
+        import threadpoolctl
+
+        sys.modules["torch"].set_num_threads(torch_threads)
+        threadpoolctl.threadpool_limits(limits=torch_threads)
+    from cape import settings
+
+    settings._n_threads = None

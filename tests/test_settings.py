@@ -57,3 +57,95 @@ def test_progress_respects_setting():
         assert cape.settings.show_progress()
     finally:
         cape.settings.progress = old
+
+
+# ------------------------------------------------------------------------------------------------ threads
+def _cgroup_tree(tmp_path, files: dict[str, str], proc: str = "0::/\n"):
+    root = tmp_path / "cgroup"
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    proc_file = tmp_path / "proc_cgroup"
+    proc_file.write_text(proc)
+    return root, proc_file
+
+
+@pytest.mark.parametrize(
+    "files, proc, expected",
+    [
+        ({"cpu.max": "150000 100000\n"}, "0::/\n", 1.5),                       # v2 at the mount root
+        ({"cpu.max": "max 100000\n"}, "0::/\n", None),                         # v2 unlimited
+        ({"job/cpu.max": "200000 100000\n", "cpu.max": "max 100000\n"}, "0::/job\n", 2.0),  # v2 own cgroup
+        ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, "3:cpu,cpuacct:/\n", 3.0),
+        ({"cpu,cpuacct/slurm/cpu.cfs_quota_us": "50000\n", "cpu,cpuacct/slurm/cpu.cfs_period_us": "100000\n"},
+         "4:cpuacct,cpu:/slurm\n", 0.5),                                         # v1 own cgroup, joint mount
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, "3:cpu:/\n", None),  # v1 unlimited
+        ({"cpu.max": "garbage\n"}, "0::/\n", None),
+        ({}, "", None),                                                          # no cgroup files at all
+    ],
+)
+def test_cgroup_cpu_limit(tmp_path, files, proc, expected):
+    from cape._settings import cgroup_cpu_limit
+
+    root, proc_file = _cgroup_tree(tmp_path, files, proc)
+    assert cgroup_cpu_limit(root, proc_file) == expected
+
+
+@pytest.mark.parametrize("affinity, quota, expected", [(8, None, 8), (8, "150000 100000", 2), (8, "20000 100000", 1),
+                                                       (2, "800000 100000", 2), (1, None, 1)])
+def test_available_cpus_is_affinity_capped_by_quota(tmp_path, monkeypatch, affinity, quota, expected):
+    from cape._settings import available_cpus
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(affinity)), raising=False)
+    root, proc_file = _cgroup_tree(tmp_path, {"cpu.max": f"{quota}\n"} if quota else {})
+    assert available_cpus(root, proc_file) == expected
+
+
+def test_available_cpus_on_this_machine():
+    import os
+
+    from cape._settings import available_cpus
+
+    assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
+
+
+def test_n_threads_sets_torch_and_blas():
+    import threadpoolctl
+
+    cape.settings.n_threads = 1
+    assert torch.get_num_threads() == 1
+    assert cape.settings.n_threads == 1
+    assert all(lib["num_threads"] == 1 for lib in threadpoolctl.threadpool_info())
+    import os
+
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+    for bad in (0, -2, 1.5, "2", True):
+        with pytest.raises(CapeInputError, match="threads must be a positive integer"):
+            cape.settings.n_threads = bad
+    assert cape.settings.n_threads == 1
+
+
+def test_cli_threads_option(capsys):
+    from cape.cli import main
+
+    torch.set_num_threads(2)
+    assert main(["--quiet", "--threads", "1", "encodings"]) == 0
+    assert torch.get_num_threads() == 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as usage:
+        main(["--threads", "0", "encodings"])
+    assert usage.value.code == 2
+    assert "--threads: expected a positive integer, got '0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cpus, torch_default, expected", [(4, 8, 4), (8, 1, 1), (1, 1, 1)])
+def test_cli_default_threads(monkeypatch, capsys, cpus, torch_default, expected):
+    """Without --threads: the CPUs this process may use, never more than torch's own default (OMP_NUM_THREADS)."""
+    from cape.cli import main
+
+    monkeypatch.setattr("cape._settings.available_cpus", lambda *a, **k: cpus)
+    torch.set_num_threads(torch_default)
+    assert main(["--quiet", "encodings"]) == 0
+    assert torch.get_num_threads() == expected and cape.settings.n_threads == expected
+    capsys.readouterr()

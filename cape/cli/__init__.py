@@ -29,6 +29,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"cape: error: {message} (see '{self.prog} --help')\n")
 
 
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -37,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: cape.settings.seed = 0)")
     parser.add_argument("--device", default=None, help="'auto' (default), 'cpu', 'cuda' or 'cuda:N'")
     parser.add_argument("--quiet", action="store_true", help="only print errors; no progress bars")
+    # dest differs from the `--threads` of `cape bench encodings/pretrain` (threads per model), which would
+    # otherwise overwrite it in the shared namespace.
+    parser.add_argument("--threads", dest="global_threads", type=_positive_int, default=None,
+                        help="CPU threads for torch and BLAS (default: the CPUs this process may use, from its "
+                             "affinity mask and cgroup quota; OMP_NUM_THREADS lowers it)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
     bench_parser = commands.add_parser("bench", help="run a benchmark (writes JSON, markdown and a plot)")
@@ -73,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.seed is not None:
             settings.seed = args.seed
+        if args.command != "data":  # every other command computes; `cape data` need not import torch
+            from .._settings import default_threads
+
+            settings.n_threads = args.global_threads if args.global_threads is not None else default_threads()
         if args.device is not None:
             from .._settings import resolve_device
 

@@ -1,7 +1,8 @@
-"""Reading a command's input and checking its output path: shared by every stage command."""
+"""Reading a command's input and checking its output paths: shared by every stage command."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -14,11 +15,28 @@ def read_input(spec: str, *, expect_counts: bool | None = None):
     return data.read(spec, expect_counts=expect_counts)
 
 
-def check_output(path: str) -> Path:
-    """The output path, which must be an ``.h5ad`` file (written atomically by the command)."""
+def same_path(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name the same file or folder, after resolving symbolic links and relative parts."""
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists():
+        return os.path.samefile(pa, pb)  # also catches hard links
+    return pa.resolve() == pb.resolve()
+
+
+def check_output(path: str, *inputs: str | None, suffix: str | None = ".h5ad", option: str = "--output") -> Path:
+    """The output path of a command, refused when it lacks ``suffix`` or is one of the command's ``inputs``.
+
+    Outputs are written atomically over the target, so an output equal to an input would silently replace the
+    user's file; ``dataset:NAME`` inputs and ``None`` are skipped.
+    """
     from .._errors import CapeInputError
 
     out = Path(path)
-    if out.suffix != ".h5ad":
-        raise CapeInputError(f"--output must end in .h5ad, got {path}")
+    if suffix is not None and out.suffix != suffix:
+        raise CapeInputError(f"{option} must end in {suffix}, got {path}")
+    for spec in inputs:
+        if spec is None or str(spec).startswith("dataset:"):
+            continue
+        if same_path(out, spec):
+            raise CapeInputError(f"{option} {path} is the input file {spec}; write to a new file so the input is kept")
     return out

@@ -70,8 +70,15 @@ def run(args: argparse.Namespace) -> int:
     from ..tl.causal_graph import causal_graph
     from ._io import check_output, read_input
 
-    out = check_output(args.output)
+    out = check_output(args.output, args.input)
     adata = read_input(args.input)
+    if args.use_genes == "cape_used" and "cape_used" not in adata.var:
+        from .._errors import CapeInputError
+        from ..pp.preprocess import detect_scale
+
+        if detect_scale(adata) == "counts":  # raw counts of every gene: Step I would run on all of them
+            raise CapeInputError(f"{args.input} holds raw counts and no var['cape_used']: run `cape preprocess` "
+                                 f"first (or pass --use-genes all to use all {adata.n_vars} genes as they are)")
     causal_graph(adata, rank=args.rank, tau=args.tau, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
                  batch_size=args.batch_size, lr=args.lr, device="auto", seed=None,
                  use_genes=None if args.use_genes == "all" else args.use_genes, layer=args.layer,

@@ -40,11 +40,11 @@ def _list(args: argparse.Namespace) -> int:
 
 def _fetch(args: argparse.Namespace) -> int:
     from .. import data
-    from .._errors import CapeInputError
     from .._io import write_h5ad
+    from ._io import check_output
 
-    if args.output is not None and not str(args.output).endswith(".h5ad"):
-        raise CapeInputError(f"--output must end in .h5ad, got {args.output}")
+    if args.output is not None:
+        check_output(args.output)
     files = data.fetch(args.name)
     for role, path in files.items():
         print(f"{args.name} {role}: {path}")

@@ -24,6 +24,10 @@ def register(commands, bench) -> None:
     embed = commands.add_parser("embed", help="Step II: embed varp['cape_dag'] in hyperbolic space")
     embed.add_argument("--input", "-i", required=True, help="input .h5ad with varp['cape_dag'] (from `cape causal`)")
     embed.add_argument("--output", "-o", required=True, help="output .h5ad")
+    embed.add_argument("--adjacency", default=None, metavar="FILE",
+                       help="your own gene graph instead of varp['cape_dag']: genes × genes .npy/.npz in var_names "
+                            "order, or .csv with gene names as header and index (A[i, j] ≠ 0: gene i → gene j; "
+                            "must be a DAG)")
     embed.add_argument("--dim", type=int, default=32, help="embedding dimension d (32)")
     embed.add_argument("--k-hop", type=int, default=2, help="positives: directed paths of ≤ k edges (2)")
     embed.add_argument("--lambda-g", type=float, default=0.1, help="generality regulariser weight (0.1)")
@@ -67,21 +71,77 @@ def run_embed(args: argparse.Namespace) -> int:
     from .._io import write_h5ad
     from ..tl.hyperbolic import hyperbolic_embedding
 
-    out = check_output(args.output)
+    out = check_output(args.output, args.input, getattr(args, "adjacency", None))
     adata = read_input(args.input, expect_counts=False)
-    hyperbolic_embedding(adata, dim=args.dim, k_hop=args.k_hop, lambda_g=args.lambda_g, restart=args.restart,
-                         epochs=args.epochs, optimizer=args.optimizer, geometry=args.geometry, lr=args.lr,
+    adjacency = None if args.adjacency is None else read_adjacency(args.adjacency, adata.var_names)
+    hyperbolic_embedding(adata, adjacency=adjacency, dim=args.dim, k_hop=args.k_hop, lambda_g=args.lambda_g,
+                         restart=args.restart, epochs=args.epochs, optimizer=args.optimizer,
+                         geometry=args.geometry, lr=args.lr,
                          negatives=args.negatives, max_radius=args.max_radius, temperature=args.temperature,
                          device=None, seed=None)
     write_h5ad(adata, out)
     return 0
 
 
+def read_adjacency(path: str, var_names):
+    """A user's gene × gene adjacency: ``.npy``/``.npz`` (dense or scipy sparse, rows = var_names) or ``.csv``
+    (header and index = gene names, reordered to var_names; genes absent from the file get no edges)."""
+    from pathlib import Path
+
+    import numpy as np
+    import pandas as pd
+    import scipy.sparse as sp
+
+    from .._errors import CapeInputError
+
+    p = Path(path)
+    if not p.is_file():
+        raise CapeInputError(f"--adjacency file not found: {p}")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".npz":
+            try:
+                matrix = sp.load_npz(p)
+            except (ValueError, KeyError):  # a plain np.savez archive with one array
+                with np.load(p) as archive:
+                    matrix = archive[archive.files[0]]
+        elif suffix == ".npy":
+            matrix = np.load(p, allow_pickle=False)
+        elif suffix == ".csv":
+            frame = pd.read_csv(p, index_col=0)
+        else:
+            raise CapeInputError(f"--adjacency must be a .npy, .npz or .csv file, got {p.name}")
+    except CapeInputError:
+        raise
+    except Exception as err:  # numpy/pandas raise many types for damaged files
+        raise CapeInputError(f"cannot read --adjacency {p} ({type(err).__name__})") from err
+    if suffix == ".csv":
+        if frame.shape[0] != frame.shape[1]:
+            raise CapeInputError(f"--adjacency {p.name} is {frame.shape[0]}×{frame.shape[1]}; it must be square "
+                                 "(genes × genes)")
+        names = pd.Index(frame.index.astype(str))
+        if list(names) != list(frame.columns.astype(str)):
+            raise CapeInputError(f"--adjacency {p.name}: the header and the first column must list the same genes "
+                                 "in the same order")
+        unknown = names.difference(var_names)
+        if len(unknown):
+            raise CapeInputError(f"--adjacency {p.name}: {len(unknown)} gene(s) not in the data, e.g. {unknown[0]!r}")
+        rows = pd.Index(var_names).get_indexer(names)
+        values = frame.to_numpy(dtype=float)
+        matrix = np.zeros((len(var_names), len(var_names)))
+        matrix[np.ix_(rows, rows)] = values
+        return matrix
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise CapeInputError(f"--adjacency {p.name} has shape {'×'.join(map(str, matrix.shape))}; it must be "
+                             "square (genes × genes)")
+    return matrix
+
+
 def run_encode(args: argparse.Namespace) -> int:
     from .._io import write_h5ad
     from ..tl.hyperbolic import rotary_encoding
 
-    out = check_output(args.output)
+    out = check_output(args.output, args.input)
     adata = read_input(args.input, expect_counts=False)
     rotary_encoding(adata, scale=args.scale)
     write_h5ad(adata, out)

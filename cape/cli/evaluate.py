@@ -24,12 +24,13 @@ def run(args: argparse.Namespace) -> int:
     from .._errors import CapeInputError
     from .._settings import resolve_seed
     from ..report import evaluate_run, resolve_label_key, write_metrics, write_report
+    from ._io import check_output
 
-    if not args.metrics.endswith(".json"):
-        raise CapeInputError(f"--metrics must end in .json, got {args.metrics}")
-    if not args.report.endswith(".md"):
-        raise CapeInputError(f"--report must end in .md, got {args.report}")
+    check_output(args.metrics, args.input, args.model, suffix=".json", option="--metrics")
+    check_output(args.report, args.input, args.model, args.metrics, suffix=".md", option="--report")
     adata = data.read(args.input, expect_counts=False)
+    if "X_cape" not in adata.obsm:
+        raise CapeInputError(f"{args.input} has no obsm['X_cape'] (cell embeddings): run `cape train` first")
     label_key = resolve_label_key(adata, None if args.label_key == "none" else args.label_key)
     name = args.name or adata.uns.get("cape", {}).get("dataset", {}).get("name", "data")
     records = evaluate_run(adata, label_key, dataset=name, seed=resolve_seed(None))

@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from ..pp import preprocess
     from ._io import check_output, read_input
 
-    out = check_output(args.output)
+    out = check_output(args.output, args.input)
     adata = read_input(args.input)
     preprocess(adata, min_genes=args.min_genes, target_sum=args.target_sum, log1p=args.log1p,
                n_top_genes=args.n_top_genes, min_cells=args.min_cells, hvg_flavor=args.hvg_flavor)

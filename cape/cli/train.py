@@ -33,6 +33,10 @@ def register(commands, bench) -> None:
     train.add_argument("--fine-tune-fraction", type=float, default=0.3,
                        help="fine-tune on this stratified fraction of the labelled cells and keep the rest as test "
                             "cells in obs['cape_split'] (paper: 0.3); 1 fine-tunes on every labelled cell")
+    train.add_argument("--checkpoint", default=None, metavar="DIR",
+                       help="start from a published scGPT checkpoint folder (args.json, vocab.json, best_model.pt): "
+                            "its size and gene vocabulary replace --d-model/--n-layers/--n-heads, --encoding is "
+                            "swapped in, then pretraining and fine-tuning run as usual")
     train.add_argument("--architecture", choices=["scgpt", "scbert"], default="scgpt")
     train.add_argument("--encoding", default="cape", help="positional encoding (see `cape encodings`)")
     train.add_argument("--encoding-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
@@ -95,17 +99,21 @@ def run_train(args: argparse.Namespace) -> int:
     from ..report import resolve_label_key
     from ._io import check_output, read_input
 
-    out = check_output(args.output)
+    out = check_output(args.output, args.input)
     model_dir = Path(args.model_dir) if args.model_dir else out.with_name(out.stem + "_model")
+    check_output(str(model_dir), args.input, args.output, args.checkpoint, suffix=None, option="--model-dir")
     distributed.init_from_env()
     try:
         adata = read_input(args.input, expect_counts=False)
         label_key = resolve_label_key(adata, None if args.label_key in (None, "none") else args.label_key)
         fit_data = _fine_tune_cells(adata, label_key, args.fine_tune_fraction) if label_key else None
-        model = CellTransformer(adata, args.architecture, args.encoding, layer=args.layer, use_raw=args.use_raw,
-                                d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                                max_len=args.max_len, dropout=args.dropout,
-                                encoding_options=dict(args.encoding_option), device="auto", seed=None)
+        if args.checkpoint is not None:
+            model = _from_checkpoint(args, adata)
+        else:
+            model = CellTransformer(adata, args.architecture, args.encoding, layer=args.layer,
+                                    use_raw=args.use_raw, d_model=args.d_model, n_layers=args.n_layers,
+                                    n_heads=args.n_heads, max_len=args.max_len, dropout=args.dropout,
+                                    encoding_options=dict(args.encoding_option), device="auto", seed=None)
         logging.getLogger("cape").info("%r", model)
         if args.pretrain_epochs > 0:
             model.pretrain(adata, epochs=args.pretrain_epochs, mask_ratio=args.mask_ratio,
@@ -134,6 +142,28 @@ def run_train(args: argparse.Namespace) -> int:
     finally:
         distributed.shutdown()
     return 0
+
+
+def _from_checkpoint(args: argparse.Namespace, adata):
+    """A CellTransformer on the scGPT checkpoint in ``args.checkpoint``, with ``args.encoding`` swapped in."""
+    import logging
+    from pathlib import Path
+
+    from .._errors import CapeInputError
+    from ..models import CellTransformer
+
+    folder = Path(args.checkpoint)
+    if not folder.is_dir():
+        raise CapeInputError(f"--checkpoint folder not found: {folder}")
+    if args.architecture != "scgpt":
+        raise CapeInputError(f"--checkpoint loads an scGPT checkpoint; --architecture {args.architecture} does not "
+                             "apply (use scgpt)")
+    logging.getLogger("cape").info("starting from the scGPT checkpoint %s (its d_model, n_layers, n_heads and gene "
+                                   "vocabulary replace the options)", folder)
+    return CellTransformer.from_scgpt(folder, adata, encoding=args.encoding,
+                                      encoding_options=dict(args.encoding_option), layer=args.layer,
+                                      use_raw=args.use_raw, max_len=args.max_len, dropout=args.dropout,
+                                      device="auto", seed=None)
 
 
 def run_bench_pretrain(args: argparse.Namespace) -> int:

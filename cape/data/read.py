@@ -12,6 +12,9 @@ import scipy.sparse as sp
 
 from .._errors import CapeInputError
 
+#: Fewest cells a file may hold: one cell has no variation across cells to learn from.
+MIN_CELLS = 2
+
 #: File suffixes :func:`read` understands, and the scanpy/anndata reader used for each.
 SUPPORTED_SUFFIXES = (".h5ad", ".h5", ".loom", ".csv", ".zarr")
 
@@ -97,7 +100,8 @@ def _looks_scaled(adata: ad.AnnData) -> bool:
 
 
 def validate_adata(adata: ad.AnnData, *, source: str = "AnnData", expect_counts: bool | None = None) -> ad.AnnData:
-    """Check an AnnData in place: non-empty, finite ``X``, non-negative where expected, unique gene names.
+    """Check an AnnData in place: at least :data:`MIN_CELLS` cells and one gene, finite ``X``, non-negative where
+    expected, unique gene names.
 
     Duplicated gene names are made unique (``var_names_make_unique``) with a warning; everything else raises
     :class:`cape.CapeInputError` with a one-line message that names the problem.
@@ -106,6 +110,8 @@ def validate_adata(adata: ad.AnnData, *, source: str = "AnnData", expect_counts:
         raise CapeInputError(f"{source} has 0 cells")
     if adata.n_vars == 0:
         raise CapeInputError(f"{source} has 0 genes")
+    if adata.n_obs < MIN_CELLS:
+        raise CapeInputError(f"{source} has {adata.n_obs} cell; cape needs at least {MIN_CELLS} cells")
     x = adata.X
     if x is None:
         raise CapeInputError(f"{source} has no expression matrix X")

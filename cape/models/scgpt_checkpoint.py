@@ -68,7 +68,11 @@ class ScGPTImport:
 
 
 def _read_state(path: Path) -> dict[str, torch.Tensor]:
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for a damaged file
+        raise CapeInputError(f"cannot read the weights {path} ({type(err).__name__}): damaged or not a torch "
+                             "checkpoint") from err
     for key in ("model_state_dict", "state_dict", "model"):
         if isinstance(state, dict) and key in state and isinstance(state[key], dict):
             state = state[key]
@@ -134,7 +138,12 @@ def load_scgpt_checkpoint(directory: str | Path, *, encoding: str = "none",
     for name in ("args.json", "vocab.json", model_file):
         if not (directory / name).is_file():
             raise CapeInputError(f"scGPT checkpoint directory {directory} lacks {name}")
-    args = json.loads((directory / "args.json").read_text())
+    try:
+        args = json.loads((directory / "args.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CapeInputError(f"cannot read {directory / 'args.json'} ({type(err).__name__})") from err
+    if not isinstance(args, dict):
+        raise CapeInputError(f"{directory / 'args.json'} must be a JSON object")
     missing = [k for k in ("embsize", "nheads", "nlayers") if k not in args]
     if missing:
         raise CapeInputError(f"{directory / 'args.json'} lacks {', '.join(missing)}")

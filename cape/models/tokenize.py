@@ -106,7 +106,13 @@ class GeneVocab:
 
     @classmethod
     def from_json(cls, path: str | Path) -> GeneVocab:
-        return cls.from_mapping(json.loads(Path(path).read_text()))
+        try:
+            mapping = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CapeInputError(f"cannot read the gene vocabulary {path} ({type(err).__name__})") from err
+        if not isinstance(mapping, dict):
+            raise CapeInputError(f"{path} must map tokens to indices, got a JSON {type(mapping).__name__}")
+        return cls.from_mapping(mapping)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GeneVocab) and self.tokens == other.tokens

@@ -728,6 +728,20 @@ class CellTransformer:
         directory = Path(directory)
         if not (directory / _CONFIG_FILE).is_file() or not (directory / _WEIGHTS_FILE).is_file():
             raise CapeInputError(f"{directory} is not a cape model directory (no {_CONFIG_FILE} / {_WEIGHTS_FILE})")
+        try:
+            self = cls._load(directory, device)
+        except (CapeInputError, MemoryError, torch.OutOfMemoryError):
+            raise
+        except Exception as err:  # a damaged config/weights file surfaces as many exception types
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            raise CapeInputError(f"{directory} is a damaged cape model directory ({type(err).__name__}: {first}); "
+                                 "train it again") from err
+        if adata is not None:
+            self._gene_ids(self._expression(adata)[1])
+        return self
+
+    @classmethod
+    def _load(cls, directory: Path, device: str) -> CellTransformer:
         cfg = json.loads((directory / _CONFIG_FILE).read_text())
         self = cls.__new__(cls)
         self.architecture = cfg["architecture"]
@@ -750,8 +764,6 @@ class CellTransformer:
         self._build()
         state = torch.load(directory / _WEIGHTS_FILE, map_location=self.device, weights_only=True)
         self.module.load_state_dict(state)
-        if adata is not None:
-            self._gene_ids(self._expression(adata)[1])
         return self
 
     @classmethod
@@ -768,6 +780,11 @@ class CellTransformer:
         """
         from .scgpt_checkpoint import load_scgpt_checkpoint
 
+        if not Path(directory).is_dir():
+            raise CapeInputError(f"scGPT checkpoint directory not found: {directory}")
+        for name in ("args.json", "vocab.json", "best_model.pt"):
+            if not (Path(directory) / name).is_file():
+                raise CapeInputError(f"scGPT checkpoint directory {directory} lacks {name}")
         self = cls.__new__(cls)
         self.seed = resolve_seed(seed)
         self.architecture = "scgpt"

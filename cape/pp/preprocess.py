@@ -114,6 +114,14 @@ def preprocess(
         sc.pp.filter_genes(adata, min_cells=min_cells)
         if adata.n_vars == 0:
             raise CapeInputError(f"no gene is detected in at least min_cells={min_cells} cells")
+    from ..tl.causal_graph import MIN_CELLS as STEP1_MIN_CELLS
+
+    if adata.n_obs < STEP1_MIN_CELLS:
+        qc = adata.n_obs < record["n_obs_in"]
+        where = f"{adata.n_obs} cells remain after QC (min_genes={min_genes})" if qc else \
+            f"the input has {adata.n_obs} cells"
+        raise CapeInputError(f"{where}; cape needs at least {STEP1_MIN_CELLS} cells (Step I's minimum, "
+                             "cape.tl.causal_graph.MIN_CELLS)" + ("; lower min_genes" if qc else ""))
 
     scale = detect_scale(adata)
     record["input_scale"] = scale
@@ -131,9 +139,15 @@ def preprocess(
             sc.pp.log1p(adata)
         record["normalised"] = True
 
-    if n_top_genes >= adata.n_vars:
-        logger.info("n_top_genes=%d ≥ %d genes: using every gene", n_top_genes, adata.n_vars)
-        adata.var["highly_variable"] = True
+    varying = _varying_genes(adata.X)
+    n_varying = int(varying.sum())
+    if n_varying == 0:
+        raise CapeInputError(f"all {adata.n_vars} genes are constant across the {adata.n_obs} cells after "
+                             "normalisation: no gene varies, so there is no graph to learn")
+    if n_top_genes >= n_varying:
+        # HVG ranking needs variation (scanpy fails on constant genes); every gene that varies is used.
+        logger.info("n_top_genes=%d ≥ %d genes that vary: using all of them", n_top_genes, n_varying)
+        adata.var["highly_variable"] = varying
     else:
         if hvg_flavor == "seurat_v3" and "counts" not in adata.layers:
             raise CapeInputError("hvg_flavor='seurat_v3' needs raw counts, but the input has none")
@@ -141,13 +155,29 @@ def preprocess(
             adata, n_top_genes=n_top_genes, flavor=hvg_flavor,
             layer="counts" if hvg_flavor == "seurat_v3" else None,
         )
-    adata.var["cape_used"] = adata.var["highly_variable"].astype(bool).to_numpy()
+    adata.var["cape_used"] = adata.var["highly_variable"].astype(bool).to_numpy() & varying
+    if not adata.var["cape_used"].any():
+        raise CapeInputError(f"every highly variable gene is constant across the {adata.n_obs} cells; "
+                             "check the input or raise n_top_genes")
     record.update(n_obs=adata.n_obs, n_vars=adata.n_vars, n_used=int(adata.var["cape_used"].sum()),
                   seconds=time.perf_counter() - start)
     adata.uns.setdefault("cape", {})["preprocess"] = record
     logger.info("preprocessed: %d cells × %d genes, %d genes used for the causal graph",
                 adata.n_obs, adata.n_vars, record["n_used"])
     return adata if copy else None
+
+
+def _varying_genes(x) -> np.ndarray:
+    """Boolean mask of the genes whose value is not the same in every cell (sparse-friendly, no densifying)."""
+    if sp.issparse(x):
+        x = sp.csc_matrix(x)
+        hi = np.asarray(x.max(axis=0).todense()).ravel()
+        lo = np.asarray(x.min(axis=0).todense()).ravel()
+    else:
+        hi, lo = np.max(x, axis=0), np.min(x, axis=0)
+    # relative tolerance: normalisation of proportional cells leaves float rounding differences, not variation
+    hi, lo = np.asarray(hi, dtype=np.float64).ravel(), np.asarray(lo, dtype=np.float64).ravel()
+    return hi - lo > 1e-6 * np.maximum(1.0, np.abs(hi))
 
 
 def _check_params(adata: ad.AnnData, min_genes: int, target_sum: float, n_top_genes: int, min_cells: int) -> None:

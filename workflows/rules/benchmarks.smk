@@ -48,7 +48,7 @@ rule bench_encodings:
     resources:
         mem_mb=8000,
         runtime=BENCH["runtime"],
-        gpu=0,
+        gpu=gpus(),
     shell:
-        "{params.cape} bench encodings --task {params.task} --dataset {params.dataset:q} --out {params.out:q}"
+        "{params.cape} --threads {threads} bench encodings --task {params.task} --dataset {params.dataset:q} --out {params.out:q}"
         " {params.flags} > {log:q} 2>&1"

@@ -12,15 +12,17 @@ rule causal:
         cape=CAPE,
         opts=config["causal"],
         rank=lambda wildcards: config["causal"]["rank"] if config["causal"]["rank"] else "dense",
+        h_every=config["causal"]["h_every"] or "auto",
+        layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
     threads: 2
     resources:
         mem_mb=8000,
         runtime=120,
-        gpu=0,
+        gpu=gpus(),
     shell:
-        "{params.cape} causal"
+        "{params.cape} --threads {threads} causal"
         " --input {input:q} --output {output:q}"
         " --rank {params.rank} --tau {params.opts[tau]} --lambda-sparse {params.opts[lambda_sparse]}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
-        " --use-genes {params.opts[use_genes]}"
+        " --use-genes {params.opts[use_genes]} --h-every {params.h_every} {params.layer}"
         " > {log:q} 2>&1"

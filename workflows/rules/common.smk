@@ -1,4 +1,6 @@
 # Shared definitions: config validation (with schema defaults), the run name and the cape command.
+import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -19,6 +21,8 @@ except CapeInputError as err:
 validate(config, schema="../../configs/schema.yaml", set_default=True)
 if config["input"] and not Path(config["input"]).exists():
     raise WorkflowError(f"input file not found: {config['input']}")
+if config["train"]["checkpoint"] and not Path(config["train"]["checkpoint"]).is_dir():
+    raise WorkflowError(f"train.checkpoint folder not found: {config['train']['checkpoint']}")
 
 # The CLI of the Python running Snakemake, so rules use the same installation (also on cluster nodes
 # that share the file system).
@@ -28,6 +32,34 @@ if config["input"]:
     RUN = config["name"] or Path(config["input"]).stem
 else:
     RUN = config["name"] or config["dataset"]
+
+
+def gpus():
+    """GPUs each job requests from a scheduler (resources.gpu), 1 when the config's device is cuda or cuda:N, else 0."""
+    return 1 if str(config["device"]).startswith("cuda") else 0
+
+
+def cli_options(section, skip=()):
+    """`--key value` for every key of config[section] (schema key = CLI option with '-' for '_'), in config order.
+
+    null leaves the CLI default; true/false switch a flag on/off; a mapping (train.encoding_options) gives
+    one `--encoding-option KEY=VALUE` per entry (VALUE as JSON).
+    """
+    flags = []
+    for key, value in config[section].items():
+        if key in skip or value is None or value is False:
+            continue
+        option = f"--{key.replace('_', '-')}"
+        if value is True:
+            flags.append(option)
+        elif isinstance(value, dict):
+            singular = option.removesuffix("s")
+            # strings go as typed (--config makes nested values strings; the CLI parses JSON where it can)
+            flags += [f"{singular} {shlex.quote(f'{k}={v if isinstance(v, str) else json.dumps(v)}')}"
+                      for k, v in value.items()]
+        else:
+            flags.append(f"{option} {shlex.quote(str(value))}")
+    return " ".join(flags)
 
 
 def input_spec():

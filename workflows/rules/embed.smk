@@ -16,9 +16,9 @@ rule embed:
     resources:
         mem_mb=4000,
         runtime=60,
-        gpu=0,
+        gpu=gpus(),
     shell:
-        "{params.cape} embed"
+        "{params.cape} --threads {threads} embed"
         " --input {input:q} --output {output:q}"
         " --dim {params.opts[dim]} --k-hop {params.opts[k_hop]} --lambda-g {params.opts[lambda_g]}"
         " --restart {params.opts[restart]} --epochs {params.opts[epochs]}"
@@ -45,7 +45,7 @@ rule encode:
     resources:
         mem_mb=2000,
         runtime=10,
-        gpu=0,
+        gpu=gpus(),
     shell:
-        "{params.cape} encode --input {input:q} --output {output:q} --scale {params.opts[scale]}"
+        "{params.cape} --threads {threads} encode --input {input:q} --output {output:q} --scale {params.opts[scale]}"
         " > {log:q} 2>&1"

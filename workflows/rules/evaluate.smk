@@ -17,8 +17,8 @@ rule evaluate:
     resources:
         mem_mb=4000,
         runtime=30,
-        gpu=0,
+        gpu=gpus(),
     shell:
-        "{params.cape} evaluate --input {input.h5ad:q} --model {input.model:q} --metrics {output.metrics:q} --report {output.report:q}"
+        "{params.cape} --threads {threads} evaluate --input {input.h5ad:q} --model {input.model:q} --metrics {output.metrics:q} --report {output.report:q}"
         " --label-key {params.labels} --name {wildcards.dataset}"
         " > {log:q} 2>&1"

@@ -17,9 +17,9 @@ rule preprocess:
     resources:
         mem_mb=4000,
         runtime=30,
-        gpu=0,
+        gpu=gpus(),
     shell:
-        "{params.cape} preprocess --input {params.source:q} --output {output:q}"
+        "{params.cape} --threads {threads} preprocess --input {params.source:q} --output {output:q}"
         " --min-genes {params.opts[min_genes]} --min-cells {params.opts[min_cells]}"
         " --target-sum {params.opts[target_sum]} --n-top-genes {params.opts[n_top_genes]}"
         " --hvg-flavor {params.opts[hvg_flavor]}"

@@ -11,18 +11,14 @@ rule train:
         "benchmarks/{dataset}/train.tsv"
     params:
         cape=CAPE,
-        opts=config["train"],
         labels=config["labels"] or "none",
+        flags=cli_options("train"),  # every train.* key, so a new config key cannot be forgotten here
     threads: 2
     resources:
         mem_mb=8000,
         runtime=240,
-        gpu=0,
+        gpu=gpus(),
     shell:
-        "{params.cape} train --input {input:q} --output {output.h5ad:q} --model-dir {output.model:q}"
-        " --label-key {params.labels} --fine-tune-fraction {params.opts[fine_tune_fraction]}"
-        " --architecture {params.opts[architecture]} --encoding {params.opts[encoding]}"
-        " --d-model {params.opts[d_model]} --n-layers {params.opts[n_layers]} --n-heads {params.opts[n_heads]}"
-        " --max-len {params.opts[max_len]} --pretrain-epochs {params.opts[pretrain_epochs]}"
-        " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
+        "{params.cape} --threads {threads} train --input {input:q} --output {output.h5ad:q} --model-dir {output.model:q}"
+        " --label-key {params.labels} {params.flags}"
         " > {log:q} 2>&1"
