@@ -420,14 +420,24 @@ def headline(findings: Sequence[Finding]) -> str:
     return "Read with care: " + "; ".join(problems) + "."
 
 
+def _with_new_remedies(findings: Sequence[Finding]) -> list[tuple[Finding, list[str]]]:
+    """Each finding with the remedies not already given for an earlier one."""
+    seen: set[str] = set()
+    out = []
+    for f in findings:
+        out.append((f, [r for r in f.remedies if r not in seen]))
+        seen.update(f.remedies)
+    return out
+
+
 def verdict_markdown(findings: Sequence[Finding], resources: Sequence[dict] | None = None) -> str:
     """The verdict section of report.md: a headline, one bullet per finding with its remedies, the resources."""
     lines = ["## Verdict", "", f"**{headline(findings)}**", ""]
-    for f in findings:
+    for f, remedies in _with_new_remedies(findings):
         lines.append(f"- **{f.label}** — {f.text}")
-        lines += [f"  - What to do: {r}" for r in f.remedies]
+        lines += [f"  - What to do: {r}" for r in remedies]
     if any(f.topic in ("annotation", "clustering") for f in findings):
-        lines += ["", f"_The intervals resample the test cells ({N_BOOTSTRAP:,} times); they do not include the "
+        lines += ["", f"_The intervals resample the cells scored ({N_BOOTSTRAP:,} times); they do not include the "
                   "variation between training seeds (one run, one seed). `cape bench encodings` repeats over seeds._"]
     if resources:
         header, rows = resources_table(resources)
@@ -442,8 +452,8 @@ def verdict_html(findings: Sequence[Finding], resources: Sequence[dict] | None =
     """The same verdict as a self-contained HTML page (for Snakemake's report)."""
     colour = {OK: "#1b7837", WARNING: "#b35806", NO_OP: "#b2182b"}
     items = []
-    for f in findings:
-        rem = "".join(f"<li>What to do: {_inline(r)}</li>" for r in f.remedies)
+    for f, remedies in _with_new_remedies(findings):
+        rem = "".join(f"<li>What to do: {_inline(r)}</li>" for r in remedies)
         items.append(f'<li><b style="color:{colour[f.level]}">{html.escape(f.label)}</b> — {_inline(f.text)}'
                      + (f"<ul>{rem}</ul>" if rem else "") + "</li>")
     body = f"<h2>{html.escape(title)}</h2><p><b>{_inline(headline(findings))}</b></p><ul>{''.join(items)}</ul>"
