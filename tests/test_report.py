@@ -313,3 +313,12 @@ def test_cli_evaluate_reports_resources(trained, tmp_path, capsys):
     assert ("causal", "seconds") not in res
     assert main([*args, "--benchmarks", str(tmp_path / "missing")]) == 2
     assert "--benchmarks" in capsys.readouterr().err
+
+
+def test_without_labels_the_verdict_says_so(trained, tmp_path):
+    records = evaluate_run(trained, None)
+    findings = verdict(trained, records)
+    assert [f.topic for f in findings] == ["positions", "baselines"]
+    assert "No cell labels" in findings[1].text and "`labels: <obs column>`" in findings[1].text
+    text = write_report(trained, records, tmp_path / "r.md").read_text()
+    assert "### comparison" not in text and "No cell labels" in text.split("## Run")[0]
