@@ -275,14 +275,15 @@ def comparison_finding(cmp: Comparison, causes: Sequence[tuple[str, str]] = ()) 
               f"{'test ' if cmp.task == 'annotation' else ''}cells {cmp.low:+.2f} to {cmp.high:+.2f})")
     task = {"annotation": "Cell-type annotation", "clustering": "Clustering"}.get(cmp.task, cmp.task)
     if cmp.high < 0:
-        text = f"{task}: the baseline wins beyond the spread — {scores}."
+        text = f"{task}: the simple baseline is better, by more than the variation between cells explains — {scores}."
         if causes:
             text += " Likely cause: " + "; or ".join(c for c, _ in causes) + "."
         return Finding(WARNING, cmp.task, text, tuple(r for _, r in causes),
                        short=f"{baseline} beats the transformer on {task.lower()}")
     if cmp.low > 0:
-        return Finding(OK, cmp.task, f"{task}: {method} beats {baseline} beyond the spread — {scores}.")
-    return Finding(OK, cmp.task, f"{task}: no difference beyond the spread — {scores}.")
+        return Finding(OK, cmp.task, f"{task}: {method} is better than {baseline}, by more than the variation "
+                       f"between cells explains — {scores}.")
+    return Finding(OK, cmp.task, f"{task}: no clear difference (within the variation between cells) — {scores}.")
 
 
 # ---------------------------------------------------------------------------------------------------- resources
@@ -416,7 +417,8 @@ def headline(findings: Sequence[Finding]) -> str:
                 "below as those of a transformer without positional encoding.")
     problems = [f.short or f.topic for f in findings if f.level != OK]
     if not problems:
-        return "No problems found: the genes got positions and no baseline beats the transformer beyond the spread."
+        return ("No problems found: most genes got a position, and no baseline beats the transformer by more than "
+                "the variation between cells.")
     return "Read with care: " + "; ".join(problems) + "."
 
 

@@ -170,7 +170,7 @@ def test_baseline_wins_names_cause_and_remedy(trained, tmp_path):
     assert cmp.n_cells == (trained.obs[SPLIT_KEY] == "test").sum()
     findings = verdict(trained, records)
     (warning,) = [f for f in findings if f.topic == "annotation"]
-    assert warning.level == WARNING and "the baseline wins beyond the spread" in warning.text
+    assert warning.level == WARNING and "the simple baseline is better, by more than the variation" in warning.text
     n_ft = int((trained.obs[SPLIT_KEY] == "fine_tune").sum())
     assert f"too few cells to train a transformer from scratch: it learnt from {n_ft} labelled cells" in warning.text
     assert any("`train.checkpoint" in r and "`train.pretrain_epochs`" in r for r in warning.remedies)
@@ -188,7 +188,7 @@ def test_fine_run_has_no_warning(trained):
     assert {f.topic for f in findings} == {"positions", "annotation", "clustering", "resources"}
     assert headline(findings).startswith("No problems found")
     (ann,) = [f for f in findings if f.topic == "annotation"]
-    assert "no difference beyond the spread" in ann.text or "beats logistic regression" in ann.text
+    assert "no clear difference" in ann.text or "is better than logistic regression" in ann.text
 
 
 def test_comparison_finding_levels():
@@ -201,8 +201,8 @@ def test_comparison_finding_levels():
     assert comparison_finding(lose, causes).level == WARNING
     assert comparison_finding(lose, causes).remedies == ("remedy A",)
     assert "Likely cause: cause A." in comparison_finding(lose, causes).text
-    assert comparison_finding(tie, causes).level == OK and "no difference" in comparison_finding(tie).text
-    assert "beats logistic regression on PCA beyond the spread" in comparison_finding(win).text
+    assert comparison_finding(tie, causes).level == OK and "no clear difference" in comparison_finding(tie).text
+    assert "is better than logistic regression on PCA, by more than" in comparison_finding(win).text
 
 
 def test_likely_causes():
