@@ -178,7 +178,7 @@ def write_figures(adata: ad.AnnData, fig_dir: str | os.PathLike, *, label_key: s
     fig_dir.mkdir(parents=True, exist_ok=True)
     drawers = {
         "dag.png": ("cape_dag" in adata.varp and adata.varp["cape_dag"].nnz, lambda: pl.dag(adata, return_fig=True)),
-        "poincare.png": ("cape_poincare" in adata.varm, lambda: pl.poincare(
+        "poincare.png": ("cape_poincare" in adata.varm and _any_positioned(adata), lambda: pl.poincare(
             adata, components=(0, 1), return_fig=True,
             title="genes in the Poincaré disk (first two coordinates), coloured by generality")),
         "cells.png": ("X_cape" in adata.obsm, lambda: _embedding_figure(adata, label_key)),
@@ -194,6 +194,10 @@ def write_figures(adata: ad.AnnData, fig_dir: str | os.PathLike, *, label_key: s
             plt.close(fig)  # only ours: a notebook's other figures stay open
         written.append(name)
     return written
+
+
+def _any_positioned(adata: ad.AnnData) -> bool:
+    return "cape_embedded" not in adata.var or bool(adata.var["cape_embedded"].any())
 
 
 def write_report(adata: ad.AnnData, records: list[dict], output: str | os.PathLike, *,
@@ -217,8 +221,15 @@ def write_report(adata: ad.AnnData, records: list[dict], output: str | os.PathLi
         resources = resources_from_records(records) or None
     findings = verdict(adata, records, resources)
     sections = [f"# {title}\n", verdict_markdown(findings, resources), _summary(adata, label_key)]
-    sections += [f"## {FIGURES[name][0]}\n\n![{FIGURES[name][1]}]({fig_dir.name}/{name})"
-                 for name in FIGURES if name in figures]
+    # A step that ran but left nothing to draw says so, instead of an empty figure.
+    not_drawn = {"dag.png": ("cape_dag" in adata.varp, "The causal graph has no edges: nothing to draw."),
+                 "poincare.png": ("cape_poincare" in adata.varm,
+                                  "No gene got a position: every gene sits at the centre of the disk.")}
+    for name, (heading, alt) in FIGURES.items():
+        if name in figures:
+            sections.append(f"## {heading}\n\n![{alt}]({fig_dir.name}/{name})")
+        elif name in not_drawn and not_drawn[name][0]:
+            sections.append(f"## {heading}\n\n{not_drawn[name][1]}")
     tables = _metric_tables(records)
     if tables:
         sections.append("## Metrics\n\n" + _metrics_table(records))

@@ -259,7 +259,9 @@ def likely_causes(training: Training, pos: Positioning | None) -> list[tuple[str
                   "or pretrain on all cells first (`train.pretrain_epochs`"
                   f"{', now 0' if not training.pretrain_epochs else ''})")
         causes.append((cause, remedy))
-    if pos is not None and pos.fraction < MIN_POSITIONED_FRACTION:
+    if pos is not None and pos.n_positioned == 0:
+        causes.append(("no gene got a position: the encoding added nothing", _tau_remedy(pos)))
+    elif pos is not None and pos.fraction < MIN_POSITIONED_FRACTION:
         causes.append((f"few genes positioned ({pos.fraction:.0%}): the encoding adds little", _tau_remedy(pos)))
     if not causes:
         causes.append(("the model may be too small or stopped too early for this data",

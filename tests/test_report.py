@@ -138,7 +138,15 @@ def test_no_op_graph_is_called_out(trained, tmp_path):
     verdict_section = text.read_text().split("## Run")[0]
     assert "**CAPE did nothing in this run" in verdict_section
     assert "- **CAPE did nothing** — The causal graph has no edges among the 12 genes used" in verdict_section
-    assert not (tmp_path / "r_figures" / "dag.png").exists()  # nothing to draw
+    assert not (tmp_path / "r_figures" / "dag.png").exists()  # nothing to draw, and the report says so
+    assert "## Causal gene graph (Step I)\n\nThe causal graph has no edges: nothing to draw." in text.read_text()
+    assert (tmp_path / "r_figures" / "poincare.png").exists()  # no var['cape_embedded']: positions as they are
+    trained.var["cape_embedded"] = False
+    text = write_report(trained, [], tmp_path / "s.md").read_text()
+    assert not (tmp_path / "s_figures" / "poincare.png").exists()
+    assert "No gene got a position: every gene sits at the centre of the disk." in text
+    causes = likely_causes(training_context(trained), positioning(trained))
+    assert causes[-1][0] == "no gene got a position: the encoding added nothing"
 
 
 def test_embedded_genes_count_only_when_used():
