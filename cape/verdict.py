@@ -32,6 +32,8 @@ N_BOOTSTRAP = 1000
 LEVEL = 0.95
 #: Snakemake rules whose ``benchmarks/<run>/<stage>.tsv`` the report reads, in workflow order.
 STAGES = ("preprocess", "causal", "embed", "encode", "train")
+#: Encodings of ``cape train`` that use neither the causal graph nor CAPE's positions (see ``cape encodings``).
+POSITION_FREE_ENCODINGS = frozenset({"none", "static_absolute", "trainable_absolute"})
 
 OK, WARNING, NO_OP = "ok", "warning", "no-op"
 _LABELS = {OK: "OK", WARNING: "Warning", NO_OP: "CAPE did nothing"}
@@ -100,8 +102,13 @@ def _tau_remedy(pos: Positioning) -> str:
             f"data; more cells also give Step I more to go on{cells}")
 
 
-def positioning_finding(pos: Positioning | None) -> Finding:
-    """No-op when no gene got a position, a warning below :data:`MIN_POSITIONED_FRACTION`, else OK."""
+def positioning_finding(pos: Positioning | None, encoding: str | None = None) -> Finding:
+    """No-op when no gene got a position, a warning below :data:`MIN_POSITIONED_FRACTION`, else OK.
+
+    ``encoding``: the transformer's positional encoding, when known; one that ignores the graph is named.
+    """
+    ignores = (f" (This run's transformer used the '{encoding}' encoding, which does not use the causal graph.)"
+               if encoding in POSITION_FREE_ENCODINGS else "")
     if pos is None:
         return Finding(WARNING, "positions", "This data has no causal graph (Steps I–II were not run), so the "
                        "transformer had no CAPE positions.", ("run `cape causal` and `cape embed` first",),
@@ -110,16 +117,19 @@ def positioning_finding(pos: Positioning | None) -> Finding:
     if pos.n_positioned == 0:
         return Finding(NO_OP, "positions",
                        f"The causal graph has {edges} among the {pos.n_used:,} genes used, so every gene sits at "
-                       "the centre of the Poincaré disk and gets a rotation angle of 0: CAPE changed nothing, and "
-                       "the transformer's results are those of a model without positional information.",
+                       "the centre of the Poincaré disk and gets a rotation angle of 0: CAPE changed nothing"
+                       + (f".{ignores}" if ignores else ", and the transformer's results are those of a model "
+                          "without positional information."),
                        (_tau_remedy(pos),), short="no gene got a position, so CAPE changed nothing")
     share = f"{pos.fraction:.0%} of the genes used ({pos.n_positioned:,} of {pos.n_used:,})"
     if pos.fraction < MIN_POSITIONED_FRACTION:
         return Finding(WARNING, "positions",
                        f"Only {share} got a position from the causal graph ({edges}); the others sit at the centre "
-                       "of the Poincaré disk and are encoded as if they had no position, so CAPE can do little.",
+                       "of the Poincaré disk and are encoded as if they had no position, so CAPE can do little."
+                       + ignores,
                        (_tau_remedy(pos),), short=f"only {pos.fraction:.0%} of the genes got a position")
-    return Finding(OK, "positions", f"{share.capitalize()} got a position from the causal graph ({edges}).")
+    return Finding(OK, "positions", f"{share.capitalize()} got a position from the causal graph ({edges})."
+                   + ignores)
 
 
 # ---------------------------------------------------------------------------------------------------- baselines
@@ -227,6 +237,17 @@ class Training:
     n_fine_tune: int | None
     pretrain_epochs: int
     pretrained_weights: bool
+    architecture: str | None = None
+    encoding: str | None = None
+
+    @property
+    def name(self) -> str:
+        """"the transformer (scGPT + CAPE)", or just "the transformer" when the model is not recorded."""
+        if self.architecture is None:
+            return "the transformer"
+        arch = {"scgpt": "scGPT", "scbert": "scBERT"}.get(self.architecture, self.architecture)
+        enc = {"cape": "CAPE", None: "?"}.get(self.encoding, self.encoding)
+        return f"the transformer ({arch} + {enc})"
 
 
 def training_context(adata: ad.AnnData, split_key: str = "cape_split") -> Training:
@@ -238,11 +259,11 @@ def training_context(adata: ad.AnnData, split_key: str = "cape_split") -> Traini
     # A model built from a published scGPT checkpoint records its folder ("checkpoint"); older runs only show it
     # through strict_genes=False, which CellTransformer.from_scgpt alone sets.
     pretrained = bool(model.get("checkpoint")) or model.get("strict_genes") is False
-    return Training(n_ft, epochs, pretrained)
+    encoding = model.get("backbone", {}).get("encoding")
+    return Training(n_ft, epochs, pretrained, model.get("architecture"), encoding)
 
 
-_NAMES = {"cape": "the transformer with CAPE", "logreg_pca": "logistic regression on PCA",
-          "pca_kmeans": "k-means on PCA"}
+_NAMES = {"cape": "the transformer", "logreg_pca": "logistic regression on PCA", "pca_kmeans": "k-means on PCA"}
 
 
 def likely_causes(training: Training, pos: Positioning | None) -> list[tuple[str, str]]:
@@ -259,7 +280,9 @@ def likely_causes(training: Training, pos: Positioning | None) -> list[tuple[str
                   "or pretrain on all cells first (`train.pretrain_epochs`"
                   f"{', now 0' if not training.pretrain_epochs else ''})")
         causes.append((cause, remedy))
-    if pos is not None and pos.n_positioned == 0:
+    if training.encoding in POSITION_FREE_ENCODINGS:
+        pass  # the positions cannot explain anything: the encoding does not read them
+    elif pos is not None and pos.n_positioned == 0:
         causes.append(("no gene got a position: the encoding added nothing", _tau_remedy(pos)))
     elif pos is not None and pos.fraction < MIN_POSITIONED_FRACTION:
         causes.append((f"few genes positioned ({pos.fraction:.0%}): the encoding adds little", _tau_remedy(pos)))
@@ -269,9 +292,11 @@ def likely_causes(training: Training, pos: Positioning | None) -> list[tuple[str
     return causes
 
 
-def comparison_finding(cmp: Comparison, causes: Sequence[tuple[str, str]] = ()) -> Finding:
+def comparison_finding(cmp: Comparison, causes: Sequence[tuple[str, str]] = (), *,
+                       method_name: str | None = None) -> Finding:
     """A warning when the 95 % interval of (method − baseline) lies below 0, else an OK that says what is known."""
-    method, baseline = _NAMES.get(cmp.method, cmp.method), _NAMES.get(cmp.baseline, cmp.baseline)
+    method = method_name or _NAMES.get(cmp.method, cmp.method)
+    baseline = _NAMES.get(cmp.baseline, cmp.baseline)
     scores = (f"{cmp.metric} {cmp.value:.2f} for {method} against {cmp.baseline_value:.2f} for {baseline} "
               f"(difference {cmp.diff:+.2f}; {LEVEL:.0%} bootstrap interval over the {cmp.n_cells:,} "
               f"{'test ' if cmp.task == 'annotation' else ''}cells {cmp.low:+.2f} to {cmp.high:+.2f})")
@@ -399,11 +424,13 @@ def resources_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
 def verdict(adata: ad.AnnData, records: Sequence[dict], resources: Sequence[dict] | None = None) -> list[Finding]:
     """Every finding of the verdict, in reading order: positions, baselines, resources."""
     pos = positioning(adata)
-    findings = [positioning_finding(pos)]
+    training = training_context(adata)
+    findings = [positioning_finding(pos, training.encoding)]
     comparisons = comparisons_from_records(records)
     if comparisons:
-        causes = likely_causes(training_context(adata), pos)
-        findings += [comparison_finding(c, causes) for c in comparisons]
+        causes = likely_causes(training, pos)
+        findings += [comparison_finding(c, causes, method_name=training.name if c.method == "cape" else None)
+                     for c in comparisons]
     elif not any(r["task"] in ("annotation", "clustering") for r in records):
         findings.append(Finding(OK, "baselines", "No cell labels, so the transformer was not compared with "
                                 "baselines (give `labels: <obs column>` in the config, or `--label-key`)."))

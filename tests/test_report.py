@@ -233,8 +233,26 @@ def test_likely_causes():
 def test_training_context(trained):
     ctx = training_context(trained)
     assert ctx == Training(int((trained.obs[SPLIT_KEY] == "fine_tune").sum()), 0, False)
-    trained.uns["cape"]["model"] = {"history": {"pretrain": {"train_loss": [1.0, 0.9]}}, "checkpoint": "ckpt/"}
-    assert training_context(trained) == Training(ctx.n_fine_tune, 2, True)
+    assert ctx.name == "the transformer"
+    trained.uns["cape"]["model"] = {"history": {"pretrain": {"train_loss": [1.0, 0.9]}}, "checkpoint": "ckpt/",
+                                    "architecture": "scgpt", "backbone": {"encoding": "cape", "d_model": 64}}
+    ctx = training_context(trained)
+    assert ctx == Training(ctx.n_fine_tune, 2, True, "scgpt", "cape")
+    assert ctx.name == "the transformer (scGPT + CAPE)"
+
+
+def test_an_encoding_without_positions_is_named():
+    """With encoding 'none' the empty graph changes CAPE's positions, not the transformer: say which."""
+    empty = Positioning(n_used=30, n_positioned=0, n_edges=0)
+    assert "without positional information" in positioning_finding(empty, "cape").text
+    text = positioning_finding(empty, "trainable_absolute").text
+    assert "without positional information" not in text
+    assert "used the 'trainable_absolute' encoding, which does not use the causal graph" in text
+    plain = Training(90, 0, False, "scbert", "none")
+    assert [c for c, _ in likely_causes(plain, empty)] == [
+        "too few cells to train a transformer from scratch: it learnt from 90 labelled cells with no pretraining, "
+        "while a linear model on PCA needs a few cells per class"]
+    assert plain.name == "the transformer (scBERT + none)"
 
 
 # ------------------------------------------------------------------------------------------------- bootstrap
