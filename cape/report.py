@@ -26,10 +26,13 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
       macro-F1 on the test cells, beside logistic regression on PCA trained on the same fine-tune cells;
     * clustering (when ``label_key`` is given): k-means (k = number of labels) on ``obsm[embedding_key]`` —
       ARI, NMI, ASW — beside PCA + k-means on the expression;
-    * graph: edges of ``varp["cape_dag"]``, edges removed to make it acyclic, genes embedded.
+    * graph: edges of ``varp["cape_dag"]``, edges removed to make it acyclic, genes embedded;
+    * comparison: the transformer minus its baseline (accuracy; ARI) with a seeded bootstrap interval over the
+      cells (:func:`cape.verdict.bootstrap_difference`), which the report's verdict reads.
     """
     from .bench.annotation import AnnotationSplit, annotation_metrics, checked_labels, logistic_regression_pca
-    from .bench.clustering import cluster_embedding, run_clustering_baselines
+    from .bench.clustering import BASELINES, _with_nan, clustering_metrics, kmeans_clusters, knn_impute
+    from .verdict import accuracy, adjusted_rand, bootstrap_difference, comparison_records
 
     records: list[dict] = []
 
@@ -57,18 +60,43 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
         if test.size == 0 or fine_tune.size == 0:
             raise CapeInputError(f"obs[{SPLIT_KEY!r}] needs both 'fine_tune' and 'test' cells")
         predicted = adata.obs.loc[labels.index, pred_key].astype(str).to_numpy()
-        add("annotation", "cape", annotation_metrics(labels.to_numpy()[test], predicted[test]))
+        truth = labels.to_numpy()[test]
+        add("annotation", "cape", annotation_metrics(truth, predicted[test]))
         baseline = logistic_regression_pca(
             adata, label_key, seed=seed,
             split=AnnotationSplit(fine_tune, test, seed, fine_tune.size / (fine_tune.size + test.size)))
         add("annotation", "logreg_pca", {k: baseline[k] for k in ("accuracy", "macro_f1")})
+        diff = bootstrap_difference(truth, predicted[test], baseline["test_predictions"], accuracy, seed=seed)
+        records += comparison_records("annotation", "accuracy", "cape", "logreg_pca", diff, n_cells=test.size,
+                                      dataset=dataset, seed=seed, n_fine_tune=fine_tune.size)
     elif pred_key in adata.obs:
         logger.warning("no obs[%r]: annotation metrics skipped (the model was fine-tuned on every cell)", SPLIT_KEY)
-    if embedding_key in adata.obsm:
-        add("clustering", "cape", cluster_embedding(adata, label_key, obsm_key=embedding_key, seed=seed))
-    for rec in run_clustering_baselines(adata, label_key, dataset=dataset, seeds=(seed,), methods=["pca_kmeans"]):
-        records.append({k: rec[k] for k in ("task", "dataset", "method", "seed", "metric", "value")})
+    # k-means with k = number of classes on the transformer's embedding and on PCA of the expression (the
+    # "pca_kmeans" baseline of cape.bench.clustering), kept here to compare the two clusterings cell by cell.
+    y = labels.to_numpy()
+    k = labels.nunique()
+    sub = adata[labels.index] if len(labels) < adata.n_obs else adata
+    clusters = {}
+    for method, emb in (("cape", _cell_embedding(sub, embedding_key)),
+                        ("pca_kmeans", BASELINES["pca_kmeans"][0](knn_impute(_with_nan(sub)), None, seed, 50))):
+        if emb is None:
+            continue
+        clusters[method] = kmeans_clusters(emb, k, seed=seed)
+        add("clustering", method, clustering_metrics(emb, y, clusters[method]) | ({"k": k} if method == "cape" else {}))
+    if len(clusters) == 2:
+        diff = bootstrap_difference(y, clusters["cape"], clusters["pca_kmeans"], adjusted_rand, seed=seed)
+        records += comparison_records("clustering", "ARI", "cape", "pca_kmeans", diff, n_cells=len(y),
+                                      dataset=dataset, seed=seed)
     return records
+
+
+def _cell_embedding(adata: ad.AnnData, key: str) -> np.ndarray | None:
+    if key not in adata.obsm:
+        return None
+    emb = np.asarray(adata.obsm[key], dtype=np.float64)
+    if emb.ndim != 2 or not np.isfinite(emb).all():
+        raise CapeInputError(f"obsm[{key!r}] must be a finite 2-D array")
+    return emb
 
 
 def attention_records(adata: ad.AnnData, model_dir: str | os.PathLike, *, dataset: str = "data", seed: int = 0,
@@ -97,51 +125,118 @@ def attention_records(adata: ad.AnnData, model_dir: str | os.PathLike, *, datase
     return records
 
 
-def _metrics_table(records: list[dict]) -> str:
-    from .bench.report import mean_sd_table
+#: Tasks the verdict shows itself, left out of the metrics tables.
+_VERDICT_TASKS = ("resources",)
 
+
+def _metric_tables(records: list[dict]) -> list[tuple[str, str, list[str], list[list[str]]]]:
+    """(task, note, header, rows) per task, values as ``mean ± sd`` over seeds."""
+    from .bench.report import mean_sd_table
+    from .verdict import N_BOOTSTRAP, parse_markdown_table
+
+    notes = {"attention": "Behind-RoPE non-relativity index of the mean attention logits per layer: 0 = a function "
+                          "of the relative position only, ~1 = unrelated to it.",
+             "comparison": f"The transformer minus its same-run baseline, with the {N_BOOTSTRAP:,}-resample "
+                           "bootstrap interval (95 %) over the cells scored."}
     tables = []
     for task in dict.fromkeys(r["task"] for r in records):
+        if task in _VERDICT_TASKS:
+            continue
         sub = [r for r in records if r["task"] == task]
-        note = ("Behind-RoPE non-relativity index of the mean attention logits per layer: 0 = a function of the "
-                "relative position only, ~1 = unrelated to it.\n\n" if task == "attention" else "")
-        tables.append(f"### {task}\n\n{note}" + mean_sd_table(sub, rows=["method"], columns=["metric"]))
-    return "\n\n".join(tables)
+        header, rows = parse_markdown_table(mean_sd_table(sub, rows=["method"], columns=["metric"]))
+        tables.append((task, notes.get(task, ""), header, rows))
+    return tables
 
 
-def write_report(adata: ad.AnnData, records: list[dict], output: str | os.PathLike, *,
-                 label_key: str | None = None, title: str = "cape run") -> Path:
-    """Markdown report with the learnt DAG, the Poincaré disk, the cell embedding and the metrics.
+def _metrics_table(records: list[dict]) -> str:
+    from .verdict import markdown_table
 
-    Figures are written next to ``output`` in ``<stem>_figures/``; the report links them relatively.
-    """
+    return "\n\n".join(f"### {task}\n\n" + (f"{note}\n\n" if note else "") + markdown_table(header, rows)
+                        for task, note, header, rows in _metric_tables(records))
+
+
+def figures_dir(output: str | os.PathLike) -> Path:
+    """Folder of the report's figures and HTML tables: ``<stem>_figures/`` next to the report."""
+    out = Path(output)
+    return out.parent / f"{out.stem}_figures"
+
+
+#: Figures of a report, in order: file name → (section heading, alt text).
+FIGURES = {"dag.png": ("Causal gene graph (Step I)", "DAG"),
+           "poincare.png": ("Hyperbolic embedding (Step II)", "Poincaré disk"),
+           "cells.png": ("Cell embedding", "cells")}
+
+
+def write_figures(adata: ad.AnnData, fig_dir: str | os.PathLike, *, label_key: str | None = None) -> list[str]:
+    """Draw the DAG (when it has edges), the Poincaré disk and the cell embedding into ``fig_dir``; their names."""
     import matplotlib.pyplot as plt
 
     from . import pl
-    from .bench.report import save_figure, write_text
+    from .bench.report import save_figure
+
+    fig_dir = Path(fig_dir)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    drawers = {
+        "dag.png": ("cape_dag" in adata.varp and adata.varp["cape_dag"].nnz, lambda: pl.dag(adata, return_fig=True)),
+        "poincare.png": ("cape_poincare" in adata.varm and _any_positioned(adata), lambda: pl.poincare(
+            adata, components=(0, 1), return_fig=True,
+            title="genes in the Poincaré disk (first two coordinates), coloured by generality")),
+        "cells.png": ("X_cape" in adata.obsm, lambda: _embedding_figure(adata, label_key)),
+    }
+    written = []
+    for name, (applies, draw) in drawers.items():
+        if not applies:
+            continue
+        fig = draw()
+        try:
+            save_figure(fig, fig_dir / name)
+        finally:
+            plt.close(fig)  # only ours: a notebook's other figures stay open
+        written.append(name)
+    return written
+
+
+def _any_positioned(adata: ad.AnnData) -> bool:
+    return "cape_embedded" not in adata.var or bool(adata.var["cape_embedded"].any())
+
+
+def write_report(adata: ad.AnnData, records: list[dict], output: str | os.PathLike, *,
+                 label_key: str | None = None, title: str = "cape run", figures: list[str] | None = None,
+                 resources: list[dict] | None = None) -> Path:
+    """Markdown report: the verdict first, then the run, the learnt DAG, the Poincaré disk, the cells, the metrics.
+
+    Figures are in ``<stem>_figures/`` next to ``output`` (drawn here unless ``figures`` names those already
+    drawn by :func:`write_figures`); the report links them relatively. The same folder gets ``verdict.html`` and
+    ``metrics.html``, the verdict and the metric tables as HTML pages for Snakemake's report. ``resources`` are the
+    per-stage rows of :func:`cape.verdict.stage_resources` (default: those in ``records``, task "resources").
+    """
+    from .bench.report import write_text
+    from .verdict import html_page, html_table, resources_from_records, verdict, verdict_html, verdict_markdown
 
     out = Path(output)
-    fig_dir = out.parent / f"{out.stem}_figures"
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    sections = [f"# {title}\n", _summary(adata, label_key)]
-    figures = []
-    if "cape_dag" in adata.varp and adata.varp["cape_dag"].nnz:
-        figures.append(pl.dag(adata, return_fig=True))
-        save_figure(figures[-1], fig_dir / "dag.png")
-        sections.append(f"## Causal gene graph (Step I)\n\n![DAG]({fig_dir.name}/dag.png)")
-    if "cape_poincare" in adata.varm:
-        figures.append(pl.poincare(adata, components=(0, 1), return_fig=True,
-                                   title="genes in the Poincaré disk (first two coordinates), coloured by generality"))
-        save_figure(figures[-1], fig_dir / "poincare.png")
-        sections.append(f"## Hyperbolic embedding (Step II)\n\n![Poincaré disk]({fig_dir.name}/poincare.png)")
-    if "X_cape" in adata.obsm:
-        figures.append(_embedding_figure(adata, label_key))
-        save_figure(figures[-1], fig_dir / "cells.png")
-        sections.append(f"## Cell embedding\n\n![cells]({fig_dir.name}/cells.png)")
-    if records:
+    fig_dir = figures_dir(out)
+    if figures is None:
+        figures = write_figures(adata, fig_dir, label_key=label_key)
+    if resources is None:
+        resources = resources_from_records(records) or None
+    findings = verdict(adata, records, resources)
+    sections = [f"# {title}\n", verdict_markdown(findings, resources), _summary(adata, label_key)]
+    # A step that ran but left nothing to draw says so, instead of an empty figure.
+    not_drawn = {"dag.png": ("cape_dag" in adata.varp, "The causal graph has no edges: nothing to draw."),
+                 "poincare.png": ("cape_poincare" in adata.varm,
+                                  "No gene got a position: every gene sits at the centre of the disk.")}
+    for name, (heading, alt) in FIGURES.items():
+        if name in figures:
+            sections.append(f"## {heading}\n\n![{alt}]({fig_dir.name}/{name})")
+        elif name in not_drawn and not_drawn[name][0]:
+            sections.append(f"## {heading}\n\n{not_drawn[name][1]}")
+    tables = _metric_tables(records)
+    if tables:
         sections.append("## Metrics\n\n" + _metrics_table(records))
-    for fig in figures:  # only ours: a notebook's other figures stay open
-        plt.close(fig)
+    write_text(verdict_html(findings, resources, title=f"{title}: verdict"), fig_dir / "verdict.html")
+    body = "".join(f"<h3>{task}</h3>" + (f"<p>{note}</p>" if note else "") + html_table(header, rows)
+                   for task, note, header, rows in tables) or "<p>No metrics (no labels and no graph).</p>"
+    write_text(html_page(f"{title}: metrics", f"<h2>{title}: metrics</h2>{body}"), fig_dir / "metrics.html")
     write_text("\n\n".join(sections) + "\n", out)
     return out
 
@@ -151,7 +246,7 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
     lines = [f"- data: {adata.n_obs} cells × {adata.n_vars} genes"
              + (f" (dataset {info['dataset']['name']})" if "dataset" in info else "")]
     if "cape_used" in adata.var:
-        lines.append(f"- genes in the causal graph: {int(adata.var['cape_used'].sum())}")
+        lines.append(f"- genes used by Steps I–III: {int(adata.var['cape_used'].sum())}")
     for step in ("preprocess", "causal_graph", "hyperbolic_embedding", "rotary_encoding", "model"):
         if step in info:
             seconds = next((info[step][k] for k in ("wall_time", "seconds") if k in info[step]), None)

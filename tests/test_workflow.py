@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -77,3 +80,45 @@ def test_bad_input_file_fails_without_partial_output(workdir):
     log = (workdir / "logs/broken/preprocess.log").read_text()
     assert log.strip().splitlines() == [log.strip()] and "cape: error: cannot read" in log
     assert not (workdir / "results/broken/preprocessed.h5ad").exists()
+
+
+# A run small enough for the test suite: 30 genes, few epochs, a model that fits them (8 rotary planes).
+TINY = ["preprocess={'n_top_genes': 30, 'min_genes': 200}", "causal={'epochs': 10, 'tau': 0.01}",
+        "embed={'epochs': 50, 'dim': 8}",
+        "train={'epochs': 2, 'd_model': 16, 'n_layers': 1, 'n_heads': 2, 'max_len': 32, 'batch_size': 64}"]
+
+
+def _report_items(html: str) -> dict:
+    """The files Snakemake embedded in its report: path → entry (name, mime type, base64 data URI, ...)."""
+    match = re.search(r'<script id="results">\s*var results = (.*?);\s*</script>', html, re.S)
+    assert match, "no results in the HTML report"
+    return json.loads(match.group(1))
+
+
+def test_tiny_run_then_html_report(workdir, counts_adata):
+    """The whole workflow on 300 cells × 30 genes, then `snakemake --report` with the figures and tables."""
+    data = workdir / "tiny.h5ad"
+    counts_adata.write_h5ad(data)
+    config = ["--config", f"input={data}", "labels=group", *TINY]
+    proc = snakemake(workdir, "--cores", "2", *config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = (workdir / "results/tiny/report.md").read_text()
+    assert report.startswith("# cape run: tiny\n\n\n## Verdict\n\n")
+    assert "Snakemake benchmark" in report and "| evaluate |" in report
+    for stage in ("preprocess", "causal", "embed", "encode", "train", "evaluate"):
+        assert (workdir / f"benchmarks/tiny/{stage}.tsv").exists()
+
+    proc = snakemake(workdir, *config, "--report", "report.html")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = (workdir / "report.html").read_text()
+    items = {Path(path).name: entry for path, entry in _report_items(html).items()}
+    assert {"dag.png", "poincare.png", "cells.png", "verdict.html", "metrics.html", "metrics.json"} <= set(items)
+    for name in ("dag.png", "poincare.png"):
+        assert items[name]["mime_type"] == "image/png"
+        assert base64.b64decode(items[name]["data_uri"].split("base64,", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "causal gene graph" in items["dag.png"]["caption"] and "Poincaré disk" in items["poincare.png"]["caption"]
+    tables = base64.b64decode(items["metrics.html"]["data_uri"].split("base64,", 1)[1]).decode()
+    assert "<table>" in tables and "<td>logreg_pca</td>" in tables and "<td>pca_kmeans</td>" in tables
+    verdict = base64.b64decode(items["verdict.html"]["data_uri"].split("base64,", 1)[1]).decode()
+    assert "got a position from the causal graph" in verdict and "peak memory" in verdict
+    assert '"rule": "evaluate"' in html  # the workflow's rule graph

@@ -109,7 +109,8 @@ def logistic_regression_pca(adata: ad.AnnData, label_key: str, *, seed: int = 0,
     """Baseline: PCA of the expression, then multinomial logistic regression trained on the fine-tune cells.
 
     PCA is fit on all cells without labels (the backbones are also pretrained on unlabelled cells); the classifier
-    sees only the fine-tune labels. Returns ``{"accuracy", "macro_f1", "n_fine_tune", "n_test", "seconds"}``.
+    sees only the fine-tune labels. Returns ``{"accuracy", "macro_f1", "n_fine_tune", "n_test", "seconds",
+    "test_predictions"}`` (the predicted labels of the test cells, in ``split.test`` order).
     """
     from sklearn.decomposition import PCA
     from sklearn.linear_model import LogisticRegression
@@ -123,9 +124,10 @@ def logistic_regression_pca(adata: ad.AnnData, label_key: str, *, seed: int = 0,
     emb = PCA(n_components=k, random_state=seed).fit_transform(x)
     y = labels.to_numpy()
     clf = LogisticRegression(max_iter=5000, random_state=seed).fit(emb[split.fine_tune], y[split.fine_tune])
-    result = annotation_metrics(y[split.test], clf.predict(emb[split.test]))
+    predicted = clf.predict(emb[split.test])
+    result = annotation_metrics(y[split.test], predicted)
     return result | {"n_fine_tune": len(split.fine_tune), "n_test": len(split.test),
-                     "seconds": time.perf_counter() - start}
+                     "seconds": time.perf_counter() - start, "test_predictions": predicted}
 
 
 def run_annotation_baselines(adata: ad.AnnData, label_key: str, *, dataset: str = "data",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def register(commands, bench) -> None:
@@ -16,6 +17,10 @@ def register(commands, bench) -> None:
     parser.add_argument("--model", default=None,
                         help="trained model folder (from `cape train --model-dir`): adds the per-layer attention "
                              "non-relativity (Behind RoPE) to the metrics")
+    parser.add_argument("--benchmarks", default=None, metavar="DIR",
+                        help="folder of Snakemake's benchmark files of the earlier stages (<stage>.tsv, e.g. "
+                             "benchmarks/<run>): their time and peak memory go into the report's verdict and the "
+                             "metrics; a missing file reads 'not measured'")
     parser.set_defaults(func=run)
 
 
@@ -23,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from .. import data
     from .._errors import CapeInputError
     from .._settings import resolve_seed
-    from ..report import evaluate_run, resolve_label_key, write_metrics, write_report
+    from ..report import evaluate_run, figures_dir, resolve_label_key, write_figures, write_metrics, write_report
+    from ..verdict import own_resources, resource_records, stage_resources
     from ._io import check_output
 
     check_output(args.metrics, args.input, args.model, suffix=".json", option="--metrics")
@@ -32,12 +38,20 @@ def run(args: argparse.Namespace) -> int:
     if "X_cape" not in adata.obsm:
         raise CapeInputError(f"{args.input} has no obsm['X_cape'] (cell embeddings): run `cape train` first")
     label_key = resolve_label_key(adata, None if args.label_key == "none" else args.label_key)
+    if args.benchmarks is not None and not os.path.isdir(args.benchmarks):
+        raise CapeInputError(f"--benchmarks {args.benchmarks}: no such folder")
     name = args.name or adata.uns.get("cape", {}).get("dataset", {}).get("name", "data")
-    records = evaluate_run(adata, label_key, dataset=name, seed=resolve_seed(None))
+    seed = resolve_seed(None)
+    records = evaluate_run(adata, label_key, dataset=name, seed=seed)
     if args.model is not None:
         from ..report import attention_records
 
-        records += attention_records(adata, args.model, dataset=name, seed=resolve_seed(None))
-    write_report(adata, records, args.report, label_key=label_key, title=f"cape run: {name}")
+        records += attention_records(adata, args.model, dataset=name, seed=seed)
+    figures = write_figures(adata, figures_dir(args.report), label_key=label_key)
+    # Measured last, so this process's peak includes the metrics and the figures (not the text written after).
+    resources = [*stage_resources(args.benchmarks), own_resources("evaluate")]
+    records += resource_records(resources, dataset=name, seed=seed)
+    write_report(adata, records, args.report, label_key=label_key, title=f"cape run: {name}", figures=figures,
+                 resources=resources)
     write_metrics(records, args.metrics)
     return 0

@@ -1,0 +1,527 @@
+"""The verdict at the top of a run's report: did CAPE do anything, did the transformer beat the same-run
+baselines beyond the spread one seed allows, and what each stage cost (time, peak memory).
+
+Each judgement is a small function returning a :class:`Finding` (level, text, remedy), so the wording is tested
+on small inputs and the report only lays findings out (markdown for ``report.md``, HTML for Snakemake's report).
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+
+logger = logging.getLogger("cape")
+
+#: Below this fraction of used genes with a position, the encoding carries little (issue 12's target: half).
+MIN_POSITIONED_FRACTION = 0.5
+#: Rule of thumb, not a measured threshold: fewer fine-tune cells than this are "few" for a transformer trained
+#: from scratch (logistic regression on PCA needs a handful of cells per class).
+FEW_FINE_TUNE_CELLS = 1000
+#: Bootstrap resamples of the test cells and the interval's coverage.
+N_BOOTSTRAP = 1000
+LEVEL = 0.95
+#: Snakemake rules whose ``benchmarks/<run>/<stage>.tsv`` the report reads, in workflow order.
+STAGES = ("preprocess", "causal", "embed", "encode", "train")
+#: Encodings of ``cape train`` that use neither the causal graph nor CAPE's positions (see ``cape encodings``).
+POSITION_FREE_ENCODINGS = frozenset({"none", "static_absolute", "trainable_absolute"})
+
+OK, WARNING, NO_OP = "ok", "warning", "no-op"
+_LABELS = {OK: "OK", WARNING: "Warning", NO_OP: "CAPE did nothing"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One judgement of the verdict: ``level`` is ``"ok"``, ``"warning"`` or ``"no-op"``."""
+
+    level: str
+    topic: str
+    text: str
+    remedies: tuple[str, ...] = field(default_factory=tuple)
+    short: str = ""  # a few words for the headline (warnings and no-ops)
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self.level]
+
+
+# ---------------------------------------------------------------------------------------------------- positions
+@dataclass(frozen=True)
+class Positioning:
+    """How many of the genes used by Steps I–III got a position from the causal graph."""
+
+    n_used: int
+    n_positioned: int
+    n_edges: int | None
+    tau: float | None = None
+    n_cells: int | None = None
+
+    @property
+    def fraction(self) -> float:
+        return self.n_positioned / self.n_used if self.n_used else 0.0
+
+
+def positioning(adata: ad.AnnData) -> Positioning | None:
+    """Genes of ``var["cape_used"]`` (all genes when absent) with at least one edge in the causal graph.
+
+    The graph is the one Step II embedded (``var["cape_embedded"]``) when present, else ``varp["cape_dag"]``.
+    ``None`` when the AnnData has neither (Steps I–II were not run).
+    """
+    used = (adata.var["cape_used"].to_numpy(dtype=bool) if "cape_used" in adata.var
+            else np.ones(adata.n_vars, dtype=bool))
+    n_edges = None
+    has_edge = None
+    if "cape_dag" in adata.varp:
+        nonzero = adata.varp["cape_dag"] != 0
+        n_edges = int(nonzero.sum())
+        has_edge = (np.asarray(nonzero.sum(axis=0)).ravel() + np.asarray(nonzero.sum(axis=1)).ravel()) > 0
+    if "cape_embedded" in adata.var:
+        has_edge = adata.var["cape_embedded"].to_numpy(dtype=bool)
+    if has_edge is None:
+        return None
+    info = adata.uns.get("cape", {}).get("causal_graph", {})
+    tau = info.get("params", {}).get("tau")
+    n_cells = info.get("n_cells")
+    return Positioning(n_used=int(used.sum()), n_positioned=int((has_edge & used).sum()), n_edges=n_edges,
+                       tau=None if tau is None else float(tau), n_cells=None if n_cells is None else int(n_cells))
+
+
+def _tau_remedy(pos: Positioning) -> str:
+    now = f" (this run: τ = {pos.tau:g})" if pos.tau is not None else ""
+    cells = f"; Step I saw {pos.n_cells:,} cells" if pos.n_cells is not None else ""
+    return (f"lower Step I's edge threshold `causal.tau`{now}, or set `causal.tau: auto` to calibrate it on the "
+            f"data; more cells also give Step I more to go on{cells}")
+
+
+def positioning_finding(pos: Positioning | None, encoding: str | None = None) -> Finding:
+    """No-op when no gene got a position, a warning below :data:`MIN_POSITIONED_FRACTION`, else OK.
+
+    ``encoding``: the transformer's positional encoding, when known; one that ignores the graph is named.
+    """
+    ignores = (f" (This run's transformer used the '{encoding}' encoding, which does not use the causal graph.)"
+               if encoding in POSITION_FREE_ENCODINGS else "")
+    if pos is None:
+        return Finding(WARNING, "positions", "This data has no causal graph (Steps I–II were not run), so the "
+                       "transformer had no CAPE positions.", ("run `cape causal` and `cape embed` first",),
+                       short="no causal graph")
+    edges = "no edges" if pos.n_edges == 0 else f"{pos.n_edges:,} edges" if pos.n_edges is not None else "a graph"
+    if pos.n_positioned == 0:
+        return Finding(NO_OP, "positions",
+                       f"The causal graph has {edges} among the {pos.n_used:,} genes used, so every gene sits at "
+                       "the centre of the Poincaré disk and gets a rotation angle of 0: CAPE changed nothing"
+                       + (f".{ignores}" if ignores else ", and the transformer's results are those of a model "
+                          "without positional information."),
+                       (_tau_remedy(pos),), short="no gene got a position, so CAPE changed nothing")
+    share = f"{pos.fraction:.0%} of the genes used ({pos.n_positioned:,} of {pos.n_used:,})"
+    if pos.fraction < MIN_POSITIONED_FRACTION:
+        return Finding(WARNING, "positions",
+                       f"Only {share} got a position from the causal graph ({edges}); the others sit at the centre "
+                       "of the Poincaré disk and are encoded as if they had no position, so CAPE can do little."
+                       + ignores,
+                       (_tau_remedy(pos),), short=f"only {pos.fraction:.0%} of the genes got a position")
+    return Finding(OK, "positions", f"{share.capitalize()} got a position from the causal graph ({edges})."
+                   + ignores)
+
+
+# ---------------------------------------------------------------------------------------------------- baselines
+def bootstrap_difference(y: Sequence, pred_a: Sequence, pred_b: Sequence,
+                         score: Callable[[np.ndarray, np.ndarray], float], *, n_boot: int = N_BOOTSTRAP,
+                         seed: int = 0, level: float = LEVEL) -> tuple[float, float, float]:
+    """``score(y, a) - score(y, b)`` and its percentile bootstrap interval over cells (paired resampling).
+
+    The interval reflects which cells happened to be tested, not the training seed: one run has one seed.
+    """
+    y, a, b = np.asarray(y), np.asarray(pred_a), np.asarray(pred_b)
+    if not len(y) == len(a) == len(b) or len(y) == 0:
+        raise ValueError(f"need equally long, non-empty labels and predictions, got {len(y)}, {len(a)}, {len(b)}")
+    # One shared integer coding of all three (scores compare labels by equality), so resamples need no re-sorting.
+    y, a, b = np.split(np.unique(np.concatenate([y.astype(str), a.astype(str), b.astype(str)]),
+                                 return_inverse=True)[1].ravel(), 3)
+    rng = np.random.default_rng(seed)
+    diffs = np.empty(n_boot)
+    for i in range(n_boot):
+        idx = rng.integers(0, len(y), len(y))
+        diffs[i] = score(y[idx], a[idx]) - score(y[idx], b[idx])
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(diffs, [tail, 100 - tail])
+    return float(score(y, a) - score(y, b)), float(low), float(high)
+
+
+def accuracy(y: np.ndarray, pred: np.ndarray) -> float:
+    return float(np.mean(np.asarray(y) == np.asarray(pred)))
+
+
+def adjusted_rand(y: np.ndarray, clusters: np.ndarray) -> float:
+    """Adjusted Rand index (Hubert & Arabie), as scikit-learn's ``adjusted_rand_score`` but ~50× faster on
+    the small label sets of a report, which matters inside a 1,000-resample bootstrap."""
+    yi, ci = _codes(y), _codes(clusters)
+    n = yi.size
+    table = np.bincount(yi * (ci.max() + 1) + ci, minlength=(yi.max() + 1) * (ci.max() + 1)).astype(np.float64)
+    pairs = lambda counts: float((counts * (counts - 1)).sum() / 2)  # noqa: E731
+    index = pairs(table)
+    rows = pairs(table.reshape(yi.max() + 1, -1).sum(axis=1))
+    cols = pairs(table.reshape(yi.max() + 1, -1).sum(axis=0))
+    total = n * (n - 1) / 2
+    expected = rows * cols / total if total else 0.0
+    top = (rows + cols) / 2
+    if top == expected:  # one cluster on both sides, or every cell alone on both: identical partitions
+        return 1.0
+    return (index - expected) / (top - expected)
+
+
+def _codes(values: Sequence) -> np.ndarray:
+    """Non-negative integer codes of labels (integer labels ≥ 0 are used as they are: empty codes count 0 pairs)."""
+    values = np.asarray(values)
+    if values.dtype.kind in "iu" and (values.size == 0 or values.min() >= 0):
+        return values.astype(np.int64, copy=False)
+    return np.unique(values, return_inverse=True)[1].ravel()
+
+
+def comparison_records(task: str, metric: str, method: str, baseline: str, diff: tuple[float, float, float],
+                       *, n_cells: int, dataset: str, seed: int, n_fine_tune: int | None = None) -> list[dict]:
+    """Records ``task="comparison"``, method ``"<task> <metric>: <method> vs <baseline>"``: the difference, its
+    bootstrap interval (``low``, ``high``), the cells resampled and, for annotation, the fine-tune cells."""
+    values = {"difference": diff[0], "low": diff[1], "high": diff[2], "cells resampled": n_cells}
+    if n_fine_tune is not None:
+        values["fine-tune cells"] = n_fine_tune
+    return [{"task": "comparison", "dataset": dataset, "method": f"{task} {metric}: {method} vs {baseline}",
+             "seed": seed, "metric": k, "value": float(v)} for k, v in values.items()]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A method against a same-run baseline on one metric, with the bootstrap interval of the difference."""
+
+    task: str
+    metric: str
+    method: str
+    baseline: str
+    value: float
+    baseline_value: float
+    diff: float
+    low: float
+    high: float
+    n_cells: int
+
+
+def comparisons_from_records(records: Iterable[dict]) -> list[Comparison]:
+    """The :class:`Comparison` s stored by :func:`comparison_records`, with both scores from the same records."""
+    records = list(records)
+    by = {(r["task"], r["method"], r["metric"]): r["value"] for r in records}
+    out = []
+    for name in dict.fromkeys(r["method"] for r in records if r["task"] == "comparison"):
+        head, pair = name.split(": ", 1)
+        task, metric = head.split(" ", 1)
+        method, baseline = pair.split(" vs ", 1)
+        if (task, method, metric) not in by or (task, baseline, metric) not in by:
+            continue
+        get = {k: by[("comparison", name, k)] for k in ("difference", "low", "high", "cells resampled")}
+        out.append(Comparison(task, metric, method, baseline, by[(task, method, metric)], by[(task, baseline, metric)],
+                              get["difference"], get["low"], get["high"], int(get["cells resampled"])))
+    return out
+
+
+@dataclass(frozen=True)
+class Training:
+    """What the transformer learnt from: fine-tune cells, masked pretraining epochs, published weights."""
+
+    n_fine_tune: int | None
+    pretrain_epochs: int
+    pretrained_weights: bool
+    architecture: str | None = None
+    encoding: str | None = None
+
+    @property
+    def name(self) -> str:
+        """"the transformer (scGPT + CAPE)", or just "the transformer" when the model is not recorded."""
+        if self.architecture is None:
+            return "the transformer"
+        arch = {"scgpt": "scGPT", "scbert": "scBERT"}.get(self.architecture, self.architecture)
+        enc = {"cape": "CAPE", None: "?"}.get(self.encoding, self.encoding)
+        return f"the transformer ({arch} + {enc})"
+
+
+def training_context(adata: ad.AnnData, split_key: str = "cape_split") -> Training:
+    """From ``obs[split_key]`` and ``uns["cape"]["model"]`` as ``cape train`` leaves them."""
+    n_ft = int((adata.obs[split_key].astype(str) == "fine_tune").sum()) if split_key in adata.obs else None
+    model = adata.uns.get("cape", {}).get("model", {})
+    history = model.get("history", {}).get("pretrain", {})
+    epochs = len(next(iter(history.values()))) if history else 0
+    # A model built from a published scGPT checkpoint records its folder ("checkpoint"); older runs only show it
+    # through strict_genes=False, which CellTransformer.from_scgpt alone sets.
+    pretrained = bool(model.get("checkpoint")) or model.get("strict_genes") is False
+    encoding = model.get("backbone", {}).get("encoding")
+    return Training(n_ft, epochs, pretrained, model.get("architecture"), encoding)
+
+
+_NAMES = {"cape": "the transformer", "logreg_pca": "logistic regression on PCA", "pca_kmeans": "k-means on PCA"}
+
+
+def likely_causes(training: Training, pos: Positioning | None) -> list[tuple[str, str]]:
+    """(cause, remedy) pairs for a baseline beating the transformer, most likely first."""
+    causes = []
+    if not training.pretrained_weights:
+        cells = f"{training.n_fine_tune:,} labelled cells" if training.n_fine_tune is not None else "this run's cells"
+        pre = (f"{training.pretrain_epochs} epochs of masked pretraining" if training.pretrain_epochs
+               else "no pretraining")
+        few = training.n_fine_tune is not None and training.n_fine_tune < FEW_FINE_TUNE_CELLS
+        what = "too few cells to train a transformer from scratch" if few else "a transformer trained from scratch"
+        cause = f"{what}: it learnt from {cells} with {pre}, while a linear model on PCA needs a few cells per class"
+        remedy = ("start from published weights with `train.checkpoint: path/to/scGPT_folder`; or give more cells; "
+                  "or pretrain on all cells first (`train.pretrain_epochs`"
+                  f"{', now 0' if not training.pretrain_epochs else ''})")
+        causes.append((cause, remedy))
+    if training.encoding in POSITION_FREE_ENCODINGS:
+        pass  # the positions cannot explain anything: the encoding does not read them
+    elif pos is not None and pos.n_positioned == 0:
+        causes.append(("no gene got a position: the encoding added nothing", _tau_remedy(pos)))
+    elif pos is not None and pos.fraction < MIN_POSITIONED_FRACTION:
+        causes.append((f"few genes positioned ({pos.fraction:.0%}): the encoding adds little", _tau_remedy(pos)))
+    if not causes:
+        causes.append(("the model may be too small or stopped too early for this data",
+                       "raise `train.epochs`, `train.d_model` or `train.n_layers`"))
+    return causes
+
+
+def comparison_finding(cmp: Comparison, causes: Sequence[tuple[str, str]] = (), *,
+                       method_name: str | None = None) -> Finding:
+    """A warning when the 95 % interval of (method − baseline) lies below 0, else an OK that says what is known."""
+    method = method_name or _NAMES.get(cmp.method, cmp.method)
+    baseline = _NAMES.get(cmp.baseline, cmp.baseline)
+    scores = (f"{cmp.metric} {cmp.value:.2f} for {method} against {cmp.baseline_value:.2f} for {baseline} "
+              f"(difference {cmp.diff:+.2f}; {LEVEL:.0%} bootstrap interval over the {cmp.n_cells:,} "
+              f"{'test ' if cmp.task == 'annotation' else ''}cells {cmp.low:+.2f} to {cmp.high:+.2f})")
+    task = {"annotation": "Cell-type annotation", "clustering": "Clustering"}.get(cmp.task, cmp.task)
+    if cmp.high < 0:
+        text = f"{task}: the simple baseline is better, by more than the variation between cells explains — {scores}."
+        if causes:
+            text += " Likely cause: " + "; or ".join(c for c, _ in causes) + "."
+        return Finding(WARNING, cmp.task, text, tuple(r for _, r in causes),
+                       short=f"{baseline} beats the transformer on {task.lower()}")
+    if cmp.low > 0:
+        return Finding(OK, cmp.task, f"{task}: {method} is better than {baseline}, by more than the variation "
+                       f"between cells explains — {scores}.")
+    return Finding(OK, cmp.task, f"{task}: no clear difference (within the variation between cells) — {scores}.")
+
+
+# ---------------------------------------------------------------------------------------------------- resources
+def read_benchmark(path: str | os.PathLike) -> dict | None:
+    """Wall seconds and peak resident memory (MB) from one Snakemake ``benchmark:`` TSV.
+
+    Repeated measurements (``--benchmark-repeats``) give the mean time and the largest peak. ``None`` when the
+    file is missing or unreadable; a column Snakemake wrote as ``NA`` (a job too short to sample) gives ``None``.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        frame = pd.read_csv(path, sep="\t", na_values=["NA", "-"])
+    except (OSError, ValueError, pd.errors.ParserError) as err:
+        logger.warning("cannot read benchmark file %s: %s", path, err)
+        return None
+
+    def column(name: str, how: str) -> float | None:
+        if name not in frame:
+            return None
+        values = pd.to_numeric(frame[name], errors="coerce").dropna()
+        return float(getattr(values, how)()) if len(values) else None
+
+    return {"seconds": column("s", "mean"), "max_rss_mb": column("max_rss", "max")}
+
+
+def stage_resources(bench_dir: str | os.PathLike | None, stages: Sequence[str] = STAGES) -> list[dict]:
+    """One row ``{stage, seconds, max_rss_mb, source}`` per stage; unmeasured values are ``None``."""
+    rows = []
+    for stage in stages:
+        found = read_benchmark(Path(bench_dir) / f"{stage}.tsv") if bench_dir is not None else None
+        rows.append({"stage": stage, **(found or {"seconds": None, "max_rss_mb": None}),
+                     "source": "Snakemake benchmark" if found else "not measured"})
+    return rows
+
+
+def own_peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (``resource.getrusage``), in MB (MiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+def process_seconds() -> float | None:
+    """Wall seconds since this process started (imports included); ``None`` where unknown."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return time.time() - psutil.Process().create_time()
+
+
+def own_resources(stage: str = "evaluate") -> dict:
+    """This process's row: its own peak from ``resource.getrusage`` (Snakemake's file is written after it ends)."""
+    return {"stage": stage, "seconds": process_seconds(), "max_rss_mb": own_peak_rss_mb(),
+            "source": "this process (resource.getrusage)"}
+
+
+def resource_records(rows: Iterable[dict], *, dataset: str, seed: int) -> list[dict]:
+    """Records ``task="resources"`` for metrics.json; values that were not measured are left out."""
+    return [{"task": "resources", "dataset": dataset, "method": row["stage"], "seed": seed, "metric": metric,
+             "value": float(row[metric]), "source": row["source"]}
+            for row in rows for metric in ("seconds", "max_rss_mb") if row.get(metric) is not None]
+
+
+def resources_from_records(records: Iterable[dict]) -> list[dict]:
+    """The rows of :func:`stage_resources` back from ``task="resources"`` records (unmeasured stages absent)."""
+    rows: dict[str, dict] = {}
+    for r in records:
+        if r["task"] == "resources":
+            row = rows.setdefault(r["method"], {"stage": r["method"], "seconds": None, "max_rss_mb": None,
+                                                "source": r.get("source", "")})
+            row[r["metric"]] = r["value"]
+    return list(rows.values())
+
+
+def resources_finding(rows: Sequence[dict]) -> Finding:
+    """Which stage took longest and which needed the most memory; says how many stages were not measured."""
+    timed = [r for r in rows if r["seconds"] is not None]
+    sized = [r for r in rows if r["max_rss_mb"] is not None]
+    if not timed and not sized:
+        return Finding(OK, "resources", "Time and memory were not measured (run through Snakemake, or give "
+                       "`cape evaluate --benchmarks benchmarks/<run>`).")
+    parts = []
+    if timed:
+        slow = max(timed, key=lambda r: r["seconds"])
+        parts.append(f"{sum(r['seconds'] for r in timed):,.0f} s in all, the longest stage {slow['stage']} "
+                     f"({slow['seconds']:,.0f} s)")
+    if sized:
+        big = max(sized, key=lambda r: r["max_rss_mb"])
+        parts.append(f"the largest peak memory {big['stage']} ({big['max_rss_mb']:,.0f} MB)")
+    missing = [r["stage"] for r in rows if r["seconds"] is None and r["max_rss_mb"] is None]
+    text = "Resources: " + ", ".join(parts) + "."
+    if missing:
+        text += f" Not measured: {', '.join(missing)}."
+    return Finding(OK, "resources", text)
+
+
+def resources_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-stage table (time, peak memory, where the numbers come from)."""
+    def fmt(v: float | None, unit: str) -> str:
+        return "not measured" if v is None else f"{v:,.1f} {unit}"
+
+    return (["stage", "time", "peak memory (max RSS)", "measured by"],
+            [[r["stage"], fmt(r["seconds"], "s"), fmt(r["max_rss_mb"], "MB"), r["source"]] for r in rows])
+
+
+# ---------------------------------------------------------------------------------------------------- verdict
+def verdict(adata: ad.AnnData, records: Sequence[dict], resources: Sequence[dict] | None = None) -> list[Finding]:
+    """Every finding of the verdict, in reading order: positions, baselines, resources."""
+    pos = positioning(adata)
+    training = training_context(adata)
+    findings = [positioning_finding(pos, training.encoding)]
+    comparisons = comparisons_from_records(records)
+    if comparisons:
+        causes = likely_causes(training, pos)
+        findings += [comparison_finding(c, causes, method_name=training.name if c.method == "cape" else None)
+                     for c in comparisons]
+    elif not any(r["task"] in ("annotation", "clustering") for r in records):
+        findings.append(Finding(OK, "baselines", "No cell labels, so the transformer was not compared with "
+                                "baselines (give `labels: <obs column>` in the config, or `--label-key`)."))
+    if resources is not None:
+        findings.append(resources_finding(resources))
+    return findings
+
+
+def headline(findings: Sequence[Finding]) -> str:
+    """One sentence over all findings: what went wrong, or that nothing did."""
+    if any(f.level == NO_OP for f in findings):
+        return ("CAPE did nothing in this run: no gene got a position from the causal graph, so read the numbers "
+                "below as those of a transformer without positional encoding.")
+    problems = [f.short or f.topic for f in findings if f.level != OK]
+    if not problems:
+        return ("No problems found: most genes got a position, and no baseline beats the transformer by more than "
+                "the variation between cells.")
+    return "Read with care: " + "; ".join(problems) + "."
+
+
+def _with_new_remedies(findings: Sequence[Finding]) -> list[tuple[Finding, list[str]]]:
+    """Each finding with the remedies not already given for an earlier one."""
+    seen: set[str] = set()
+    out = []
+    for f in findings:
+        out.append((f, [r for r in f.remedies if r not in seen]))
+        seen.update(f.remedies)
+    return out
+
+
+def verdict_markdown(findings: Sequence[Finding], resources: Sequence[dict] | None = None) -> str:
+    """The verdict section of report.md: a headline, one bullet per finding with its remedies, the resources."""
+    lines = ["## Verdict", "", f"**{headline(findings)}**", ""]
+    for f, remedies in _with_new_remedies(findings):
+        lines.append(f"- **{f.label}** — {f.text}")
+        lines += [f"  - What to do: {r}" for r in remedies]
+    if any(f.topic in ("annotation", "clustering") for f in findings):
+        lines += ["", f"_The intervals resample the cells scored ({N_BOOTSTRAP:,} times); they do not include the "
+                  "variation between training seeds (one run, one seed). `cape bench encodings` repeats over seeds._"]
+    if resources:
+        header, rows = resources_table(resources)
+        lines += ["", "Time and peak resident memory per stage (Snakemake samples memory every few seconds, so "
+                  "very short peaks can be missed; `evaluate` measures its own peak):", "",
+                  markdown_table(header, rows)]
+    return "\n".join(lines)
+
+
+def verdict_html(findings: Sequence[Finding], resources: Sequence[dict] | None = None,
+                 title: str = "Verdict") -> str:
+    """The same verdict as a self-contained HTML page (for Snakemake's report)."""
+    colour = {OK: "#1b7837", WARNING: "#b35806", NO_OP: "#b2182b"}
+    items = []
+    for f, remedies in _with_new_remedies(findings):
+        rem = "".join(f"<li>What to do: {_inline(r)}</li>" for r in remedies)
+        items.append(f'<li><b style="color:{colour[f.level]}">{html.escape(f.label)}</b> — {_inline(f.text)}'
+                     + (f"<ul>{rem}</ul>" if rem else "") + "</li>")
+    body = f"<h2>{html.escape(title)}</h2><p><b>{_inline(headline(findings))}</b></p><ul>{''.join(items)}</ul>"
+    if resources:
+        header, rows = resources_table(resources)
+        body += "<h3>Time and peak memory per stage</h3>" + html_table(header, rows)
+    return html_page(title, body)
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+def parse_markdown_table(text: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of a pipe table as :func:`cape.bench.report.mean_sd_table` writes it."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip().startswith("|")]
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    return cells[0], [c for c in cells[2:]]
+
+
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def html_page(title: str, body: str) -> str:
+    style = ("body{font-family:sans-serif;max-width:60em;margin:1em auto;line-height:1.4}"
+             "table{border-collapse:collapse;margin:0.5em 0 1.5em}th,td{border:1px solid #bbb;padding:2px 8px;"
+             "text-align:left}th{background:#eee}code{background:#f4f4f4}")
+    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{style}</style></head><body>{body}</body></html>\n")
+
+
+def _inline(text: str) -> str:
+    """Escape ``text`` and turn markdown `code` spans into <code>."""
+    parts = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
