@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-__all__ = ["is_dag", "make_dag", "threshold"]
+__all__ = ["is_dag", "make_dag", "positioned_genes", "tau_positioning", "threshold"]
 
 
 def threshold(A: np.ndarray, tau: float) -> np.ndarray:
@@ -69,3 +69,31 @@ def _greedy_acyclic(n: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
             # u → v is new: everything reaching u now reaches all that v reaches.
             reach[reach[:, u]] |= reach[v]
     return drop
+
+
+def positioned_genes(A: np.ndarray, tau: float = 0.0) -> np.ndarray:
+    """Boolean mask of the genes with at least one off-diagonal edge |A_ij| > τ, in or out.
+
+    :func:`make_dag` keeps at least one edge of each such gene, so this is also the set of genes that get an
+    edge in ``make_dag(A, tau)``, without building it.
+    """
+    above = np.abs(np.asarray(A)) > tau
+    np.fill_diagonal(above, False)
+    return above.any(axis=0) | above.any(axis=1)
+
+
+def tau_positioning(A: np.ndarray, fraction: float) -> float:
+    """The largest τ at which at least ``ceil(fraction · M)`` genes keep an edge (``positioned_genes``).
+
+    That is just below the k-th largest per-gene strongest |weight| (computed in A's dtype, so that the
+    comparison ``|A| > τ`` in :func:`threshold` holds for that weight). 0.0 when no gene has a nonzero edge.
+    """
+    A = np.asarray(A)
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    strength = np.abs(A).astype(A.dtype if np.issubdtype(A.dtype, np.floating) else np.float64)
+    np.fill_diagonal(strength, 0)
+    per_gene = np.sort(np.maximum(strength.max(axis=0), strength.max(axis=1)))[::-1]
+    k = max(1, int(np.ceil(fraction * per_gene.size)))
+    value = per_gene[k - 1]
+    return float(np.nextafter(value, value.dtype.type(0))) if value > 0 else 0.0
