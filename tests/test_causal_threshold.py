@@ -193,3 +193,18 @@ def test_default_config_uses_auto() -> None:
     assert config["causal"]["tau"] == "auto"
     schema = yaml.safe_load(SCHEMA.read_text())
     assert schema["properties"]["causal"]["properties"]["tau"]["default"] == "auto"
+
+
+@pytest.mark.slow
+def test_default_step_one_positions_half_of_a_few_cell_tpm_set() -> None:
+    # The shape: 184 SMART-seq-like cells × 9,450 genes, the workflow's preprocessing (300 HVGs).
+    # Fitted weights stay below 0.2 here, so τ = 0.2 would keep no edge at all.
+    import cape
+
+    a = cape.data.simulate_expression(184, 9450, kind="tpm", seed=0)
+    cape.pp.preprocess(a, min_genes=200, target_sum=1e4, n_top_genes=300, hvg_flavor="seurat")
+    causal_graph(a, device="cpu", seed=0)
+    record = a.uns["cape"]["causal_graph"]
+    scan = dict(zip(record["threshold_scan"]["tau"], record["threshold_scan"]["n_edges"], strict=True))
+    assert scan[0.2] == 0 and record["tau_rule"] == "auto: positioning"
+    assert record["positioned_fraction"] >= 0.5 and record["n_edges"] > 0

@@ -95,7 +95,7 @@ def _threshold_scan(A: np.ndarray, taus) -> dict[str, np.ndarray]:
 
 
 def _format_scan(scan: dict[str, np.ndarray]) -> str:
-    return ", ".join(f"{t:.3g}: {e} edges / {f:.0%}" for t, e, f in
+    return ", ".join(f"{t:.3g}: {e} ({f:.0%})" for t, e, f in
                      zip(scan["tau"], scan["n_edges"], scan["positioned_fraction"], strict=True))
 
 
@@ -253,7 +253,7 @@ def causal_graph(
     max_weight = float(np.abs(fit.adjacency).max()) if fit.adjacency.size else 0.0
     scan = _threshold_scan(fit.adjacency, (*SCAN_TAUS, tau_used))
     logger.info("Step I: %d edges, %d of %d genes positioned at tau=%.3g (%s); largest weight %.3g; "
-                "edges / positioned genes by tau: %s", rows.size, n_positioned, n_genes, tau_used, tau_rule,
+                "edges (positioned genes) by tau: %s", rows.size, n_positioned, n_genes, tau_used, tau_rule,
                 max_weight, _format_scan(scan))
     if n_positioned < min_positioned * n_genes:
         from ..causal import tau_positioning
