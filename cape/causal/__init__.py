@@ -16,7 +16,7 @@ from .acyclicity import (
     trace_expm,
 )
 from .model import ElementwiseMLP, VariationalNotears
-from .postprocess import is_dag, make_dag, threshold
+from .postprocess import is_dag, make_dag, positioned_genes, tau_positioning, threshold
 from .trainer import CausalFit, fit_variational_notears, gene_moments
 
 __all__ = [
@@ -34,6 +34,8 @@ __all__ = [
     "hadamard_square_factors",
     "is_dag",
     "make_dag",
+    "positioned_genes",
+    "tau_positioning",
     "threshold",
     "trace_expm",
 ]

@@ -13,12 +13,19 @@ import scipy.sparse as sp
 from .._errors import CapeInputError
 from .._settings import resolve_device, resolve_seed, seed_everything
 
-__all__ = ["MIN_CELLS", "causal_graph"]
+__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "MIN_CELLS", "SCAN_TAUS", "causal_graph"]
 
 logger = logging.getLogger("cape")
 
 #: Refuse to fit a graph on fewer cells than this (fewer cells than genes only warns).
 MIN_CELLS = 10
+#: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
+AUTO_TAU_MAX = 0.2
+#: ``tau="auto"`` never goes below this: Adam moves every weight by about lr (3e-3) per step, so weights
+#: without support hover at that scale (a fit on gene-wise shuffled data tops out near 0.003).
+AUTO_TAU_FLOOR = 0.01
+#: Thresholds at which ``uns["cape"]["causal_graph"]["threshold_scan"]`` counts surviving edges and genes.
+SCAN_TAUS = (0.2, 0.1, 0.05, 0.02, 0.01)
 
 
 def _select_genes(adata: ad.AnnData, use_genes) -> np.ndarray:
@@ -47,9 +54,21 @@ def _select_genes(adata: ad.AnnData, use_genes) -> np.ndarray:
     return adata.var_names.isin(names)
 
 
-def _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every=None) -> None:
-    if not (isinstance(tau, (int, float)) and np.isfinite(tau) and 0.0 <= tau < 1.0):
-        raise CapeInputError(f"tau must be in [0, 1), got {tau!r}")
+def _check_tau(tau) -> float | str:
+    """``"auto"`` or a float in [0, 1)."""
+    if isinstance(tau, str) and tau.strip().lower() == "auto":
+        return "auto"
+    if isinstance(tau, (int, float, np.integer, np.floating)) and not isinstance(tau, bool) \
+            and np.isfinite(tau) and 0.0 <= tau < 1.0:
+        return float(tau)
+    raise CapeInputError(f"tau must be a number in [0, 1) or 'auto', got {tau!r}")
+
+
+def _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every=None, min_positioned=0.5) -> None:
+    _check_tau(tau)
+    if isinstance(min_positioned, bool) or not (isinstance(min_positioned, (int, float, np.integer, np.floating))
+                                                and 0.0 <= min_positioned <= 1.0):
+        raise CapeInputError(f"min_positioned must be a fraction in [0, 1], got {min_positioned!r}")
     if rank is not None and (not isinstance(rank, (int, np.integer)) or rank < 1):
         raise CapeInputError(f"rank must be a positive integer or None (dense), got {rank!r}")
     if not (np.isfinite(lambda_sparse) and lambda_sparse >= 0):
@@ -64,10 +83,38 @@ def _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every=
         raise CapeInputError(f"h_every must be a positive integer or None (automatic), got {h_every!r}")
 
 
+def _threshold_scan(A: np.ndarray, taus) -> dict[str, np.ndarray]:
+    """Edges kept by :func:`~cape.causal.make_dag` and genes positioned at each τ (descending)."""
+    from ..causal import make_dag, positioned_genes
+
+    taus = np.array(sorted({float(t) for t in taus}, reverse=True))
+    edges = np.array([int(np.count_nonzero(make_dag(A, t)[0])) for t in taus])
+    positioned = np.array([int(positioned_genes(A, t).sum()) for t in taus])
+    return {"tau": taus, "n_edges": edges, "n_positioned": positioned,
+            "positioned_fraction": positioned / max(A.shape[0], 1)}
+
+
+def _format_scan(scan: dict[str, np.ndarray]) -> str:
+    return ", ".join(f"{t:.3g}: {e} ({f:.0%})" for t, e, f in
+                     zip(scan["tau"], scan["n_edges"], scan["positioned_fraction"], strict=True))
+
+
+def _choose_tau(A: np.ndarray, tau: float | str, min_positioned: float) -> tuple[float, str]:
+    """The threshold to use and how it was chosen (``"fixed"``, ``"auto: paper"``, ``"auto: positioning"``)."""
+    from ..causal import positioned_genes, tau_positioning
+
+    if tau != "auto":
+        return float(tau), "fixed"
+    if positioned_genes(A, AUTO_TAU_MAX).mean() >= min_positioned:
+        return AUTO_TAU_MAX, "auto: paper"
+    # The largest τ that still positions the requested fraction, but never into the optimiser's noise.
+    return max(tau_positioning(A, min_positioned), AUTO_TAU_FLOOR), "auto: positioning"
+
+
 def causal_graph(
     adata: ad.AnnData,
     rank: int | None = 40,
-    tau: float = 0.2,
+    tau: float | str = "auto",
     lambda_sparse: float = 1.0,
     epochs: int = 100,
     batch_size: int = 128,
@@ -80,6 +127,7 @@ def causal_graph(
     layer: str | None = None,
     key_added: str = "cape_dag",
     h_every: int | None = None,
+    min_positioned: float = 0.5,
 ) -> ad.AnnData | None:
     """Learn the causal gene graph (CAPE Step I: variational NOTEARS, paper Sec. 3.3).
 
@@ -90,7 +138,11 @@ def causal_graph(
     rank
         Rank r of A = UVᵀ. ``None``, or r ≥ the number of genes, uses a dense A (logged).
     tau
-        Edge threshold τ ∈ [0, 1): |A_ij| ≤ τ is dropped (paper default 0.2).
+        Edge threshold τ ∈ [0, 1): |A_ij| ≤ τ is dropped (the paper uses 0.2), or ``"auto"`` (default): the
+        paper's 0.2 where it already gives an edge to at least ``min_positioned`` of the genes, else the
+        largest τ that does, but not below :data:`AUTO_TAU_FLOOR` (weights at the optimiser's noise level).
+        With few cells the fitted weights are small (e.g. below 0.2 everywhere), and a fixed 0.2 would leave
+        every gene at the origin of Step II, i.e. CAPE would change nothing.
     lambda_sparse
         λs of the L1 penalty (see :func:`cape.causal.fit_variational_notears` for its scaling).
     epochs, batch_size, lr
@@ -112,6 +164,10 @@ def causal_graph(
         Steps between exact evaluations of the acyclicity penalty; in between it uses its first-order
         model (see :func:`cape.causal.fit_variational_notears`). ``None``: exact every step while the
         exponential is small (min(genes, r(r+1)/2) ≤ 256), else every 10 steps; 1: always exact.
+    min_positioned
+        Fraction of the used genes that must get at least one edge (be *positioned*). With ``tau="auto"``
+        a graph below it raises :class:`~cape.CapeInputError` naming the cause and the remedy; with a fixed
+        τ the same line is logged as a warning. 0 turns the check off.
 
     Returns
     -------
@@ -120,19 +176,24 @@ def causal_graph(
     zero outside the genes used;
     ``var["cape_used"]``: the genes that took part in the graph;
     ``uns["cape"]["causal_graph"]``: parameters, seed, per-epoch loss/h/ρ/α, wall time, number of edges
-    and of edges removed to break cycles, dropped constant genes.
+    and of edges removed to break cycles, dropped constant genes; ``tau_used`` and ``tau_rule`` (``"fixed"``,
+    ``"auto: paper"`` or ``"auto: positioning"``), ``max_weight``, ``n_positioned`` and
+    ``positioned_fraction``, and ``threshold_scan``: arrays ``tau`` (:data:`SCAN_TAUS` and ``tau_used``,
+    descending), ``n_edges`` (edges of the DAG at that τ), ``n_positioned``, ``positioned_fraction``.
 
     Raises
     ------
     CapeInputError
-        τ outside [0, 1), NaN/inf values, fewer than :data:`MIN_CELLS` cells, fewer than two usable genes,
-        or invalid parameters. Fewer cells than genes only warns.
+        τ neither in [0, 1) nor ``"auto"``, NaN/inf values, fewer than :data:`MIN_CELLS` cells, fewer than two
+        usable genes, invalid parameters, or (``tau="auto"``) fewer than ``min_positioned`` of the genes
+        positioned by weights above :data:`AUTO_TAU_FLOOR`. Fewer cells than genes only warns.
     """
     from ..causal import fit_variational_notears, make_dag
     from ..causal.trainer import gene_moments
 
     start = time.perf_counter()
-    _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every)
+    _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every, min_positioned)
+    tau = _check_tau(tau)
     if layer is not None and layer not in adata.layers:
         raise CapeInputError(f"layer {layer!r} not found in adata.layers")
     if copy:
@@ -183,12 +244,32 @@ def causal_graph(
                                       batch_size=batch_size, lr=lr, device=dev, seed=seed, h_every=h_every)
     except FloatingPointError as err:
         raise CapeInputError(f"{err}; try a smaller lr (got {lr}) or check X for extreme values") from err
-    dag, removed = make_dag(fit.adjacency, tau)
+    tau_used, tau_rule = _choose_tau(fit.adjacency, tau, min_positioned)
+    dag, removed = make_dag(fit.adjacency, tau_used)
     if removed:
         logger.info("removed %d edge(s) to break cycles left after thresholding", removed)
+    rows, cols = np.nonzero(dag)
+    n_positioned = int(((dag != 0).any(axis=0) | (dag != 0).any(axis=1)).sum())
+    max_weight = float(np.abs(fit.adjacency).max()) if fit.adjacency.size else 0.0
+    scan = _threshold_scan(fit.adjacency, (*SCAN_TAUS, tau_used))
+    logger.info("Step I: %d edges, %d of %d genes positioned at tau=%.3g (%s); largest weight %.3g; "
+                "edges (positioned genes) by tau: %s", rows.size, n_positioned, n_genes, tau_used, tau_rule,
+                max_weight, _format_scan(scan))
+    if n_positioned < min_positioned * n_genes:
+        from ..causal import tau_positioning
+
+        needed = tau_positioning(fit.adjacency, min_positioned)
+        reason = (f"Step I kept {rows.size} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) at "
+                  f"tau={tau_used:.3g}; the largest weight is {max_weight:.2g}")
+        if tau == "auto":
+            raise CapeInputError(
+                f"{reason}, and positioning {min_positioned:.0%} of the genes would need tau≤{needed:.2g}, "
+                f"below the noise floor {AUTO_TAU_FLOOR}: use more cells ({n_cells} for {n_genes} genes), fewer "
+                f"genes (preprocess n_top_genes), or a fixed tau to accept such weak edges")
+        logger.warning("%s: use tau=auto or tau≤%.2g to position %.0f%% of the genes, or more cells", reason,
+                       needed, 100 * min_positioned)
 
     index = adata.var_names.get_indexer(genes)
-    rows, cols = np.nonzero(dag)
     full = sp.csr_matrix((dag[rows, cols].astype(np.float32), (index[rows], index[cols])),
                          shape=(adata.n_vars, adata.n_vars))
     adata.varp[key_added] = full
@@ -198,17 +279,24 @@ def causal_graph(
     from .. import __version__
 
     record = {
-        "params": {"rank": "dense" if rank is None else int(rank), "tau": float(tau),
+        "params": {"rank": "dense" if rank is None else int(rank), "tau": tau,
                    "lambda_sparse": float(lambda_sparse), "epochs": int(epochs), "batch_size": int(batch_size),
                    "lr": float(lr), "device": str(device), "seed": int(seed),
                    "use_genes": use_genes if isinstance(use_genes, str) else "custom",
                    "layer": layer or "X", "key_added": key_added,
-                   "h_every": "auto" if h_every is None else int(h_every)},
+                   "h_every": "auto" if h_every is None else int(h_every),
+                   "min_positioned": float(min_positioned)},
         "rank_used": "dense" if rank_used is None else int(rank_used),
         "device_used": fit.device,
         "n_cells": int(n_cells),
         "n_genes": int(n_genes),
         "n_edges": int(rows.size),
+        "tau_used": float(tau_used),
+        "tau_rule": tau_rule,
+        "max_weight": max_weight,
+        "n_positioned": n_positioned,
+        "positioned_fraction": float(n_positioned / n_genes),
+        "threshold_scan": scan,
         "removed_cycle_edges": int(removed),
         "dropped_constant_genes": [str(g) for g in np.asarray(adata.var_names[mask])[constant]],
         "epochs_run": int(fit.epochs_run),

@@ -1,0 +1,210 @@
+"""Step I's threshold: ``tau="auto"``, the positioned-genes check, the threshold scan, CLI and config."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cape.causal
+from cape import CapeInputError
+from cape.causal import CausalFit, is_dag, positioned_genes, tau_positioning
+from cape.config import coerce_config, validate_config
+from cape.tl.causal_graph import AUTO_TAU_FLOOR, AUTO_TAU_MAX, SCAN_TAUS, causal_graph
+
+SCHEMA = Path(__file__).resolve().parent.parent / "configs" / "schema.yaml"
+FAST = {"epochs": 2, "batch_size": 32, "device": "cpu"}
+
+
+def _adata(n: int = 40, m: int = 20, seed: int = 0) -> ad.AnnData:
+    X = np.abs(np.random.default_rng(seed).normal(size=(n, m))).astype(np.float32)
+    return ad.AnnData(X=X, var=pd.DataFrame(index=[f"g{i}" for i in range(m)]),
+                      obs=pd.DataFrame(index=[f"c{i}" for i in range(n)]))
+
+
+def _weights(m: int = 20, top: float = 0.1, seed: int = 0) -> np.ndarray:
+    """A learnt-looking adjacency: a few strong-ish edges, the rest small, scaled so that max |A| = top."""
+    rng = np.random.default_rng(seed)
+    A = rng.normal(size=(m, m)) * (rng.random((m, m)) < 0.3) * rng.random((m, m)) ** 3
+    np.fill_diagonal(A, 0)
+    return (A * top / np.abs(A).max()).astype(np.float32)
+
+
+@pytest.fixture
+def fitted(monkeypatch):
+    """Replace the fit by a given adjacency: the threshold logic is then exact and instant."""
+    holder: dict[str, np.ndarray] = {}
+
+    def fake_fit(X, **kwargs):
+        return CausalFit(adjacency=holder["A"].copy(), history={"loss": [1.0]}, epochs_run=1)
+
+    monkeypatch.setattr(cape.causal, "fit_variational_notears", fake_fit)
+    return holder
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 15), seed=st.integers(0, 2**31 - 1), fraction=st.floats(0, 1), density=st.floats(0, 1))
+def test_tau_positioning_is_the_largest_threshold_positioning_the_fraction(m: int, seed: int, fraction: float,
+                                                                          density: float) -> None:
+    rng = np.random.default_rng(seed)
+    A = (rng.normal(size=(m, m)) * (rng.random((m, m)) < density)).astype(np.float32)
+    tau = tau_positioning(A, fraction)
+    need = max(1, int(np.ceil(fraction * m)))
+    off = np.abs(A[~np.eye(m, dtype=bool)])
+    if (off > 0).any():
+        per_gene_nonzero = int(positioned_genes(A, 0.0).sum())
+        assert positioned_genes(A, tau).sum() >= min(need, per_gene_nonzero)
+        if per_gene_nonzero >= need:
+            # Any larger threshold (the next float up is the k-th strongest gene's weight) positions fewer.
+            above = float(np.nextafter(np.float32(tau), np.float32(np.inf)))
+            assert positioned_genes(A, above).sum() < need
+    else:
+        assert tau == 0.0
+    # make_dag keeps every positioned gene: its edge count and positioned genes agree with the mask.
+    dag, _ = cape.causal.make_dag(A, tau)
+    np.testing.assert_array_equal((dag != 0).any(0) | (dag != 0).any(1), positioned_genes(A, tau))
+
+
+def test_auto_keeps_the_papers_tau_where_it_positions_enough(fitted) -> None:
+    fitted["A"] = _weights(top=0.9)
+    assert positioned_genes(fitted["A"], 0.2).mean() >= 0.5  # the premise
+    a = _adata()
+    causal_graph(a, **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    assert record["params"]["tau"] == "auto" and record["tau_rule"] == "auto: paper"
+    assert record["tau_used"] == AUTO_TAU_MAX
+    np.testing.assert_array_equal(a.varp["cape_dag"].toarray(), cape.causal.make_dag(fitted["A"], 0.2)[0])
+
+
+def test_auto_lowers_tau_until_half_the_genes_are_positioned(fitted, tmp_path) -> None:
+    # The issue's case: weights topping out near 0.1, so τ = 0.2 keeps nothing.
+    fitted["A"] = _weights(top=0.1)
+    a = _adata()
+    causal_graph(a, **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    dag = a.varp["cape_dag"].toarray()
+    positioned = (dag != 0).any(0) | (dag != 0).any(1)
+    assert is_dag(dag) and positioned.mean() >= 0.5
+    assert record["tau_rule"] == "auto: positioning"
+    assert AUTO_TAU_FLOOR <= record["tau_used"] < 0.1
+    assert record["tau_used"] == tau_positioning(fitted["A"], 0.5)
+    assert record["n_positioned"] == positioned.sum() and record["positioned_fraction"] == positioned.mean()
+    assert record["n_edges"] == np.count_nonzero(dag) and record["max_weight"] == pytest.approx(0.1)
+    scan = record["threshold_scan"]
+    assert list(scan["tau"]) == sorted({*SCAN_TAUS, record["tau_used"]}, reverse=True)
+    for t, edges, n_pos in zip(scan["tau"], scan["n_edges"], scan["n_positioned"], strict=True):
+        expected = cape.causal.make_dag(fitted["A"], t)[0]
+        assert edges == np.count_nonzero(expected) and n_pos == positioned_genes(fitted["A"], t).sum()
+    assert scan["n_edges"][0] == 0  # τ = 0.2 would have kept nothing
+    assert np.all(np.diff(scan["n_edges"]) >= 0)
+    # The record survives an .h5ad round trip (a report reads it from the file).
+    a.write_h5ad(tmp_path / "a.h5ad")
+    back = ad.read_h5ad(tmp_path / "a.h5ad").uns["cape"]["causal_graph"]
+    np.testing.assert_array_equal(back["threshold_scan"]["n_edges"], scan["n_edges"])
+    assert back["tau_rule"] == "auto: positioning" and back["params"]["tau"] == "auto"
+
+
+def test_auto_stops_with_one_line_when_the_weights_are_noise(fitted) -> None:
+    fitted["A"] = _weights(top=0.004)
+    a = _adata()
+    with pytest.raises(CapeInputError) as err:
+        causal_graph(a, **FAST)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "Step I kept 0 edges (0% of 20 genes positioned) at tau=0.01" in message
+    assert "largest weight is 0.004" in message and "more cells (40 for 20 genes)" in message
+    assert "cape_dag" not in a.varp and "cape" not in a.uns  # nothing half-written
+
+
+def test_fixed_tau_warns_with_the_remedy_and_min_positioned_zero_is_silent(fitted, caplog) -> None:
+    fitted["A"] = _weights(top=0.1)
+    a = _adata()
+    with caplog.at_level(logging.WARNING, logger="cape"):
+        causal_graph(a, tau=0.2, **FAST)
+    assert "Step I kept 0 edges" in caplog.text and "use tau=auto or tau≤0.0" in caplog.text
+    assert a.uns["cape"]["causal_graph"]["tau_rule"] == "fixed" and a.varp["cape_dag"].nnz == 0
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cape"):
+        causal_graph(a, min_positioned=0.0, **FAST)
+    assert "Step I kept" not in caplog.text
+    assert a.uns["cape"]["causal_graph"]["tau_used"] == AUTO_TAU_MAX  # nothing asked: the paper's τ
+
+
+@pytest.mark.parametrize("tau", ["automatic", "", True, 1.0, 1.5, -0.01, float("inf")])
+def test_bad_tau_is_refused(tau) -> None:
+    with pytest.raises(CapeInputError, match="tau must be a number in \\[0, 1\\) or 'auto'"):
+        causal_graph(_adata(), tau=tau, **FAST)
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.5, "half", True])
+def test_bad_min_positioned_is_refused(fraction) -> None:
+    with pytest.raises(CapeInputError, match="min_positioned"):
+        causal_graph(_adata(), min_positioned=fraction, **FAST)
+
+
+def test_cli_tau_auto_and_bad_tau(fitted, tmp_path, capsys) -> None:
+    from cape.cli import main
+
+    fitted["A"] = _weights(top=0.1)
+    src = tmp_path / "in.h5ad"
+    _adata().write_h5ad(src)
+    out = tmp_path / "out.h5ad"
+    assert main(["--quiet", "causal", "--input", str(src), "--output", str(out), "--tau", "auto",
+                 "--epochs", "2"]) == 0
+    record = ad.read_h5ad(out).uns["cape"]["causal_graph"]
+    assert record["params"]["tau"] == "auto" and record["positioned_fraction"] >= 0.5
+    capsys.readouterr()
+    bad = tmp_path / "bad.h5ad"
+    assert main(["--quiet", "causal", "--input", str(src), "--output", str(bad), "--tau", "1.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "cape: error: tau must be a number in [0, 1) or 'auto', got 1.5"
+    assert not bad.exists()
+    # Weights at noise level under tau=auto: exit 2, one line, no output file.
+    fitted["A"] = _weights(top=0.004)
+    assert main(["--quiet", "causal", "--input", str(src), "--output", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cape: error: Step I kept 0 edges") and "\n" not in err and not bad.exists()
+    with pytest.raises(SystemExit) as usage:
+        main(["--quiet", "causal", "--input", str(src), "--output", str(bad), "--tau", "strong"])
+    assert usage.value.code == 2
+
+
+@pytest.mark.parametrize("value, ok", [("auto", True), (0.05, True), ("0.05", True), (0, True), (".1", True),
+                                       (1.5, False), ("1.5", False), ("autox", False), (-0.1, False)])
+def test_schema_accepts_auto_or_a_number_in_unit_interval(value, ok) -> None:
+    config = {"causal": {"tau": value}}
+    coerce_config(config, SCHEMA)
+    if ok:
+        validate_config(config, SCHEMA)
+    else:
+        with pytest.raises(CapeInputError, match="causal.tau"):
+            validate_config(config, SCHEMA)
+
+
+def test_default_config_uses_auto() -> None:
+    config = yaml.safe_load((SCHEMA.parent / "config.yaml").read_text())
+    assert config["causal"]["tau"] == "auto"
+    schema = yaml.safe_load(SCHEMA.read_text())
+    assert schema["properties"]["causal"]["properties"]["tau"]["default"] == "auto"
+
+
+@pytest.mark.slow
+def test_default_step_one_positions_half_of_a_few_cell_tpm_set() -> None:
+    # The issue's shape: 184 SMART-seq-like cells × 9,450 genes, the workflow's preprocessing (300 HVGs).
+    # Fitted weights stay below 0.2 here, so τ = 0.2 would keep no edge at all.
+    import cape
+
+    a = cape.data.simulate_expression(184, 9450, kind="tpm", seed=0)
+    cape.pp.preprocess(a, min_genes=200, target_sum=1e4, n_top_genes=300, hvg_flavor="seurat")
+    causal_graph(a, device="cpu", seed=0)
+    record = a.uns["cape"]["causal_graph"]
+    scan = dict(zip(record["threshold_scan"]["tau"], record["threshold_scan"]["n_edges"], strict=True))
+    assert scan[0.2] == 0 and record["tau_rule"] == "auto: positioning"
+    assert record["positioned_fraction"] >= 0.5 and record["n_edges"] > 0
