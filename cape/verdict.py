@@ -64,6 +64,9 @@ class Positioning:
     n_edges: int | None
     tau: float | None = None
     n_cells: int | None = None
+    tau_rule: str | None = None
+    #: ``(τ, edges, positioned genes)`` at smaller thresholds (Step I's ``threshold_scan``), strongest τ first
+    scan: tuple[tuple[float, int, int], ...] = ()
 
     @property
     def fraction(self) -> float:
@@ -89,17 +92,27 @@ def positioning(adata: ad.AnnData) -> Positioning | None:
     if has_edge is None:
         return None
     info = adata.uns.get("cape", {}).get("causal_graph", {})
-    tau = info.get("params", {}).get("tau")
+    # τ actually applied: "auto" is calibrated by Step I and recorded as tau_used
+    tau = info.get("tau_used", info.get("params", {}).get("tau"))
     n_cells = info.get("n_cells")
+    scan = info.get("threshold_scan", {})
+    rows = tuple((float(t), int(e), int(p)) for t, e, p in
+                 zip(scan.get("tau", ()), scan.get("n_edges", ()), scan.get("n_positioned", ()), strict=False))
     return Positioning(n_used=int(used.sum()), n_positioned=int((has_edge & used).sum()), n_edges=n_edges,
-                       tau=None if tau is None else float(tau), n_cells=None if n_cells is None else int(n_cells))
+                       tau=float(tau) if isinstance(tau, int | float | np.number) else None,
+                       n_cells=None if n_cells is None else int(n_cells),
+                       tau_rule=info.get("tau_rule"), scan=rows)
 
 
 def _tau_remedy(pos: Positioning) -> str:
-    now = f" (this run: τ = {pos.tau:g})" if pos.tau is not None else ""
+    now = f" (this run: τ = {pos.tau:.3g})" if pos.tau is not None else ""
     cells = f"; Step I saw {pos.n_cells:,} cells" if pos.n_cells is not None else ""
-    return (f"lower Step I's edge threshold `causal.tau`{now}, or set `causal.tau: auto` to calibrate it on the "
-            f"data; more cells also give Step I more to go on{cells}")
+    smaller = [f"τ {t:.3g}: {e:,} edges, {p:,} genes" for t, e, p in pos.scan if pos.tau is None or t < pos.tau]
+    scan = f" (at smaller thresholds: {'; '.join(smaller)})" if smaller else ""
+    calibrate = ("" if (pos.tau_rule or "").startswith("auto")
+                 else ", or set `causal.tau: auto` to calibrate it on the data")
+    return (f"lower Step I's edge threshold `causal.tau`{now}{scan}{calibrate}; more cells also give Step I more "
+            f"to go on{cells}")
 
 
 def positioning_finding(pos: Positioning | None, encoding: str | None = None) -> Finding:
@@ -128,7 +141,8 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                        "of the Poincaré disk and are encoded as if they had no position, so CAPE can do little."
                        + ignores,
                        (_tau_remedy(pos),), short=f"only {pos.fraction:.0%} of the genes got a position")
-    return Finding(OK, "positions", f"{share.capitalize()} got a position from the causal graph ({edges})."
+    at = f" at τ = {pos.tau:.3g}" + (f" ({pos.tau_rule})" if pos.tau_rule else "") if pos.tau is not None else ""
+    return Finding(OK, "positions", f"{share.capitalize()} got a position from the causal graph ({edges}{at})."
                    + ignores)
 
 

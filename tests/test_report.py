@@ -168,6 +168,30 @@ def test_embedded_genes_count_only_when_used():
     assert positioning(ad.AnnData(np.zeros((3, 2), dtype=np.float32))) is None
 
 
+def test_calibrated_threshold_and_scan_reach_the_verdict():
+    """With tau='auto' the verdict reads the τ Step I applied and lists the edges left at smaller thresholds."""
+    adata = ad.AnnData(np.zeros((3, 4), dtype=np.float32))
+    dag = np.zeros((4, 4))
+    dag[0, 1] = 0.05
+    adata.varp["cape_dag"] = sp.csr_matrix(dag)
+    adata.uns["cape"] = {"causal_graph": {
+        "params": {"tau": "auto"}, "tau_used": 0.04, "tau_rule": "auto: positioning", "n_cells": 30,
+        "threshold_scan": {"tau": np.array([0.2, 0.1, 0.04, 0.02]), "n_edges": np.array([0, 0, 1, 3]),
+                           "n_positioned": np.array([0, 0, 2, 4])}}}
+    pos = positioning(adata)
+    assert pos.tau == pytest.approx(0.04) and pos.tau_rule == "auto: positioning"
+    finding = positioning_finding(pos)
+    assert finding.level == OK and "τ = 0.04 (auto: positioning)" in finding.text
+    dag[0, 1] = 0
+    adata.varp["cape_dag"] = sp.csr_matrix(dag)
+    (remedy,) = positioning_finding(positioning(adata)).remedies
+    assert "τ 0.02: 3 edges, 4 genes" in remedy and "τ 0.2:" not in remedy
+    assert "set `causal.tau: auto`" not in remedy  # already calibrated
+    adata.uns["cape"]["causal_graph"]["tau_rule"] = "fixed"
+    (remedy,) = positioning_finding(positioning(adata)).remedies
+    assert "set `causal.tau: auto`" in remedy
+
+
 def test_baseline_wins_names_cause_and_remedy(trained, tmp_path):
     """A transformer that predicts one class loses to logistic regression beyond the bootstrap spread."""
     trained.obs["cape_cell_type_prediction"] = pd.Categorical(["T"] * trained.n_obs)
