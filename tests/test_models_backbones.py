@@ -192,7 +192,7 @@ def test_scbert_refuses_logit_encodings(adata, encoding):
 
 
 def test_vocabulary_mismatch_on_load_says_how_many(adata, tmp_path):
-    model = CellTransformer(adata, "scgpt", "none", **SMALL)
+    model = CellTransformer(adata, "scgpt", "none", vocabulary="all", **SMALL)
     model.save(tmp_path / "m")
     other = adata[:, 3:].copy()
     other.var_names = [*other.var_names[:-2], "NEW1", "NEW2"]
