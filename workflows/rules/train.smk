@@ -22,6 +22,7 @@ rule train:
         "{params.cape} train --input {input:q} --output {output.h5ad:q} --model-dir {output.model:q}"
         " --label-key {params.labels} --fine-tune-fraction {params.opts[fine_tune_fraction]}"
         " --architecture {params.opts[architecture]} --encoding {params.opts[encoding]}"
+        " --vocabulary {params.opts[vocabulary]}"
         " --d-model {params.opts[d_model]} --n-layers {params.opts[n_layers]} --n-heads {params.opts[n_heads]}"
         " --max-len {params.opts[max_len]} --pretrain-epochs {params.opts[pretrain_epochs]}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
