@@ -129,3 +129,16 @@ def test_dataset_too_small_for_clustering():
     adata.obsm["X_cape"] = np.asarray(adata.X)
     with pytest.warns(UserWarning, match="excluded: a, b"), pytest.raises(CapeInputError, match="1 class"):
         cluster_embedding(adata, "cell_type")
+
+
+def test_pca_of_a_sparse_matrix_matches_dense_pca_without_densifying():
+    import scipy.sparse as sp
+
+    from cape.bench.clustering import pca_embedding
+
+    rng = np.random.default_rng(0)
+    dense = rng.poisson(0.3, size=(120, 80)).astype(np.float64)
+    got = pca_embedding(sp.csr_matrix(dense), 5, seed=0)
+    want = pca_embedding(dense, 5, seed=0)
+    signs = np.sign((got * want).sum(0))  # components are defined up to sign
+    np.testing.assert_allclose(got * signs, want, atol=1e-6)
