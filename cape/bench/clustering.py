@@ -64,13 +64,19 @@ def cluster_embedding(adata: ad.AnnData, label_key: str, *, obsm_key: str = "X_c
 # ----------------------------------------------------------------------------------------------------------------
 # baselines: each maps (X, batches, seed) → an embedding
 # ----------------------------------------------------------------------------------------------------------------
+#: A sparse matrix with more entries than this (2²⁵: 256 MiB as dense float64) is never densified for PCA.
+DENSE_PCA_MAX_ENTRIES = 2**25
+
+
 def pca_embedding(x, n_comps: int = 50, *, seed: int = 0) -> np.ndarray:
-    """PCA scores of ``x`` (dense, or scipy sparse: centred implicitly by ARPACK, never densified)."""
+    """PCA scores of ``x``. A scipy sparse ``x`` of more than :data:`DENSE_PCA_MAX_ENTRIES` entries is centred
+    implicitly by ARPACK (exact PCA, never densified); smaller ones are densified and take scikit-learn's default
+    solver, as dense input does."""
     import scipy.sparse as sp
     from sklearn.decomposition import PCA
 
     k = min(n_comps, x.shape[0] - 1, x.shape[1])
-    if sp.issparse(x) and k < min(x.shape):
+    if sp.issparse(x) and k < min(x.shape) and x.shape[0] * x.shape[1] > DENSE_PCA_MAX_ENTRIES:
         return PCA(n_components=k, svd_solver="arpack", random_state=seed).fit_transform(
             sp.csr_matrix(x, dtype=np.float64))
     if sp.issparse(x):
