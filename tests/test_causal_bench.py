@@ -69,6 +69,26 @@ def test_dag_comparison_figure() -> None:
         dag_comparison(np.zeros((2, 2)), np.zeros((3, 3)), return_fig=True)
 
 
+
+def test_dag_comparison_of_a_genome_sized_graph_draws_only_genes_with_edges(monkeypatch, caplog) -> None:
+    import importlib
+
+    import scipy.sparse as sp
+
+    module = importlib.import_module("cape.pl.dag_comparison")  # the module, not the function
+
+    monkeypatch.setattr(module, "MAX_NODES", 30)
+    n = 5000  # dense, the two adjacency images alone would be 400 MB
+    rng = np.random.default_rng(0)
+    src, dst = rng.integers(0, 60, 80), rng.integers(0, 60, 80)
+    keep = src < dst
+    T = sp.csr_matrix((np.ones(keep.sum()), (src[keep], dst[keep])), shape=(n, n))
+    with caplog.at_level("INFO", logger="cape"):
+        fig = module.dag_comparison(T, T * 0.5, labels=[f"g{i}" for i in range(n)], return_fig=True)
+    assert fig.axes[2].get_images()[0].get_array().shape == (30, 30)
+    assert "drawing the 30 with an edge" in caplog.text
+
+
 def test_benchmark_feeds_raw_and_standardized_inputs_from_a_seed_offset(tmp_path, monkeypatch) -> None:
     from cape._errors import CapeInputError
 

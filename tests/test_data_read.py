@@ -25,6 +25,29 @@ def test_read_csv_cells_by_genes(tmp_path):
     assert list(adata.obs_names) == ["cellA", "cellB"]
 
 
+def test_read_csv_in_chunks_keeps_raw_counts_sparse(tmp_path, monkeypatch):
+    import importlib
+
+    import scipy.sparse as sp
+
+    reader = importlib.import_module("cape.data.read")  # the module (cape.data.read is also the function)
+    rng = np.random.default_rng(0)
+    counts = rng.poisson(0.2, size=(7, 40)) * (rng.random((7, 40)) < 0.5)
+    lines = [",".join(["", *(f"g{j}" for j in range(40))])]
+    lines += [",".join([f"c{i}", *map(str, row)]) for i, row in enumerate(counts)]
+    path = tmp_path / "umi.csv"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(reader, "CSV_CHUNK_ROWS", 3)  # 3 + 3 + 1 rows
+    adata = cape.data.read(path)
+    assert sp.issparse(adata.X) and adata.X.dtype == np.float32
+    np.testing.assert_array_equal(adata.X.toarray(), counts)
+    assert list(adata.obs_names) == [f"c{i}" for i in range(7)]
+    dense = tmp_path / "tpm.csv"
+    dense.write_text(",g1,g2\ncellA,1.5,2\ncellB,3,0.25\ncellC,1,1\n")
+    tpm = cape.data.read(dense)
+    assert isinstance(tpm.X, np.ndarray) and tpm.X.tolist() == [[1.5, 2], [3, 0.25], [1, 1]]
+
+
 def test_read_csv_non_numeric_column(tmp_path):
     path = tmp_path / "m.csv"
     path.write_text(",g1,g2\ncellA,1,x\n")

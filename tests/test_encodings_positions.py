@@ -68,6 +68,24 @@ def test_co_expression_vectors_reproduce_the_correlation():
         co_expression_vectors(X, dim=9)
 
 
+def test_co_expression_vectors_of_many_genes_never_form_the_correlation(monkeypatch, caplog):
+    import importlib
+
+    module = importlib.import_module("cape.encodings.static_absolute")
+    rng = np.random.default_rng(1)
+    factors = rng.normal(size=(300, 3)) * np.array([3.0, 2.0, 1.0])
+    X = factors @ rng.normal(size=(3, 60)) + rng.normal(scale=0.3, size=(300, 60))
+    X = np.hstack([np.clip(X - X.min(), 0, None), np.zeros((300, 1))])  # and a constant gene
+    dense = co_expression_vectors(sp.csr_matrix(X), dim=3)
+    monkeypatch.setattr(module, "CO_EXPRESSION_DENSE_MAX_GENES", 10)
+    with caplog.at_level("INFO", logger="cape"):
+        implicit = co_expression_vectors(sp.csr_matrix(X), dim=3)
+    assert "the correlation is not formed" in caplog.text
+    # The same rank-3 factorisation of the correlation (vectors agree up to sign: compare their Gram matrices).
+    np.testing.assert_allclose(implicit @ implicit.T, dense @ dense.T, atol=1e-3)
+    np.testing.assert_allclose(implicit[-1], 0.0)
+
+
 def test_static_absolute_from_gene2vec_file(tmp_path):
     path = tmp_path / "g2v.txt"
     path.write_text("3 4\nGATA1 1 0 0 0\nSPI1 0 2 0 0\nUNUSED 0 0 0 5\n")

@@ -132,3 +132,81 @@ def test_bench_non_relativity_writes_tables(tmp_path, capsys):
     adata.write_h5ad(tmp_path / "bare.h5ad")
     assert main(["bench", "non-relativity", "-i", str(tmp_path / "bare.h5ad"), "--out", str(tmp_path / "x")]) == 2
     assert "cape_poincare" in capsys.readouterr().err
+
+
+def _many_genes(n_cells: int = 60, n_genes: int = 3000, n_used: int = 300, seed: int = 0):
+    """A raw-matrix-shaped AnnData: sparse log counts over many genes, CAPE keys on the first ``n_used``."""
+    import anndata as ad
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    # The used (highly variable) genes are detected more often than the rest, as after HVG selection.
+    X = sp.hstack([sp.random(n_cells, n_used, density=0.5, random_state=seed, dtype=np.float32),
+                   sp.random(n_cells, n_genes - n_used, density=0.05, random_state=seed + 1, dtype=np.float32)])
+    X = sp.csr_matrix(X)
+    X.data = np.log1p(np.ceil(X.data * 5)).astype(np.float32)
+    adata = ad.AnnData(X)
+    adata.var_names = [f"G{i}" for i in range(n_genes)]
+    used = np.zeros(n_genes, dtype=bool)
+    used[:n_used] = True
+    adata.var["cape_used"] = used
+    rows = rng.integers(0, n_used, 600)
+    cols = rng.integers(0, n_used, 600)
+    keep = rows < cols
+    adata.varp["cape_dag"] = sp.csr_matrix((np.ones(keep.sum()), (rows[keep], cols[keep])), shape=(n_genes, n_genes))
+    e = np.full((n_genes, 4), np.nan)
+    e[:n_used] = rng.normal(size=(n_used, 4))
+    e[:n_used] *= 0.8 * rng.random((n_used, 1)) / np.linalg.norm(e[:n_used], axis=1, keepdims=True)
+    adata.varm["cape_poincare"] = e
+    adata.varm["cape_angles"] = np.pi / 4 * e
+    adata.var["cape_generality"] = rng.random(n_genes)
+    return adata
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("vocabulary", ["used", "all"])
+def test_evaluate_non_relativity_never_builds_an_all_genes_square(tmp_path, monkeypatch, vocabulary):
+    """The evaluate step's attention diagnostics over 3,000 genes (300 used) work on ≤ 300 × 300 tables."""
+    import tracemalloc
+
+    import cape.bench.layer_relativity as lr
+    from cape.report import attention_records
+
+    adata = _many_genes()
+    model = CellTransformer(adata, "scgpt", "cape", d_model=16, n_heads=2, n_layers=2, max_len=256, seed=0,
+                            device="cpu", vocabulary=vocabulary)
+    assert len(model.vocab.genes) == (300 if vocabulary == "used" else 3000)
+    model.save(tmp_path / "model")
+    shapes = []
+    original = lr.layer_mean_logits
+
+    def spy(*args, **kwargs):
+        means, count = original(*args, **kwargs)
+        shapes.extend([count.shape, *(m.shape for m in means)])
+        return means, count
+
+    monkeypatch.setattr(lr, "layer_mean_logits", spy)
+    tracemalloc.start()
+    try:
+        records = attention_records(adata, tmp_path / "model", n_cells=60)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert {r["method"] for r in records} == {"cape vs own positions", "cape vs Poincaré distance"}
+    assert shapes and all(s[0] == s[1] <= 300 for s in shapes)
+    # One 3,000 × 3,000 float64 array is 72 MB; NumPy's allocations here stay far below a quarter of it.
+    assert peak < 3000 * 3000 * 8 / 4
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_non_relativity_caps_the_genes_it_measures(caplog):
+    adata = _many_genes(n_genes=400, n_used=300)
+    model = CellTransformer(adata, "scgpt", "cape", d_model=16, n_heads=2, n_layers=1, max_len=64, seed=0,
+                            device="cpu")
+    with caplog.at_level("INFO", logger="cape"):
+        capped = layer_non_relativity(model, adata, key="cape_poincare", max_genes=40)
+    assert capped[0]["n_genes"] <= 40 and "measuring the 40 detected in the most cells" in caplog.text
+    full = layer_non_relativity(model, adata, key="cape_poincare")
+    assert 40 < full[0]["n_genes"] <= 300
+    with pytest.raises(CapeInputError, match="max_genes"):
+        layer_non_relativity(model, adata, max_genes=2)

@@ -157,6 +157,28 @@ def test_grape_a_graph_distance_runs(adata):
     assert torch.isfinite(model.backbone(batch["gene_ids"], batch["values"], batch["padding_mask"])).all()
 
 
+def test_graph_distances_are_hops_on_the_dag_skeleton_of_the_vocabulary(adata, monkeypatch):
+    import networkx as nx
+    import scipy.sparse as sp
+
+    import cape.models.positions as positions
+
+    vocab = GeneVocab.from_genes(adata.var_names)
+    table = positions.graph_distance_from_dag(adata, vocab)
+    skeleton = nx.from_scipy_sparse_array(sp.csr_matrix(adata.varp["cape_dag"]) != 0)
+    hops = dict(nx.all_pairs_shortest_path_length(skeleton))
+    finite = [d for row in hops.values() for d in row.values()]
+    far = max(finite) + 1
+    ids = vocab.lookup(adata.var_names)
+    for i in range(adata.n_vars):
+        for j in range(adata.n_vars):
+            assert table[ids[i], ids[j]] == hops[i].get(j, far)
+    assert not table[[vocab.pad_id, vocab.cls_id]].any()
+    monkeypatch.setattr(positions, "GRAPH_DISTANCE_MAX_TOKENS", 10)
+    with pytest.raises(CapeInputError, match="at most 10.*vocabulary='used'"):
+        positions.graph_distance_from_dag(adata, vocab, "grape_a")
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 def test_unknown_encoding_lists_the_available_ones(adata):
     with pytest.raises(CapeInputError, match="unknown positional encoding 'alibi'.*cape.*grape_a"):
@@ -192,7 +214,7 @@ def test_scbert_refuses_logit_encodings(adata, encoding):
 
 
 def test_vocabulary_mismatch_on_load_says_how_many(adata, tmp_path):
-    model = CellTransformer(adata, "scgpt", "none", **SMALL)
+    model = CellTransformer(adata, "scgpt", "none", vocabulary="all", **SMALL)
     model.save(tmp_path / "m")
     other = adata[:, 3:].copy()
     other.var_names = [*other.var_names[:-2], "NEW1", "NEW2"]

@@ -48,10 +48,13 @@ def test_fit_predict_embed(adata):
     assert out.varm["cape_gene_embedding"].shape == (adata.n_vars, 32)
     n_cells = out.var["cape_gene_embedding_n_cells"].to_numpy()
     assert n_cells.max() <= adata.n_obs and (n_cells > 0).any()
-    assert out.uns["cape"]["model"]["architecture"] == "scgpt"
+    used = adata.var["cape_used"].to_numpy()
+    # The vocabulary is the used genes: the others are never tokenised and get zero vectors.
+    assert (n_cells[~used] == 0).all() and not out.varm["cape_gene_embedding"][~used].any()
+    assert out.uns["cape"]["model"]["architecture"] == "scgpt" and out.uns["cape"]["model"]["vocabulary"] == "used"
     assert "X_cape" not in adata.obsm                        # copy=True leaves the input alone
     table = model.gene_embedding_table()
-    assert table.shape == (adata.n_vars, 32) and list(table.index) == list(adata.var_names)
+    assert table.shape == (used.sum(), 32) and list(table.index) == list(adata.var_names[used])
 
 
 def test_fit_roundtrip_keeps_the_classifier(adata, tmp_path):
@@ -95,6 +98,78 @@ def test_training_bad_input(adata):
         model.fit(one, "one")
     with pytest.raises(CapeInputError, match="layer 'counts'"):
         CellTransformer(adata, "scgpt", "none", layer="counts")
+
+
+# ------------------------------------------------------------------------------------------------ vocabulary
+def _with_unused_genes(adata, n_extra: int = 30):
+    """``adata`` plus ``n_extra`` expressed genes outside var["cape_used"] (a raw matrix's other genes)."""
+    import anndata as ad
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(5)
+    extra = sp.csr_matrix(np.log1p(rng.poisson(2.0, size=(adata.n_obs, n_extra))).astype(np.float32))
+    wide = ad.AnnData(sp.hstack([adata.X, extra]).tocsr(), obs=adata.obs.copy())
+    wide.var_names = [*adata.var_names, *(f"OTHER{i}" for i in range(n_extra))]
+    wide.var["cape_used"] = np.r_[adata.var["cape_used"].to_numpy(), np.zeros(n_extra, dtype=bool)]
+    for key, value in adata.varm.items():
+        wide.varm[key] = np.r_[value, np.full((n_extra, value.shape[1]), np.nan)]
+    wide.var["cape_generality"] = np.r_[adata.var["cape_generality"].to_numpy(), np.zeros(n_extra)]
+    wide.varp["cape_dag"] = sp.block_diag([adata.varp["cape_dag"], sp.csr_matrix((n_extra, n_extra))]).tocsr()
+    return wide
+
+
+def test_vocabulary_is_the_used_genes_by_default(adata, caplog):
+    wide = _with_unused_genes(adata)
+    used = list(wide.var_names[wide.var["cape_used"].to_numpy()])
+    model = CellTransformer(wide, "scgpt", "cape", **SMALL, seed=0)
+    assert model.vocabulary == "used" and model.vocab.genes == used
+    assert CellTransformer(wide, "scgpt", "cape", **SMALL, vocabulary="all").vocab.genes == list(wide.var_names)
+    # Cells are tokenised over the vocabulary's columns only, and a sparse matrix stays sparse.
+    data = model._dataset(wide)
+    assert data.X.shape == (wide.n_obs, len(used)) and hasattr(data.X, "indptr")
+    tokens = np.concatenate([data[i]["gene_ids"][1:] for i in range(len(data))])
+    assert set(tokens) <= set(model.vocab.lookup(used))
+    # The positions are the used genes' own (rows of genes outside the vocabulary do not exist).
+    assert model.positions.vectors.shape[0] == len(model.vocab)
+    no_flag = wide.copy()
+    del no_flag.var["cape_used"]
+    with caplog.at_level("INFO", logger="cape"):
+        fallback = CellTransformer(no_flag, "scgpt", "none", **SMALL)
+    assert fallback.vocab.genes == list(wide.var_names) and "var['cape_used'] not found" in caplog.text
+    none_used = wide.copy()
+    none_used.var["cape_used"] = False
+    with pytest.raises(CapeInputError, match="marks none"):
+        CellTransformer(none_used, "scgpt", "none", **SMALL)
+    with pytest.raises(CapeInputError, match="unknown vocabulary"):
+        CellTransformer(wide, "scgpt", "none", vocabulary="hvg")
+
+
+def test_used_vocabulary_survives_save_load_and_other_genes(adata, tmp_path):
+    import json
+
+    wide = _with_unused_genes(adata)
+    model = CellTransformer(wide, "scgpt", "cape", **SMALL, seed=0)
+    model.fit(wide, "cell_type", epochs=2, batch_size=16, validation_fraction=0.0)
+    model.save(tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["vocabulary"] == "used"
+    loaded = CellTransformer.load(tmp_path / "m", wide, device="cpu")
+    assert loaded.vocabulary == "used" and loaded.vocab == model.vocab
+    expected = model.predict(wide, return_probabilities=True)
+    np.testing.assert_array_equal(loaded.predict(wide, return_probabilities=True), expected)
+    # Genes outside the vocabulary change nothing: the same cells over the used genes alone predict the same.
+    np.testing.assert_allclose(loaded.predict(adata[:, adata.var["cape_used"].to_numpy()].copy(),
+                                              return_probabilities=True), expected, rtol=1e-6, atol=1e-7)
+    out = loaded.embed(wide, copy=True)
+    assert out.obsm["X_cape"].shape == (wide.n_obs, 32)
+    # A vocabulary gene missing from the AnnData is still a mismatch.
+    with pytest.raises(CapeInputError, match="1 of the model's 22 genes.*missing"):
+        CellTransformer.load(tmp_path / "m", wide[:, 1:].copy())
+    # Models saved before the option recorded it kept every gene and stay strict.
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    del cfg["vocabulary"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CapeInputError, match="vocabulary mismatch: 32 of the AnnData's"):
+        CellTransformer.load(tmp_path / "m", wide)
 
 
 # ------------------------------------------------------------------------------------------------ DDP

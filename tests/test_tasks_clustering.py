@@ -129,3 +129,19 @@ def test_dataset_too_small_for_clustering():
     adata.obsm["X_cape"] = np.asarray(adata.X)
     with pytest.warns(UserWarning, match="excluded: a, b"), pytest.raises(CapeInputError, match="1 class"):
         cluster_embedding(adata, "cell_type")
+
+
+def test_pca_of_a_sparse_matrix_matches_dense_pca_without_densifying(monkeypatch):
+    import scipy.sparse as sp
+    from sklearn.decomposition import PCA
+
+    import cape.bench.clustering as clustering
+    from cape.bench.clustering import pca_embedding
+
+    monkeypatch.setattr(clustering, "DENSE_PCA_MAX_ENTRIES", 100)  # 120 × 80: the sparse (ARPACK) path
+    rng = np.random.default_rng(0)
+    dense = rng.poisson(0.3, size=(120, 80)).astype(np.float64)
+    got = pca_embedding(sp.csr_matrix(dense), 5, seed=0)
+    want = PCA(n_components=5, svd_solver="full").fit_transform(dense)
+    signs = np.sign((got * want).sum(0))  # components are defined up to sign
+    np.testing.assert_allclose(got * signs, want, atol=1e-6)

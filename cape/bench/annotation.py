@@ -95,8 +95,15 @@ def annotation_metrics(y_true: Sequence[str], y_pred: Sequence[str]) -> dict[str
             "macro_f1": float(f1_score(y_true, y_pred, average="macro", zero_division=0))}
 
 
-def expression_matrix(adata: ad.AnnData) -> np.ndarray:
-    """Dense float64 ``X``; ``NaN`` (missing protein values) are rejected here, impute them first."""
+def expression_matrix(adata: ad.AnnData, *, keep_sparse: bool = False):
+    """Dense float64 ``X`` (a float64 CSR with ``keep_sparse`` when X is sparse); ``NaN`` (missing protein values)
+    are rejected here, impute them first."""
+    if keep_sparse and sp.issparse(adata.X):
+        x = sp.csr_matrix(adata.X, dtype=np.float64)
+        if np.isnan(x.data).any():
+            raise CapeInputError("X has missing values (NaN); impute them first "
+                                 "(e.g. cape.bench.clustering.knn_impute)")
+        return x
     x = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
     x = x.astype(np.float64)
     if np.isnan(x).any():
@@ -112,16 +119,15 @@ def logistic_regression_pca(adata: ad.AnnData, label_key: str, *, seed: int = 0,
     sees only the fine-tune labels. Returns ``{"accuracy", "macro_f1", "n_fine_tune", "n_test", "seconds",
     "test_predictions"}`` (the predicted labels of the test cells, in ``split.test`` order).
     """
-    from sklearn.decomposition import PCA
     from sklearn.linear_model import LogisticRegression
+
+    from .clustering import pca_embedding
 
     labels = checked_labels(adata, label_key)
     sub = adata[labels.index] if len(labels) < adata.n_obs else adata
     split = split or annotation_split(labels, seed=seed)
     start = time.perf_counter()
-    x = expression_matrix(sub)
-    k = min(n_comps, x.shape[0] - 1, x.shape[1])
-    emb = PCA(n_components=k, random_state=seed).fit_transform(x)
+    emb = pca_embedding(expression_matrix(sub, keep_sparse=True), n_comps, seed=seed)
     y = labels.to_numpy()
     clf = LogisticRegression(max_iter=5000, random_state=seed).fit(emb[split.fine_tune], y[split.fine_tune])
     predicted = clf.predict(emb[split.test])

@@ -64,17 +64,35 @@ def cluster_embedding(adata: ad.AnnData, label_key: str, *, obsm_key: str = "X_c
 # ----------------------------------------------------------------------------------------------------------------
 # baselines: each maps (X, batches, seed) → an embedding
 # ----------------------------------------------------------------------------------------------------------------
-def pca_embedding(x: np.ndarray, n_comps: int = 50, *, seed: int = 0) -> np.ndarray:
+#: A sparse matrix with more entries than this (2²⁵: 256 MiB as dense float64) is never densified for PCA.
+DENSE_PCA_MAX_ENTRIES = 2**25
+
+
+def pca_embedding(x, n_comps: int = 50, *, seed: int = 0) -> np.ndarray:
+    """PCA scores of ``x``. A scipy sparse ``x`` of more than :data:`DENSE_PCA_MAX_ENTRIES` entries is centred
+    implicitly by ARPACK (exact PCA, never densified); smaller ones are densified and take scikit-learn's default
+    solver, as dense input does."""
+    import scipy.sparse as sp
     from sklearn.decomposition import PCA
 
     k = min(n_comps, x.shape[0] - 1, x.shape[1])
+    if sp.issparse(x) and k < min(x.shape) and x.shape[0] * x.shape[1] > DENSE_PCA_MAX_ENTRIES:
+        return PCA(n_components=k, svd_solver="arpack", random_state=seed).fit_transform(
+            sp.csr_matrix(x, dtype=np.float64))
+    if sp.issparse(x):
+        x = x.toarray()
     return PCA(n_components=k, random_state=seed).fit_transform(x)
 
 
 def knn_impute(x: np.ndarray, n_neighbors: int = 5) -> np.ndarray:
     """Fill missing values (NaN) from the cell's nearest neighbours (scikit-learn ``KNNImputer``)."""
+    import scipy.sparse as sp
     from sklearn.impute import KNNImputer
 
+    if sp.issparse(x) and not np.isnan(x.data).any():
+        return x
+    if sp.issparse(x):
+        x = x.toarray()
     if not np.isnan(x).any():
         return x
     return KNNImputer(n_neighbors=n_neighbors).fit_transform(x)
@@ -128,6 +146,8 @@ def _magic(x, batches, seed, n_comps):
 
 
 Baseline = Callable[[np.ndarray, "np.ndarray | None", int, int], np.ndarray]
+#: Baselines that take a scipy sparse matrix as it is (a raw 10x matrix is never densified for them).
+SPARSE_BASELINES = frozenset({"pca_kmeans", "harmony"})
 #: name → (embedding function, needs a batch key, importable module or None)
 BASELINES: dict[str, tuple[Baseline, bool, str | None]] = {
     "pca_kmeans": (_pca, False, None),
@@ -160,9 +180,9 @@ def run_clustering_baselines(adata: ad.AnnData, label_key: str, *, batch_key: st
         batches = sub.obs[batch_key].astype(str).to_numpy()
         if len(set(batches)) < 2:
             raise CapeInputError(f"obs[{batch_key!r}] has a single batch; batch correction needs at least 2")
-    # Missing values (NaN, as in proteomics) are filled by KNN imputation once, for every method.
-    x = knn_impute(_with_nan(sub))
     names = available_baselines(batches is not None) if methods is None else list(methods)
+    # Missing values (NaN, as in proteomics) are filled by KNN imputation once, for every method.
+    x = knn_impute(_with_nan(sub, keep_sparse=set(names) <= SPARSE_BASELINES))
     unknown = [m for m in names if m not in BASELINES]
     if unknown:
         raise CapeInputError(f"unknown clustering baseline(s) {', '.join(unknown)}; known: {', '.join(BASELINES)}")
@@ -183,10 +203,16 @@ def run_clustering_baselines(adata: ad.AnnData, label_key: str, *, batch_key: st
     return out
 
 
-def _with_nan(adata: ad.AnnData) -> np.ndarray:
-    """Dense X keeping NaN (missing protein values) for the KNN imputer."""
+def _with_nan(adata: ad.AnnData, keep_sparse: bool = False):
+    """Dense X keeping NaN (missing protein values) for the KNN imputer; with ``keep_sparse``, a sparse X without
+    NaN stays sparse (float64 CSR)."""
     import scipy.sparse as sp
 
+    if keep_sparse and sp.issparse(adata.X) and not np.isnan(adata.X.data).any():
+        x = sp.csr_matrix(adata.X, dtype=np.float64)
+        if np.isinf(x.data).any():
+            raise CapeInputError("X has infinite values")
+        return x
     x = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
     x = x.astype(np.float64)
     if np.isinf(x).any():

@@ -43,6 +43,9 @@ def register(commands, bench) -> None:
                        help="encoding option, repeatable (value parsed as JSON when possible)")
     train.add_argument("--layer", default=None, help="expression layer (default X)")
     train.add_argument("--use-raw", action="store_true", help="use adata.raw")
+    train.add_argument("--vocabulary", choices=["used", "all"], default="used",
+                       help="model genes: 'used' = var['cape_used'] (the genes of Steps I–III; all genes when "
+                            "absent), 'all' = every gene of the matrix (memory grows with it) (used)")
     train.add_argument("--d-model", type=int, default=64)
     train.add_argument("--n-layers", type=int, default=2)
     train.add_argument("--n-heads", type=int, default=4)
@@ -113,7 +116,8 @@ def run_train(args: argparse.Namespace) -> int:
             model = CellTransformer(adata, args.architecture, args.encoding, layer=args.layer,
                                     use_raw=args.use_raw, d_model=args.d_model, n_layers=args.n_layers,
                                     n_heads=args.n_heads, max_len=args.max_len, dropout=args.dropout,
-                                    encoding_options=dict(args.encoding_option), device="auto", seed=None)
+                                    encoding_options=dict(args.encoding_option), device="auto", seed=None,
+                                    vocabulary=args.vocabulary)
         logging.getLogger("cape").info("%r", model)
         if args.pretrain_epochs > 0:
             model.pretrain(adata, epochs=args.pretrain_epochs, mask_ratio=args.mask_ratio,

@@ -80,18 +80,42 @@ def _read_by_suffix(p: Path, suffix: str) -> ad.AnnData:
         return ad.read_loom(p, sparse=True)
     if suffix == ".zarr":
         return ad.read_zarr(p)
-    # .csv: cells are rows, genes are columns; first column holds cell names.
+    return _read_csv(p)
+
+
+#: Rows of a CSV parsed at once: a 10x-shaped CSV (30,000-odd genes) is never held as one dense frame.
+CSV_CHUNK_ROWS = 1000
+#: A CSV matrix with at most this share of non-zeros is kept sparse (CSR), as raw UMI counts are.
+CSV_SPARSE_MAX_DENSITY = 0.5
+
+
+def _read_csv(p: Path) -> ad.AnnData:
+    """Cells are rows, genes are columns, the first column holds cell names. Read in chunks of
+    :data:`CSV_CHUNK_ROWS` cells, each stored sparse, so memory follows the non-zeros; a mostly non-zero matrix
+    (density above :data:`CSV_SPARSE_MAX_DENSITY`) is returned dense float32."""
     import pandas as pd
 
-    frame = pd.read_csv(p, index_col=0)
-    if frame.shape[1] == 0:
-        raise CapeInputError(f"{p} has no gene columns (expected cells × genes with a header row)")
-    non_numeric = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
-    if non_numeric:
-        raise CapeInputError(f"{p}: column {non_numeric[0]!r} is not numeric (expected cells × genes)")
-    adata = ad.AnnData(frame.to_numpy(dtype=np.float32))
-    adata.obs_names = frame.index.astype(str)
-    adata.var_names = frame.columns.astype(str)
+    blocks, names, columns = [], [], None
+    for frame in pd.read_csv(p, index_col=0, chunksize=CSV_CHUNK_ROWS):
+        if frame.shape[1] == 0:
+            raise CapeInputError(f"{p} has no gene columns (expected cells × genes with a header row)")
+        non_numeric = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
+        if non_numeric:
+            raise CapeInputError(f"{p}: column {non_numeric[0]!r} is not numeric (expected cells × genes)")
+        columns = frame.columns if columns is None else columns
+        blocks.append(sp.csr_matrix(frame.to_numpy(dtype=np.float32)))
+        names.append(frame.index.astype(str))
+    if columns is None:  # a header and no rows
+        frame = pd.read_csv(p, index_col=0)
+        if frame.shape[1] == 0:
+            raise CapeInputError(f"{p} has no gene columns (expected cells × genes with a header row)")
+        blocks, names, columns = [sp.csr_matrix((0, frame.shape[1]), dtype=np.float32)], [frame.index], frame.columns
+    X = sp.vstack(blocks, format="csr")
+    if X.nnz > CSV_SPARSE_MAX_DENSITY * X.shape[0] * X.shape[1]:
+        X = X.toarray()
+    adata = ad.AnnData(X)
+    adata.obs_names = pd.Index(np.concatenate([np.asarray(n) for n in names])).astype(str)
+    adata.var_names = columns.astype(str)
     return adata
 
 

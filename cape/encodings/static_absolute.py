@@ -10,6 +10,7 @@ that it sits on the token embeddings' scale. Nothing here is trained; tokens wit
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -21,6 +22,12 @@ from torch import Tensor
 
 from .._errors import CapeInputError
 from .base import EncodingContext, GenePositions, PositionalEncoding
+
+logger = logging.getLogger("cape")
+
+#: Above this many genes :func:`co_expression_vectors` never forms the genes × genes correlation (4,096² float64
+#: is 128 MiB; 33,000 genes would be 8.7 GB): it takes the leading eigenvectors of the implicit correlation.
+CO_EXPRESSION_DENSE_MAX_GENES = 4096
 
 
 def read_gene2vec(path: str | os.PathLike, gene_names: Sequence[str]) -> GenePositions:
@@ -77,6 +84,13 @@ def co_expression_vectors(X, dim: int = 64, seed: int = 0) -> np.ndarray:
     -------
     (genes, dim) float32 array U·√S (genes with similar co-expression profiles get nearby vectors); genes with
     zero variance get zero rows.
+
+    Notes
+    -----
+    Up to :data:`CO_EXPRESSION_DENSE_MAX_GENES` genes the correlation matrix is formed and factorised by a
+    randomised SVD. Above, it is never formed (memory O(cells × genes) as X itself, not genes²): its leading
+    eigenvectors are found by Lanczos iteration on the product corr·v = D⁻¹(Xᵀ X D⁻¹v / n − μ μᵀD⁻¹v), with a log
+    line. Both give the same vectors up to sign and the randomised SVD's approximation.
     """
     from sklearn.utils.extmath import randomized_svd
 
@@ -85,6 +99,8 @@ def co_expression_vectors(X, dim: int = 64, seed: int = 0) -> np.ndarray:
         raise CapeInputError(f"co-expression dim must be in 1..{n_genes} (number of genes), got {dim}")
     if n_cells < 2:
         raise CapeInputError("co-expression vectors need at least 2 cells")
+    if n_genes > CO_EXPRESSION_DENSE_MAX_GENES and dim < n_genes - 1:
+        return _implicit_co_expression_vectors(X, dim, seed)
     if sp.issparse(X):
         X = sp.csr_matrix(X, dtype=np.float64)
         mean = np.asarray(X.mean(axis=0)).ravel()
@@ -100,6 +116,31 @@ def co_expression_vectors(X, dim: int = 64, seed: int = 0) -> np.ndarray:
     corr[:, std == 0] = 0.0
     u, s, _ = randomized_svd(corr, n_components=dim, random_state=seed)
     return (u * np.sqrt(s)).astype(np.float32)
+
+
+def _implicit_co_expression_vectors(X, dim: int, seed: int) -> np.ndarray:
+    """:func:`co_expression_vectors` without the genes × genes matrix (Lanczos on the implicit correlation)."""
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    n_cells, n_genes = X.shape
+    logger.info("co-expression vectors of %d genes: over %d genes, the correlation is not formed "
+                "(Lanczos eigenvectors of the implicit matrix)", n_genes, CO_EXPRESSION_DENSE_MAX_GENES)
+    X = sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+    mean = np.asarray(X.mean(axis=0)).ravel()
+    sq = np.asarray((X.multiply(X) if sp.issparse(X) else X * X).mean(axis=0)).ravel()
+    std = np.sqrt(np.clip(sq - mean**2, 0.0, None))
+    inv = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 0.0)  # zero-variance genes: zero rows and columns
+
+    def matvec(v: np.ndarray) -> np.ndarray:
+        w = inv * np.ravel(v)
+        return inv * (np.asarray(X.T @ (X @ w)).ravel() / n_cells - mean * (mean @ w))
+
+    op = LinearOperator((n_genes, n_genes), matvec=matvec, dtype=np.float64)
+    v0 = np.random.default_rng(seed).normal(size=n_genes)
+    values, vectors = eigsh(op, k=dim, which="LA", v0=v0)
+    order = np.argsort(values)[::-1]
+    values, vectors = np.clip(values[order], 0.0, None), vectors[:, order]
+    return (vectors * np.sqrt(values)).astype(np.float32)
 
 
 def co_expression_positions(X, gene_ids: Sequence[int], vocab_size: int, dim: int = 64,

@@ -16,6 +16,8 @@ with non-finite coordinates) get ``has_position = False``.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -27,6 +29,11 @@ from ..encodings.base import POSITION_SOURCES
 from .tokenize import GeneVocab
 
 _VARM_KEYS = ("cape_angles", "cape_poincare")
+#: Most vocabulary tokens for a dense (V, V) graph-distance table (``grape_a`` with ``distance="graph"``):
+#: 8,192² float32 is 256 MiB. A model over every gene of a raw matrix (vocabulary="all") would need gigabytes.
+GRAPH_DISTANCE_MAX_TOKENS = 8192
+
+logger = logging.getLogger("cape")
 
 
 def _missing(encoding: str, key: str) -> CapeInputError:
@@ -85,16 +92,32 @@ def order_from_dag(adata, vocab: GeneVocab, encoding: str = "?") -> np.ndarray:
 
 def graph_distance_from_dag(adata, vocab: GeneVocab, encoding: str = "?") -> np.ndarray:
     """(V, V) hop distance on the undirected skeleton of ``varp["cape_dag"]``; unreachable pairs get
-    (longest finite distance + 1); rows of tokens without a gene are 0."""
+    (longest finite distance + 1); rows of tokens without a gene are 0.
+
+    Shortest paths are computed on the vocabulary genes that have edges only (never an n_vars × n_vars array);
+    the other genes are unreachable from every gene. The table is dense, so the vocabulary may hold at most
+    :data:`GRAPH_DISTANCE_MAX_TOKENS` tokens (a one-line error otherwise).
+    """
     from scipy.sparse.csgraph import shortest_path
 
+    if len(vocab) > GRAPH_DISTANCE_MAX_TOKENS:
+        raise CapeInputError(f"encoding '{encoding}' with a graph distance needs a (V, V) table, and the vocabulary "
+                             f"has {len(vocab)} tokens (at most {GRAPH_DISTANCE_MAX_TOKENS}); use vocabulary='used'")
     dag = sp.csr_matrix(_dag(adata, encoding))
-    dist = shortest_path(dag != 0, directed=False, unweighted=True)
-    finite = np.isfinite(dist)
-    dist[~finite] = (dist[finite].max() if finite.any() else 0.0) + 1.0
-    table = np.zeros((len(vocab), len(vocab)))
     rows, cols = _rows(vocab, adata.var_names)
-    table[np.ix_(rows, rows)] = dist[np.ix_(cols, cols)]
+    skeleton = (dag != 0).astype(np.int8)
+    degree = np.asarray(skeleton.sum(0)).ravel() + np.asarray(skeleton.sum(1)).ravel()
+    linked = np.flatnonzero(degree[cols] > 0)  # positions in rows/cols of the genes with an edge
+    sub = skeleton[cols[linked]][:, cols[linked]]
+    dist = shortest_path(sub, directed=False, unweighted=True) if linked.size else np.zeros((0, 0))
+    finite = np.isfinite(dist)
+    # Edges to genes outside the vocabulary are dropped with them; pairs through such genes become unreachable.
+    far = (dist[finite].max() if finite.any() else 0.0) + 1.0
+    dist[~finite] = far
+    table = np.zeros((len(vocab), len(vocab)))
+    table[np.ix_(rows, rows)] = far
+    table[rows, rows] = 0.0
+    table[np.ix_(rows[linked], rows[linked])] = dist
     return table
 
 
@@ -152,14 +175,19 @@ def gene_positions(adata, vocab: GeneVocab, encoding: str, *, encoding_options: 
 
 def co_expression_positions(adata, vocab: GeneVocab, expression, encoding: str = "?", *,
                             max_dim: int | None = None) -> GenePositions:
-    """Gene vectors learnt from co-expression (``static_absolute`` without a gene2vec file)."""
+    """Gene vectors learnt from co-expression (``static_absolute`` without a gene2vec file), over the vocabulary's
+    genes only (``expression`` is aligned with ``adata.var_names``)."""
     if expression is None:
         raise _missing(encoding, "co_expression")
     from ..encodings import static_absolute
 
-    dim = min(64, adata.n_vars - 1, max_dim or 64)
+    rows, cols = _rows(vocab, adata.var_names)
+    if cols.size < adata.n_vars:
+        expression = expression[:, cols]
+    dim = min(64, cols.size - 1, max_dim or 64)
     vec = np.asarray(static_absolute.co_expression_vectors(expression, dim=dim), dtype=np.float64)
-    table = _vocab_table(vocab, adata.var_names, vec, np.ones(adata.n_vars, dtype=bool))
+    table = np.full((len(vocab), vec.shape[1]), np.nan)
+    table[rows] = vec
     return GenePositions(vectors=torch.as_tensor(table, dtype=torch.float32), source="co-expression")
 
 

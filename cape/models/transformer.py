@@ -51,6 +51,8 @@ ARCHITECTURES = {"scgpt": ScGPTBackbone, "scbert": ScBERTBackbone}
 #: scGPT: 51 quantile bins; scBERT: log2 bins 0..5.
 DEFAULT_BINNING = {"scgpt": ("quantile", 51), "scbert": ("log2", 5)}
 _CONFIG_FILE, _WEIGHTS_FILE, _VOCAB_FILE, _POSITIONS_FILE = "config.json", "model.pt", "vocab.json", "positions.pt"
+#: ``vocabulary=`` choices: the genes of Steps I–III (``var["cape_used"]``) or every gene of the AnnData.
+VOCABULARIES = ("used", "all")
 
 
 # ------------------------------------------------------------------------------------------------ task modules
@@ -178,6 +180,12 @@ class CellTransformer:
         Explicit :class:`~cape.encodings.GenePositions` (rows = vocabulary); default: built from ``adata``.
     n_cls_layers
         Layers of the annotation head (scGPT: 3).
+    vocabulary
+        Which genes form the vocabulary (and are tokenised): ``"used"`` (default) the genes of Steps I–III,
+        ``var["cape_used"]`` (e.g. the highly variable genes), so that embeddings, positions and every
+        genes × genes diagnostic scale with the genes in play, not with the 30,000-odd genes of a raw matrix;
+        ``"all"`` every gene of the expression matrix. Without ``var["cape_used"]``, ``"used"`` falls back to all
+        genes (with a log line). Other genes of the AnnData are left out of the cells' tokens.
     device
         ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``...
     amp
@@ -194,14 +202,17 @@ class CellTransformer:
                  binning: str | None = None, include_zero_genes: bool = False, gene_embedding: bool | None = None,
                  encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
                  n_cls_layers: int = 3, device: str = "auto", amp: bool | str = "auto", seed: int | None = None,
-                 **backbone_options: Any) -> None:
+                 vocabulary: str = "used", **backbone_options: Any) -> None:
         if architecture not in ARCHITECTURES:
             raise CapeInputError(f"unknown architecture {architecture!r}; choose from {sorted(ARCHITECTURES)}")
+        if vocabulary not in VOCABULARIES:
+            raise CapeInputError(f"unknown vocabulary {vocabulary!r}; choose from {', '.join(VOCABULARIES)}")
         self.seed = resolve_seed(seed)
         self.architecture = architecture
         self.layer, self.use_raw = layer, bool(use_raw)
+        self.vocabulary = vocabulary
         X, var_names = self._expression(adata)
-        self.vocab = GeneVocab.from_genes(var_names)
+        self.vocab = GeneVocab.from_genes(self._vocabulary_genes(adata, var_names))
         default_binning, default_bins = DEFAULT_BINNING[architecture]
         self.tokenizer = TokenizerConfig(binning=binning or default_binning, n_bins=n_bins or default_bins,
                                          max_len=max_len, include_zero_genes=include_zero_genes)
@@ -250,6 +261,22 @@ class CellTransformer:
             self.module["cls_head"] = self.cls_head
         self.module.to(self.device)
 
+    def _vocabulary_genes(self, adata, var_names: pd.Index) -> pd.Index:
+        """The genes of the vocabulary, in the AnnData's order (see ``vocabulary`` in the class docstring)."""
+        if self.vocabulary == "all":
+            return var_names
+        if "cape_used" not in adata.var:
+            logger.info("var['cape_used'] not found: the vocabulary is all %d genes", len(var_names))
+            return var_names
+        used = adata.var_names[np.asarray(adata.var["cape_used"], dtype=bool)]
+        genes = var_names[var_names.isin(used)]
+        if len(genes) == 0:
+            raise CapeInputError("var['cape_used'] marks none of the expression matrix's genes; run cape preprocess "
+                                 "or use vocabulary='all'")
+        logger.info("vocabulary: the %d genes of var['cape_used'] (of %d; vocabulary='all' keeps every gene)",
+                    len(genes), len(var_names))
+        return genes
+
     def _position_source(self, adata):
         # Positions live on the genes of the AnnData the expression comes from (.raw has its own var).
         return adata.raw.to_adata() if self.use_raw else adata
@@ -284,6 +311,14 @@ class CellTransformer:
                 logger.info("%d of %d genes are not in the model's vocabulary and are left out",
                             n_unknown, len(var_names))
             return self.vocab.lookup(var_names)
+        if getattr(self, "vocabulary", "all") == "used":
+            # A vocabulary of the used genes is a subset of the AnnData's genes: the others are not tokenised.
+            if n_absent:
+                raise CapeInputError(
+                    f"gene vocabulary mismatch: {n_absent} of the model's {len(self.vocab.genes)} genes (its "
+                    "vocabulary: the genes of var['cape_used']) are missing from the AnnData"
+                )
+            return self.vocab.lookup(var_names)
         if n_unknown or n_absent:
             raise CapeInputError(
                 f"gene vocabulary mismatch: {n_unknown} of the AnnData's {len(var_names)} genes are not in the "
@@ -294,8 +329,13 @@ class CellTransformer:
 
     def _dataset(self, adata, *, labels: np.ndarray | None = None, mask_ratio: float = 0.0) -> CellDataset:
         X, names = self._expression(adata)
-        return CellDataset(X, self._gene_ids(names), self.vocab, self.tokenizer, labels=labels,
-                           mask_ratio=mask_ratio, seed=self.seed)
+        ids = self._gene_ids(names)
+        known = np.flatnonzero(ids >= 0)
+        if known.size < ids.size:
+            # Keep only the vocabulary's columns: cells are tokenised over those genes alone, and a sparse matrix
+            # stays sparse (never a dense cells × all-genes array).
+            X, ids = X[:, known], ids[known]
+        return CellDataset(X, ids, self.vocab, self.tokenizer, labels=labels, mask_ratio=mask_ratio, seed=self.seed)
 
     def _split(self, n: int, validation_fraction: float, stratify: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -675,6 +715,7 @@ class CellTransformer:
         kwargs = {k: v for k, v in self._backbone_kwargs.items()}
         return {"cape_version": __version__, "architecture": self.architecture, "backbone": kwargs,
                 "tokenizer": asdict(self.tokenizer), "layer": self.layer, "use_raw": self.use_raw,
+                "vocabulary": getattr(self, "vocabulary", "all"),
                 "labels": self.labels, "label_key": self.label_key, "n_cls_layers": self.n_cls_layers,
                 "pooling": self.pooling,
                 "seed": self.seed, "history": self.history, "strict_genes": getattr(self, "strict_genes", True),
@@ -747,6 +788,7 @@ class CellTransformer:
         self.architecture = cfg["architecture"]
         self.seed = int(cfg["seed"])
         self.layer, self.use_raw = cfg["layer"], bool(cfg["use_raw"])
+        self.vocabulary = cfg.get("vocabulary", "all")  # models saved before the option kept every gene
         self.vocab = GeneVocab.from_json(directory / _VOCAB_FILE)
         self.tokenizer = TokenizerConfig(**cfg["tokenizer"])
         self.labels, self.label_key = cfg["labels"], cfg["label_key"]
@@ -790,6 +832,7 @@ class CellTransformer:
         self.architecture = "scgpt"
         self.layer, self.use_raw = layer, bool(use_raw)
         self.strict_genes = False
+        self.vocabulary = "checkpoint"
         self.value_scale = 1.0  # scGPT's decoder regresses the raw bins
         self.vocab = GeneVocab.from_json(Path(directory) / "vocab.json")
         X, _ = self._expression(adata)

@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["dag_comparison"]
+__all__ = ["MAX_NODES", "dag_comparison"]
+
+logger = logging.getLogger("cape")
+
+#: Most genes drawn (and densified): above, only genes with an edge in either graph, then the MAX_NODES of highest
+#: degree in their union. An adjacency image of 30,000 genes would take gigabytes and show nothing.
+MAX_NODES = 1000
+
+
+def _restrict(true, estimated, labels: list[str] | None) -> tuple:
+    """The two graphs (still sparse or as given) on at most :data:`MAX_NODES` nodes, and their labels."""
+    T, E = sp.csr_matrix(true), sp.csr_matrix(estimated)
+    if T.shape != E.shape:
+        return true, estimated, labels  # the shape check below names the problem
+    union = ((T != 0) + (E != 0)).astype(np.int64)
+    degree = np.asarray(union.sum(0)).ravel() + np.asarray(union.sum(1)).ravel()
+    keep = np.flatnonzero(degree > 0)
+    if keep.size > MAX_NODES:
+        keep = np.sort(keep[np.argsort(-degree[keep], kind="stable")[:MAX_NODES]])
+    logger.info("dag_comparison: %d genes; drawing the %d with an edge (at most %d, by degree)",
+                T.shape[0], keep.size, MAX_NODES)
+    labels = labels if labels is not None else [str(i) for i in range(T.shape[0])]
+    return T[keep][:, keep], E[keep][:, keep], [labels[i] for i in keep]
 
 
 def _dense(A) -> np.ndarray:
@@ -25,6 +48,9 @@ def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titl
         ``adata.varp["true_dag"]`` and ``adata.varp["cape_dag"]``.
     labels
         Node names (default 0 … M−1).
+
+    Graphs of more than :data:`MAX_NODES` genes are drawn on the genes with an edge in either graph (at most
+    MAX_NODES of them, by degree), with a log line; they are never densified whole.
     titles
         Titles of the two columns.
     show, return_fig
@@ -33,6 +59,9 @@ def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titl
     import matplotlib.pyplot as plt
     import networkx as nx
 
+    labels = [str(x) for x in labels] if labels is not None else None
+    if true.shape[0] > MAX_NODES:
+        true, estimated, labels = _restrict(true, estimated, labels)
     T, E = _dense(true), _dense(estimated)
     if T.shape != E.shape or T.ndim != 2 or T.shape[0] != T.shape[1]:
         raise ValueError(f"true and estimated must be square and of equal shape, got {T.shape} and {E.shape}")

@@ -16,7 +16,7 @@ rule causal:
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
     threads: 2
     resources:
-        mem_mb=8000,
+        mem_mb=2000,  # max_rss 0.83 GB on 5,000 cells × 33,000 genes (300 used)
         runtime=120,
         gpu=gpus(),
     shell:

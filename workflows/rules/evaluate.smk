@@ -33,7 +33,7 @@ rule evaluate:
         benchmarks=lambda wildcards: f"benchmarks/{wildcards.dataset}",
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=2000,  # max_rss 0.87 GB on 5,000 cells × 33,000 genes
         runtime=30,
         gpu=gpus(),
     shell:

@@ -15,7 +15,7 @@ rule preprocess:
         log1p="" if config["preprocess"]["log1p"] else "--no-log1p",
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=2000,  # max_rss 0.82 GB on a sparse 5,000 cells × 33,000 genes UMI matrix
         runtime=30,
         gpu=gpus(),
     shell:

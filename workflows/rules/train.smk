@@ -15,7 +15,7 @@ rule train:
         flags=cli_options("train"),  # every train.* key, so a new config key cannot be forgotten here
     threads: 2
     resources:
-        mem_mb=8000,
+        mem_mb=3000,  # max_rss 0.93 GB on 5,000 cells × 33,000 genes (vocabulary: 300 used genes)
         runtime=240,
         gpu=gpus(),
     shell:
