@@ -157,3 +157,29 @@ def test_usage_errors(args, words, capsys):
     if "CUDA" in words and "cuda" not in proc.stderr.lower():
         pytest.skip("this machine has CUDA")
     assert_one_line_error(proc, words)
+
+
+def test_cli_log_lines_follow_the_current_stderr(monkeypatch):
+    """The CLI's log handler outlives one call of main: it must write to the stderr of the moment, not to a
+    stream captured earlier and since closed (a test harness's or a notebook's)."""
+    import io
+    import logging
+    import sys
+
+    from cape.cli import _configure_logging
+
+    logger = logging.getLogger("cape")
+    before = list(logger.handlers)
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    try:
+        _configure_logging(quiet=False)
+        first.close()
+        second = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", second)
+        logger.warning("still heard")
+        assert "cape: still heard" in second.getvalue()
+    finally:
+        for handler in logger.handlers:
+            if handler not in before:
+                logger.removeHandler(handler)

@@ -98,6 +98,7 @@ def test_cape_evaluate_reports_non_relativity_per_layer(tmp_path):
     adata = cape_adata(n_cells=24, n_genes=16)
     model = CellTransformer(adata, "scgpt", "rope", d_model=16, n_heads=2, n_layers=2, seed=0, device="cpu")
     model.save(tmp_path / "model")
+    model.embed(adata)  # `cape evaluate` reads a trained run: it needs obsm['X_cape']
     adata.write_h5ad(tmp_path / "trained.h5ad")
     metrics, report = tmp_path / "metrics.json", tmp_path / "report.md"
     assert main(["--quiet", "evaluate", "-i", str(tmp_path / "trained.h5ad"), "--metrics", str(metrics),

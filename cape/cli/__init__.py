@@ -62,10 +62,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the message: a handler kept across calls of ``main``
+    must not hold on to a stream that a notebook or a test harness has since replaced and closed."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the current sys.stderr always wins
+        pass
+
+
 def _configure_logging(quiet: bool) -> None:
     logger = logging.getLogger("cape")
     if not any(getattr(h, "_cape_cli", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("cape: %(message)s"))
         handler._cape_cli = True  # type: ignore[attr-defined]
         logger.addHandler(handler)

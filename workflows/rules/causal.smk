@@ -22,7 +22,8 @@ rule causal:
     shell:
         "{params.cape} --threads {threads} causal"
         " --input {input:q} --output {output:q}"
-        " --rank {params.rank} --tau {params.opts[tau]} --lambda-sparse {params.opts[lambda_sparse]}"
+        " --rank {params.rank} --tau {params.opts[tau]} --min-positioned {params.opts[min_positioned]}"
+        " --lambda-sparse {params.opts[lambda_sparse]}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
         " --use-genes {params.opts[use_genes]} --h-every {params.h_every} {params.layer}"
         " > {log:q} 2>&1"
