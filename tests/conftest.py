@@ -16,6 +16,16 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
+def workdir(tmp_path) -> Path:
+    """A temporary folder holding copies of the Snakefile, the workflow rules and the configs."""
+    repo = Path(__file__).resolve().parent.parent
+    shutil.copy(repo / "Snakefile", tmp_path / "Snakefile")
+    shutil.copytree(repo / "workflows", tmp_path / "workflows")
+    shutil.copytree(repo / "configs", tmp_path / "configs")
+    return tmp_path
+
+
+@pytest.fixture
 def manifest_folder(tmp_path, monkeypatch) -> Path:
     """A private copy of the shipped manifests (used through $CAPE_MANIFEST_DIR) that a test may edit."""
     from cape.data.manifest import manifest_dir
@@ -38,6 +48,23 @@ def counts_adata() -> ad.AnnData:
     adata.var_names = [f"G{i}" for i in range(400)]
     adata.obs["group"] = pd.Categorical(np.repeat(["a", "b"], 150))
     return adata
+
+
+@pytest.fixture(autouse=True)
+def _restore_cli_state():
+    """main() run in-process configures the 'cape' logger, settings and warning display; undo it here."""
+    import logging
+    import warnings
+
+    import cape
+
+    logger = logging.getLogger("cape")
+    saved = (dict(cape.settings.__dict__), warnings.showwarning, list(logger.handlers), logger.level)
+    yield
+    cape.settings.__dict__.update(saved[0])
+    warnings.showwarning = saved[1]
+    logger.handlers[:] = saved[2]
+    logger.setLevel(saved[3])
 
 
 @pytest.fixture(autouse=True)

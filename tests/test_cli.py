@@ -7,23 +7,7 @@ import anndata as ad
 import numpy as np
 import pytest
 
-import cape
 from cape.cli import main
-
-
-@pytest.fixture(autouse=True)
-def _restore_global_state():
-    """main() configures the 'cape' logger, settings and warning display for its process; undo it here."""
-    import logging
-    import warnings
-
-    logger = logging.getLogger("cape")
-    saved = (dict(cape.settings.__dict__), warnings.showwarning, list(logger.handlers), logger.level)
-    yield
-    cape.settings.__dict__.update(saved[0])
-    warnings.showwarning = saved[1]
-    logger.handlers[:] = saved[2]
-    logger.setLevel(saved[3])
 
 
 def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -28,21 +28,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TINY_MODEL = ["--d-model", "16", "--n-heads", "2", "--max-len", "16", "--epochs", "1"]
 
 
-@pytest.fixture(autouse=True)
-def _restore_global_state():
-    """main() configures the 'cape' logger, settings and warning display for its process; undo it here."""
-    import logging
-    import warnings
-
-    logger = logging.getLogger("cape")
-    saved = (dict(cape.settings.__dict__), warnings.showwarning, list(logger.handlers), logger.level)
-    yield
-    cape.settings.__dict__.update(saved[0])
-    warnings.showwarning = saved[1]
-    logger.handlers[:] = saved[2]
-    logger.setLevel(saved[3])
-
-
 def run(capsys, *args: str) -> subprocess.CompletedProcess:
     try:
         code = main(["--quiet", *args])

@@ -5,28 +5,11 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import anndata as ad
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def workdir(tmp_path) -> Path:
-    shutil.copy(REPO / "Snakefile", tmp_path / "Snakefile")
-    shutil.copytree(REPO / "workflows", tmp_path / "workflows")
-    shutil.copytree(REPO / "configs", tmp_path / "configs")
-    return tmp_path
-
-
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=workdir, capture_output=True, text=True,
-                          check=False)
+from _workflow import snakemake
 
 
 def test_dry_run_prints_the_plan(workdir):

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from _workflow import REPO, snakemake
 
-REPO = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((REPO / "configs" / "schema.yaml").read_text())
 CONFIG = yaml.safe_load((REPO / "configs" / "config.yaml").read_text())
 
@@ -60,19 +56,6 @@ def test_schema_defaults_are_the_cli_defaults(command):
         else:
             assert default == cli, f"{command}.{dest}: schema default {default!r}, CLI default {cli!r}"
     assert set(schema) <= set(CONFIG[command]), "configs/config.yaml should list every key"
-
-
-@pytest.fixture
-def workdir(tmp_path) -> Path:
-    shutil.copy(REPO / "Snakefile", tmp_path / "Snakefile")
-    shutil.copytree(REPO / "workflows", tmp_path / "workflows")
-    shutil.copytree(REPO / "configs", tmp_path / "configs")
-    return tmp_path
-
-
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=workdir, capture_output=True, text=True,
-                          check=False)
 
 
 def test_config_reaches_the_command_lines(workdir):
