@@ -77,8 +77,10 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
     k = labels.nunique()
     sub = adata[labels.index] if len(labels) < adata.n_obs else adata
     clusters = {}
+    # keep_sparse: a 10x-shaped X stays sparse (pca_embedding densifies only small matrices)
+    expression = knn_impute(_with_nan(sub, keep_sparse=True))
     for method, emb in (("cape", _cell_embedding(sub, embedding_key)),
-                        ("pca_kmeans", BASELINES["pca_kmeans"][0](knn_impute(_with_nan(sub)), None, seed, 50))):
+                        ("pca_kmeans", BASELINES["pca_kmeans"][0](expression, None, seed, 50))):
         if emb is None:
             continue
         clusters[method] = kmeans_clusters(emb, k, seed=seed)

@@ -168,6 +168,24 @@ def test_embedded_genes_count_only_when_used():
     assert positioning(ad.AnnData(np.zeros((3, 2), dtype=np.float32))) is None
 
 
+def test_evaluate_keeps_a_sparse_matrix_sparse_for_the_pca_baseline(trained, monkeypatch):
+    """A 10x-shaped X must reach the PCA baseline sparse (densifying 5,000 × 33,000 cost 2.5 GB in evaluate)."""
+    from cape.bench import clustering
+
+    trained.X = sp.csr_matrix(trained.X)
+    seen = []
+    original = clustering.BASELINES["pca_kmeans"]
+
+    def spy(x, batches, seed, n_comps):
+        seen.append(sp.issparse(x))
+        return original[0](x, batches, seed, n_comps)
+
+    monkeypatch.setitem(clustering.BASELINES, "pca_kmeans", (spy, *original[1:]))
+    records = evaluate_run(trained, "cell_type", dataset="toy", seed=0)
+    assert seen == [True]
+    assert any(r["method"] == "pca_kmeans" and r["metric"] == "ARI" for r in records)
+
+
 def test_calibrated_threshold_and_scan_reach_the_verdict():
     """With tau='auto' the verdict reads the τ Step I applied and lists the edges left at smaller thresholds."""
     adata = ad.AnnData(np.zeros((3, 4), dtype=np.float32))
