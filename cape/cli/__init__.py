@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from .._errors import CapeInputError
 from .._settings import settings
+from ._io import positive_int
 
 COMMAND_MODULES = ["data", "preprocess", "encodings", "causal", "train", "embed", "tasks", "evaluate",
                    "bench_encodings", "bench_gears"]
@@ -29,16 +30,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"cape: error: {message} (see '{self.prog} --help')\n")
 
 
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return n
-
-
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -49,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="only print errors; no progress bars")
     # dest differs from the `--threads` of `cape bench encodings/pretrain` (threads per model), which would
     # otherwise overwrite it in the shared namespace.
-    parser.add_argument("--threads", dest="global_threads", type=_positive_int, default=None,
+    parser.add_argument("--threads", dest="global_threads", type=positive_int, default=None,
                         help="CPU threads for torch and BLAS (default: the CPUs this process may use, from its "
                              "affinity mask and cgroup quota; OMP_NUM_THREADS lowers it)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -40,3 +41,14 @@ def check_output(path: str, *inputs: str | None, suffix: str | None = ".h5ad", o
         if same_path(out, spec):
             raise CapeInputError(f"{option} {path} is the input file {spec}; write to a new file so the input is kept")
     return out
+
+
+def positive_int(value: str, what: str = "a positive integer") -> int:
+    """argparse type: an integer ≥ 1; ``what`` names what was expected in the one-line error."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}")
+    return n

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._io import positive_int
+
 
 def _rank(value: str) -> int | None:
     if value.lower() in {"dense", "none", "0"}:
@@ -27,13 +29,7 @@ def _tau(value: str) -> float | str:
 def _h_every(value: str) -> int | None:
     if value.lower() == "auto":
         return None
-    try:
-        steps = int(value)
-    except ValueError:
-        steps = 0
-    if steps < 1:
-        raise argparse.ArgumentTypeError(f"h-every must be a positive integer or 'auto', got {value!r}")
-    return steps
+    return positive_int(value, "h-every to be a positive integer or 'auto'")
 
 
 def register(commands, bench) -> None:
