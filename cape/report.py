@@ -11,11 +11,15 @@ import anndata as ad
 import numpy as np
 
 from ._errors import CapeInputError
+from .models import CellTransformer
+from .tasks.annotation import AnnotationSplit, annotation_metrics, logistic_regression_pca
+from .tasks.attention import layer_non_relativity
+from .tasks.clustering import BASELINES, _with_nan, clustering_metrics, kmeans_clusters, knn_impute
+from .tasks.labels import SPLIT_KEY, checked_labels, resolve_label_key  # noqa: F401  (resolve_label_key: API)
+from .verdict import accuracy, adjusted_rand, bootstrap_difference, comparison_records
 
 logger = logging.getLogger("cape")
 
-#: ``obs`` column written by ``cape train --fine-tune-fraction``: "fine_tune" or "test" for labelled cells.
-SPLIT_KEY = "cape_split"
 
 
 def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "data", seed: int = 0,
@@ -30,10 +34,6 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
     * comparison: the transformer minus its baseline (accuracy; ARI) with a seeded bootstrap interval over the
       cells (:func:`cape.verdict.bootstrap_difference`), which the report's verdict reads.
     """
-    from .bench.annotation import AnnotationSplit, annotation_metrics, checked_labels, logistic_regression_pca
-    from .bench.clustering import BASELINES, _with_nan, clustering_metrics, kmeans_clusters, knn_impute
-    from .verdict import accuracy, adjusted_rand, bootstrap_difference, comparison_records
-
     records: list[dict] = []
 
     def add(task: str, method: str, metrics: dict) -> None:
@@ -72,7 +72,7 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
     elif pred_key in adata.obs:
         logger.warning("no obs[%r]: annotation metrics skipped (the model was fine-tuned on every cell)", SPLIT_KEY)
     # k-means with k = number of classes on the transformer's embedding and on PCA of the expression (the
-    # "pca_kmeans" baseline of cape.bench.clustering), kept here to compare the two clusterings cell by cell.
+    # "pca_kmeans" baseline of cape.tasks.clustering), kept here to compare the two clusterings cell by cell.
     y = labels.to_numpy()
     k = labels.nunique()
     sub = adata[labels.index] if len(labels) < adata.n_obs else adata
@@ -106,12 +106,9 @@ def attention_records(adata: ad.AnnData, model_dir: str | os.PathLike, *, datase
     """Behind-RoPE non-relativity of every attention layer of the trained model in ``model_dir``.
 
     Measured against the model's own gene positions and, when the AnnData has them, against the Poincaré
-    positions of Step II (see :func:`cape.bench.layer_relativity.layer_non_relativity`). A key that does not apply
+    positions of Step II (see :func:`cape.tasks.attention.layer_non_relativity`). A key that does not apply
     (e.g. an encoding without positions) is skipped with a log line.
     """
-    from .bench.layer_relativity import layer_non_relativity
-    from .models import CellTransformer
-
     model = CellTransformer.load(model_dir, adata, device="cpu")
     encoding = model.backbone.encoding_name
     records = []
@@ -287,17 +284,3 @@ def write_metrics(records: list[dict], path: str | os.PathLike) -> Path:
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     return json.loads(Path(path).read_text())
-
-
-def resolve_label_key(adata: ad.AnnData, label_key: str | None) -> str | None:
-    """``"auto"``: the dataset manifest's label key (``uns["cape"]["dataset"]["keys"]["labels"]``) when the data
-    came from a named dataset, else none; ``None``: no labels; anything else must be an ``obs`` column."""
-    if label_key == "auto":
-        label_key = adata.uns.get("cape", {}).get("dataset", {}).get("keys", {}).get("labels")
-        if label_key is None:
-            logger.info("no label key given and none known for this data: annotation and clustering are skipped")
-            return None
-    if label_key is not None and label_key not in adata.obs:
-        raise CapeInputError(f"label key obs[{label_key!r}] not found; obs columns: "
-                             f"{', '.join(map(str, adata.obs.columns)) or '(none)'}")
-    return label_key

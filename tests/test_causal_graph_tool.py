@@ -12,8 +12,8 @@ import scipy.sparse as sp
 import torch
 
 from cape import CapeInputError
-from cape.bench.dag_metrics import dag_metrics
 from cape.causal import is_dag
+from cape.causal.metrics import dag_metrics
 from cape.data.simulate import simulate_sem
 from cape.tl.causal_graph import MIN_CELLS, causal_graph
 

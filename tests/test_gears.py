@@ -27,8 +27,8 @@ from cape.bench.gears import (
     go_edge_list,
     run_gears,
 )
-from cape.bench.perturbation import simulation_split
 from cape.data.perturbation import simulate_perturbation
+from cape.tasks.perturbation import simulation_split
 
 HIDDEN = 16
 

@@ -170,7 +170,7 @@ def test_embedded_genes_count_only_when_used():
 
 def test_evaluate_keeps_a_sparse_matrix_sparse_for_the_pca_baseline(trained, monkeypatch):
     """A 10x-shaped X must reach the PCA baseline sparse (densifying 5,000 × 33,000 cost 2.5 GB in evaluate)."""
-    from cape.bench import clustering
+    from cape.tasks import clustering
 
     trained.X = sp.csr_matrix(trained.X)
     seen = []

@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 
 from cape import CapeInputError
-from cape.bench.clustering import (
+from cape.bench.baselines import run_clustering_baselines
+from cape.tasks.clustering import (
     available_baselines,
     cluster_embedding,
     clustering_metrics,
     knn_impute,
-    run_clustering_baselines,
 )
 
 
@@ -135,8 +135,8 @@ def test_pca_of_a_sparse_matrix_matches_dense_pca_without_densifying(monkeypatch
     import scipy.sparse as sp
     from sklearn.decomposition import PCA
 
-    import cape.bench.clustering as clustering
-    from cape.bench.clustering import pca_embedding
+    import cape.tasks.clustering as clustering
+    from cape.tasks.clustering import pca_embedding
 
     monkeypatch.setattr(clustering, "DENSE_PCA_MAX_ENTRIES", 100)  # 120 × 80: the sparse (ARPACK) path
     rng = np.random.default_rng(0)

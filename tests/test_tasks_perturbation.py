@@ -8,22 +8,24 @@ import pandas as pd
 import pytest
 
 from cape import CapeInputError
-from cape.bench.perturbation import (
+from cape.bench.baselines import run_perturbation_benchmark
+from cape.data.perturbation import simulate_perturbation
+from cape.tasks.perturbation import (
     SUBGROUPS,
-    AdditivePredictor,
-    EmbeddingPerturbationPredictor,
-    NoChangePredictor,
     condition_genes,
     condition_means,
-    pca_gene_embeddings,
-    random_gene_embeddings,
-    run_perturbation_benchmark,
     simulation_split,
     top_de_genes,
     top_de_mse,
     validate_perturbation_data,
 )
-from cape.data.perturbation import simulate_perturbation
+from cape.tasks.perturbation_predictors import (
+    AdditivePredictor,
+    EmbeddingPerturbationPredictor,
+    NoChangePredictor,
+    pca_gene_embeddings,
+    random_gene_embeddings,
+)
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +224,7 @@ def test_condition_with_one_cell_is_excluded_with_warning():
 
 
 def test_dag_gene_embeddings_separate_descendant_sets():
-    from cape.bench.perturbation import dag_gene_embeddings
+    from cape.tasks.perturbation_predictors import dag_gene_embeddings
 
     # 0 → 1 → 2 and 3 → 4: full-rank SVD reproduces the reachability matrix exactly.
     adj = np.zeros((5, 5))

@@ -10,9 +10,9 @@ from _models_data import one_thread  # noqa: F401  (fixture)
 
 import cape
 from cape import CapeInputError
-from cape.bench.clustering import clustering_metrics
-from cape.bench.perturbation import pca_gene_embeddings
 from cape.data.perturbation import simulate_perturbation
+from cape.tasks.clustering import clustering_metrics
+from cape.tasks.perturbation_predictors import pca_gene_embeddings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # shared fixture from _models_data
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dag_metrics import dag_metrics
+from ..causal.metrics import dag_metrics
 from .peers import PEERS, run_peer
 from .report import mean_sd_table, save_figure, write_json, write_text
 

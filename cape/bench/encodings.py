@@ -14,8 +14,8 @@
   stopping uses 20 % of the 30 %, never the test cells. ``clustering``: pretrain, embed (``<cls>`` state, no
   label fine-tuning), k-means with k = number of labels (ARI, NMI, ASW). ``perturbation``: Steps I–III and
   pretraining on control cells only; the backbone's contextual gene embeddings feed
-  :class:`~cape.bench.perturbation.EmbeddingPerturbationPredictor`; GEARS simulation split (seed 1); top-20 DE
-  MSE for unseen singles and doubles (0/1/2 genes seen).
+  :class:`~cape.tasks.perturbation_predictors.EmbeddingPerturbationPredictor`; GEARS simulation split (seed 1);
+  top-20 DE MSE for unseen singles and doubles (0/1/2 genes seen).
 * **Baselines in the same run**: logistic regression on PCA (annotation, same split per seed), PCA + k-means
   (clustering), no-change and additive predictors (perturbation).
 * scBERT's Performer attention cannot add logit biases: bias/attention encodings are skipped there, noted in the
@@ -44,6 +44,11 @@ import scipy.sparse as sp
 
 from .. import encodings
 from .._errors import CapeInputError
+from ..tasks.annotation import annotation_metrics, annotation_split, fine_tune_cells, logistic_regression_pca, roles
+from ..tasks.clustering import cluster_embedding, clustering_metrics, kmeans_clusters, pca_embedding
+from ..tasks.labels import checked_labels
+from ..tasks.perturbation import PerturbationTask
+from ..tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
 from .report import save_figure, write_json, write_text
 
 logger = logging.getLogger("cape")
@@ -275,23 +280,17 @@ def _pretrain(model, data: ad.AnnData, settings: BenchSettings, epochs: int | No
 
 def annotation_run(model, data: ad.AnnData, labels: pd.Series, split, settings: BenchSettings) -> dict[str, float]:
     """Pretrain on every cell (no labels), fine-tune on the split's fine-tune cells, score its test cells."""
-    from .annotation import annotation_metrics
-
     _pretrain(model, data, settings, settings.annotation_pretrain_epochs)
-    cells = data[labels.index]
-    fine_tune = cells[split.fine_tune].copy()
-    fine_tune.obs["_label"] = labels.to_numpy()[split.fine_tune]
+    fine_tune = fine_tune_cells(data, roles(data, labels, split), labels, "_label")
     model.fit(fine_tune, "_label", epochs=settings.fine_tune_epochs, batch_size=settings.batch_size,
               lr=settings.lr, validation_fraction=0.2, early_stopping_patience=settings.fine_tune_patience)
-    predicted = model.predict(cells[split.test])
+    predicted = model.predict(data[labels.index][split.test])
     return annotation_metrics(labels.to_numpy()[split.test], np.asarray(predicted))
 
 
 def clustering_run(model, data: ad.AnnData, labels: pd.Series, settings: BenchSettings, seed: int
                    ) -> dict[str, float]:
     """Pretrain (no labels), embed cells, k-means with k = number of labels; ARI, NMI, ASW."""
-    from .clustering import cluster_embedding
-
     _pretrain(model, data, settings)  # no labels here: masked-value pretraining is all the model learns
     cells = data[labels.index].copy()
     cells.obs["_label"] = labels.to_numpy()
@@ -300,58 +299,9 @@ def clustering_run(model, data: ad.AnnData, labels: pd.Series, settings: BenchSe
     return {k: v for k, v in result.items() if k != "k"}
 
 
-@dataclass
-class PerturbationTask:
-    """Split, DE genes and true means of a GEARS-format dataset, computed once for every model."""
-
-    adata: ad.AnnData
-    split: object
-    de: dict
-    truth: pd.DataFrame
-    train: list[str]
-    condition_key: str = "condition"
-    control: str = "ctrl"
-
-    @classmethod
-    def build(cls, adata: ad.AnnData, *, condition_key: str = "condition", control: str = "ctrl",
-              split_seed: int = 1, n_de: int = 20) -> PerturbationTask:
-        from .perturbation import condition_means, simulation_split, top_de_genes, validate_perturbation_data
-
-        conditions = validate_perturbation_data(adata, condition_key=condition_key, control=control)
-        split = simulation_split(conditions, seed=split_seed)
-        de = top_de_genes(adata, split.test, condition_key=condition_key, control=control, n_genes=n_de)
-        truth = condition_means(adata, split.test, condition_key=condition_key)
-        return cls(adata, split, de, truth, split.train + split.val, condition_key, control)
-
-    @property
-    def control_cells(self) -> ad.AnnData:
-        return self.adata[(self.adata.obs[self.condition_key].astype(str) == self.control).to_numpy()].copy()
-
-    def score(self, predictor) -> dict[str, float]:
-        """Fit ``predictor`` on the training perturbations; MSE per subgroup plus all singles / all doubles."""
-        return self.evaluate(predictor)[2]
-
-    def evaluate(self, predictor) -> tuple[pd.DataFrame, pd.Series, dict[str, float]]:
-        """Fit ``predictor``; (predicted test means, per-condition top-DE MSE, summary as in :meth:`score`)."""
-        from .perturbation import condition_genes, summarise, top_de_mse
-
-        predictor.fit(self.adata, self.train, condition_key=self.condition_key, control=self.control)
-        predicted = predictor.predict(self.split.test)
-        per = top_de_mse(predicted, self.truth, self.de)
-        summary = summarise(per, self.split)
-        n = pd.Series({c: len(condition_genes(c)) for c in per.index})
-        out = {"mse_single": float(per[n == 1].mean()) if (n == 1).any() else float("nan"),
-               "mse_double": float(per[n == 2].mean()) if (n == 2).any() else float("nan"),
-               "mse_overall": summary["overall"]}
-        out |= {f"mse_{g}": v for g, v in summary.items() if g.startswith("combo")}
-        return predicted, per, out
-
-
 def perturbation_run(model, task: PerturbationTask, control: ad.AnnData, settings: BenchSettings, seed: int
                      ) -> dict[str, float]:
     """Pretrain on control cells, contextual gene embeddings → embedding predictor → top-20 DE MSE."""
-    from .perturbation import EmbeddingPerturbationPredictor
-
     _pretrain(model, control, settings)
     emb = control.copy()
     model.embed(emb, key_added="_cells", gene_key="_genes")
@@ -388,7 +338,6 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
     """
     import torch
 
-    from .annotation import annotation_split, checked_labels
 
     if task not in TASKS:
         raise CapeInputError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
@@ -563,8 +512,6 @@ def _baselines(task: str, data: ad.AnnData, labels, ptask, seeds, dataset: str) 
     base = {"task": task, "dataset": dataset, "kind": "baseline", "backbone": "baseline"}
     out = []
     if task == "annotation":
-        from .annotation import annotation_split, logistic_regression_pca
-
         cells = data[labels.index].copy()
         cells.obs["_label"] = labels.to_numpy()
         for seed in seeds:
@@ -572,16 +519,12 @@ def _baselines(task: str, data: ad.AnnData, labels, ptask, seeds, dataset: str) 
             out += [{**base, "encoding": "logreg_pca50", "seed": seed, "metric": m, "value": res[m]}
                     for m in METRICS["annotation"]]
     elif task == "clustering":
-        from .clustering import clustering_metrics, kmeans_clusters, pca_embedding
-
         emb = pca_embedding(np.asarray(data.X.toarray() if sp.issparse(data.X) else data.X, dtype=np.float64),
                             50)
         for seed in seeds:
             res = clustering_metrics(emb, labels.to_numpy(), kmeans_clusters(emb, labels.nunique(), seed=seed))
             out += [{**base, "encoding": "pca_kmeans", "seed": seed, "metric": m, "value": v} for m, v in res.items()]
     else:
-        from .perturbation import AdditivePredictor, NoChangePredictor
-
         for predictor in (NoChangePredictor(), AdditivePredictor()):
             res = ptask.score(predictor)  # deterministic: once
             out += [{**base, "encoding": predictor.name, "seed": None, "metric": m, "value": v} for m, v in res.items()]

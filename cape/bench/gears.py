@@ -3,7 +3,7 @@
 
 :func:`run_gears` builds GEARS' ``PertData`` from GEARS-format AnnData (``obs["condition"]``: ``ctrl`` / ``A+ctrl``
 / ``A+B``), uses GEARS' own "simulation" split (seed 1), trains GEARS and scores its mean prediction for every test
-perturbation with :meth:`cape.bench.encodings.PerturbationTask.evaluate` — the same metric as ``cape bench
+perturbation with :meth:`cape.tasks.perturbation.PerturbationTask.evaluate` — the same metric as ``cape bench
 encodings --task perturbation`` (overall, singles, doubles, and doubles with 0/1/2 genes seen).
 
 **Gene embeddings.** ``gene_embeddings`` (genes × d, rows in ``var_names`` order) initialise GEARS' gene-embedding
@@ -58,7 +58,24 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
-from .perturbation import CONTROL, PerturbationSplit, _torch_threads, condition_genes, simulation_split
+from ..tasks.perturbation import (
+    CONTROL,
+    PerturbationSplit,
+    PerturbationTask,
+    condition_genes,
+    condition_means,
+    simulation_split,
+    top_de_genes,
+    top_de_mse,
+    validate_perturbation_data,
+)
+from ..tasks.perturbation_predictors import (
+    AdditivePredictor,
+    NoChangePredictor,
+    _torch_threads,
+    pca_gene_embeddings,
+    random_gene_embeddings,
+)
 
 logger = logging.getLogger("cape")
 
@@ -355,16 +372,14 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
     paired with a random control cell as GEARS does), ``per_condition`` (top-``n_de``-DE MSE), ``metrics``
     (``mse_overall``, ``mse_single``, ``mse_double``, ``mse_combo_seen0/1/2`` as in ``cape bench encodings``, and
     the diagnostic ``mse_overall_excl_targets`` of :func:`mse_excluding_targets`), ``split`` (GEARS' split as a
-    :class:`~cape.bench.perturbation.PerturbationSplit`), ``split_matches_cape`` (whether it equals
-    :func:`~cape.bench.perturbation.simulation_split`), ``go_graph`` (what replaced or supplied GO),
+    :class:`~cape.tasks.perturbation.PerturbationSplit`), ``split_matches_cape`` (whether it equals
+    :func:`~cape.tasks.perturbation.simulation_split`), ``go_graph`` (what replaced or supplied GO),
     ``n_go_edges``, ``embedding_rows`` (how many ``gene_emb``/``pert_emb`` rows were initialised),
     ``best_val_top20_de_mse`` (GEARS' own validation score of the kept epoch), ``model`` (the trained
     ``gears.GEARS`` object; its files in ``workdir`` are gone when ``workdir`` was temporary), ``seconds`` and
     ``params``.
     """
     from .._settings import resolve_device
-    from .encodings import PerturbationTask
-    from .perturbation import condition_means, top_de_genes, validate_perturbation_data
 
     conditions = validate_perturbation_data(adata, condition_key=condition_key, control=control)
     genes = [str(g) for g in adata.var_names]
@@ -511,7 +526,6 @@ def mse_excluding_targets(predicted: pd.DataFrame, task) -> float:
     dropouts), so on simulated ``do(gene = 0)`` knockouts it is never told that the knocked-out gene itself drops
     to 0 — usually the largest DE effect.
     """
-    from .perturbation import top_de_mse
 
     de = {c: [g for g in genes if g not in condition_genes(c)] for c, genes in task.de.items()}
     return float(top_de_mse(predicted.loc[list(task.truth.index)], task.truth, de).mean())
@@ -590,8 +604,7 @@ def run_gears_benchmark(adata: ad.AnnData, *, dataset: str = "data", arms: Seque
     """
     import torch
 
-    from .encodings import BenchSettings, PerturbationTask, position_sets, prepare_expression
-    from .perturbation import AdditivePredictor, NoChangePredictor, pca_gene_embeddings, random_gene_embeddings
+    from .encodings import BenchSettings, position_sets, prepare_expression
     from .report import write_json, write_text
 
     unknown = [a for a in arms if a not in ARMS]

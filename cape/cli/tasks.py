@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..bench.baselines import run_annotation_baselines, run_clustering_baselines, run_perturbation_benchmark
+from ..tasks.perturbation_predictors import dag_gene_embeddings, pca_gene_embeddings, random_gene_embeddings
+
 TASKS = ("annotation", "clustering", "perturbation")
 
 
@@ -53,12 +56,8 @@ def run(args: argparse.Namespace) -> int:
         if label_key is None:
             raise CapeInputError(f"dataset {name} has no label key in its manifest; pass --label-key")
         if args.task == "annotation":
-            from ..bench.annotation import run_annotation_baselines
-
             records = run_annotation_baselines(adata, label_key, dataset=name, seeds=seeds)
         else:
-            from ..bench.clustering import run_clustering_baselines
-
             records = run_clustering_baselines(adata, label_key, batch_key=batch_key, dataset=name, seeds=seeds)
         table = mean_sd_table(records, rows=["method"], columns=["metric"])
     else:
@@ -74,12 +73,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _perturbation(adata, name: str, seeds, quick: bool) -> list[dict]:
-    from ..bench.perturbation import (
-        dag_gene_embeddings,
-        pca_gene_embeddings,
-        random_gene_embeddings,
-        run_perturbation_benchmark,
-    )
     from ..data.perturbation import sachs_interventions, simulate_perturbation
 
     if adata is None:

@@ -10,6 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from .._errors import CapeInputError
+from .._settings import resolve_seed
+from ..tasks.annotation import fine_tune_cells, record_split, split_roles
+from ..tasks.labels import checked_labels, resolve_label_key
+
 
 def _option(value: str) -> tuple[str, object]:
     if "=" not in value:
@@ -99,7 +104,6 @@ def run_train(args: argparse.Namespace) -> int:
 
     from .._io import write_h5ad
     from ..models import CellTransformer, distributed
-    from ..report import resolve_label_key
     from ._io import check_output, read_input
 
     out = check_output(args.output, args.input)
@@ -181,23 +185,9 @@ def run_bench_pretrain(args: argparse.Namespace) -> int:
 def _fine_tune_cells(adata, label_key: str, fraction: float):
     """The cells to fine-tune on: a stratified ``fraction`` of the labelled cells (Supp. F.1.1); the split is
     recorded in ``obs["cape_split"]`` ("fine_tune", "test", or "unused" for cells whose class is too small)."""
-    import numpy as np
-
-    from .._errors import CapeInputError
-    from .._settings import resolve_seed
-    from ..bench.annotation import annotation_split, checked_labels
-    from ..report import SPLIT_KEY
-
     if not 0 < fraction <= 1:
         raise CapeInputError(f"--fine-tune-fraction must be in (0, 1], got {fraction}")
     labels = checked_labels(adata, label_key)
-    split = np.full(adata.n_obs, "unused", dtype=object)
-    rows = adata.obs_names.get_indexer(labels.index)
-    if fraction == 1:
-        split[rows] = "fine_tune"
-    else:
-        parts = annotation_split(labels, seed=resolve_seed(None), fine_tune_fraction=fraction)
-        split[rows[parts.fine_tune]] = "fine_tune"
-        split[rows[parts.test]] = "test"
-    adata.obs[SPLIT_KEY] = split.astype(str)
-    return adata[split == "fine_tune"].copy()
+    roles, _ = split_roles(adata, labels, seed=resolve_seed(None), fine_tune_fraction=fraction)
+    record_split(adata, roles)
+    return fine_tune_cells(adata, roles, labels, label_key)

@@ -286,7 +286,8 @@ class PositionalEncoding(torch.nn.Module):
     def logits(self, q: Tensor, k: Tensor, ctx: EncodingContext, layer: int = 0) -> Tensor:
         """Explicit attention logits (B, H, L, L) with this encoding, scaled like SDPA, padding not masked.
 
-        For diagnostics (e.g. :func:`cape.bench.non_relativity`) only: it materialises the genes×genes matrix.
+        For diagnostics (e.g. :func:`cape.encodings.non_relativity.non_relativity`) only: it materialises the
+        genes×genes matrix.
         """
         q2, k2 = self.transform_qk(q, k, ctx, layer)
         out = q2 @ k2.transpose(-1, -2) / math.sqrt(q2.shape[-1])

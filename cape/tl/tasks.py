@@ -1,6 +1,6 @@
 """Downstream tasks on AnnData (scanpy style): cell-type annotation, clustering and perturbation prediction.
 
-Thin wrappers: the models live in :mod:`cape.models`, splits and metrics in :mod:`cape.bench`.
+Thin wrappers: the models live in :mod:`cape.models`, splits, recipes and metrics in :mod:`cape.tasks`.
 
 Fields set
 ----------
@@ -27,10 +27,14 @@ import pandas as pd
 
 from .._errors import CapeInputError
 from .._settings import resolve_seed
+from ..models import CellTransformer
+from ..tasks.annotation import annotation_metrics, fine_tune_cells, record_split, split_roles
+from ..tasks.clustering import clustering_metrics, kmeans_clusters
+from ..tasks.labels import checked_labels
+from ..tasks.perturbation import PerturbationTask
+from ..tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
 
 logger = logging.getLogger("cape")
-
-SPLIT_KEY = "cape_split"
 
 
 def _record(adata: ad.AnnData, step: str, entry: dict) -> None:
@@ -76,29 +80,22 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
     The metrics ``{"accuracy", "macro_f1", "n_fine_tune", "n_test"}`` on the test cells, or the copy when
     ``copy=True`` (metrics in ``uns["cape"]["annotate"]``).
     """
-    from ..bench.annotation import annotation_metrics, annotation_split, checked_labels
-    from ..models import CellTransformer
-
+    if not 0 < fine_tune_fraction < 1:
+        raise CapeInputError(f"fine_tune_fraction must be in (0, 1), got {fine_tune_fraction}")
     adata = adata.copy() if copy else adata
     seed = resolve_seed(seed)
     start = time.perf_counter()
     labels = checked_labels(adata, label_key)
-    split = annotation_split(labels, seed=seed, fine_tune_fraction=fine_tune_fraction)
-    rows = adata.obs_names.get_indexer(labels.index)
-    role = np.full(adata.n_obs, "unused", dtype=object)
-    role[rows[split.fine_tune]] = "fine_tune"
-    role[rows[split.test]] = "test"
+    roles, split = split_roles(adata, labels, seed=seed, fine_tune_fraction=fine_tune_fraction)
     if model is None:
         model = CellTransformer(adata, architecture, encoding, seed=seed, device=device,
                                 **({"dropout": 0.0} | dict(model_kwargs or {})))
         if pretrain_epochs > 0:
             model.pretrain(adata, epochs=pretrain_epochs)
-    fine_tune = adata[role == "fine_tune"].copy()
-    fine_tune.obs[label_key] = labels.reindex(fine_tune.obs_names).to_numpy()
-    model.fit(fine_tune, label_key, epochs=epochs, **(train_kwargs or {}))
+    model.fit(fine_tune_cells(adata, roles, labels, label_key), label_key, epochs=epochs, **(train_kwargs or {}))
     predicted = model.predict(adata, key_added=key_added)
-    adata.obs[SPLIT_KEY] = pd.Categorical(role.astype(str))
-    test = role == "test"
+    record_split(adata, roles)
+    test = roles == "test"
     metrics = annotation_metrics(labels.reindex(adata.obs_names[test]).to_numpy(), np.asarray(predicted)[test])
     metrics |= {"n_fine_tune": len(split.fine_tune), "n_test": len(split.test)}
     _record(adata, "annotate", {"params": {"label_key": label_key, "architecture": model.architecture,
@@ -135,9 +132,6 @@ def cluster(adata: ad.AnnData, label_key: str | None = None, *, obsm_key: str = 
     -------
     ``{"ARI", "NMI", "ASW", "k"}`` (only ``k`` without labels), or the copy when ``copy=True``.
     """
-    from ..bench.annotation import checked_labels
-    from ..bench.clustering import clustering_metrics, kmeans_clusters
-
     if obsm_key not in adata.obsm:
         raise CapeInputError(f"embedding obsm[{obsm_key!r}] not found; obsm keys: "
                              f"{', '.join(adata.obsm.keys()) or '(none)'}")
@@ -171,19 +165,16 @@ def predict_perturbation(adata: ad.AnnData, *, gene_embedding_key: str = "cape_g
     """Predict unseen perturbations from gene embeddings (CAPE Sec. 5.2, GEARS setting).
 
     GEARS' simulation split (``split_seed``, default 1) of the conditions in ``obs[condition_key]``; an
-    :class:`~cape.bench.perturbation.EmbeddingPerturbationPredictor` reading ``varm[gene_embedding_key]`` (e.g.
-    written by :meth:`cape.models.CellTransformer.embed` on control cells) is trained on the training
-    perturbations and scored by the top-``n_de`` DE-gene MSE on the test perturbations, next to the no-change and
-    additive baselines.
+    :class:`~cape.tasks.perturbation_predictors.EmbeddingPerturbationPredictor` reading
+    ``varm[gene_embedding_key]`` (e.g. written by :meth:`cape.models.CellTransformer.embed` on control cells) is
+    trained on the training perturbations and scored by the top-``n_de`` DE-gene MSE on the test perturbations,
+    next to the no-change and additive baselines.
 
     Returns
     -------
     Metrics of the embedding predictor (``mse_single``, ``mse_double``, ``mse_combo_seen0/1/2``, ``mse_overall``),
     or the copy when ``copy=True``. See the module docstring for the fields set.
     """
-    from ..bench.encodings import PerturbationTask
-    from ..bench.perturbation import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
-
     if gene_embedding_key not in adata.varm:
         raise CapeInputError(f"gene embeddings varm[{gene_embedding_key!r}] not found: run "
                              "CellTransformer.embed(adata) (or `cape train`) first")

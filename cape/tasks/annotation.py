@@ -1,11 +1,11 @@
-"""Cell-type annotation benchmark (CAPE Sec. 5.3, Supp. E.2, F.1.1): a stratified 30/70 fine-tune/test split,
-accuracy and macro-F1, and a logistic-regression-on-PCA baseline on the same split."""
+"""Cell-type annotation (CAPE Sec. 5.3, Supp. E.2, F.1.1): labels, the stratified 30/70 fine-tune/test split and
+its record in ``obs["cape_split"]``, the fine-tuning recipe, accuracy and macro-F1, and the logistic-regression-on-PCA
+baseline on the same split. Used by :func:`cape.tl.annotate`, ``cape train``/``evaluate`` and the benchmarks."""
 
 from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,39 +13,17 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import accuracy_score, f1_score
+from sklearn.model_selection import train_test_split
 
 from .._errors import CapeInputError
+from .clustering import pca_embedding
+from .labels import SPLIT_KEY, checked_labels
 
 logger = logging.getLogger("cape")
 
 FINE_TUNE_FRACTION = 0.3  # Supp. F.1.1: held-out data split 3:7 into fine-tuning and test sets
-
-
-def checked_labels(adata: ad.AnnData, label_key: str, *, min_cells: int = 2) -> pd.Series:
-    """Labels from ``obs[label_key]`` as strings, with classes of fewer than ``min_cells`` cells removed (warning).
-
-    Raises :class:`cape.CapeInputError` when the key is missing, labels are missing, or fewer than 2 classes remain.
-    The returned Series is indexed by obs name and holds only the kept cells.
-    """
-    if label_key not in adata.obs:
-        known = ", ".join(map(str, adata.obs.columns)) or "(none)"
-        raise CapeInputError(f"label key obs[{label_key!r}] not found; obs columns: {known}")
-    labels = adata.obs[label_key]
-    if labels.isna().any():
-        raise CapeInputError(f"obs[{label_key!r}] has {int(labels.isna().sum())} missing labels")
-    labels = labels.astype(str)
-    counts = labels.value_counts()
-    small = sorted(counts.index[counts < min_cells])
-    if small:
-        msg = f"obs[{label_key!r}]: {len(small)} class(es) with fewer than {min_cells} cells excluded: " + \
-            ", ".join(small)
-        warnings.warn(msg, UserWarning, stacklevel=2)
-        logger.warning(msg)
-        labels = labels[~labels.isin(small)]
-    if labels.nunique() < 2:
-        raise CapeInputError(f"obs[{label_key!r}] has {labels.nunique()} class(es) with at least {min_cells} cells; "
-                             "annotation and clustering need at least 2")
-    return labels
 
 
 @dataclass(frozen=True)
@@ -65,8 +43,6 @@ def annotation_split(labels: Sequence[str] | pd.Series, *, seed: int = 0,
     Every class appears on both sides, so each needs at least 2 cells, and each side must hold at least one cell
     per class; otherwise :class:`cape.CapeInputError` says the dataset is too small.
     """
-    from sklearn.model_selection import train_test_split
-
     y = np.asarray(labels).astype(str)
     if not 0 < fine_tune_fraction < 1:
         raise CapeInputError(f"fine_tune_fraction must be in (0, 1), got {fine_tune_fraction}")
@@ -84,10 +60,48 @@ def annotation_split(labels: Sequence[str] | pd.Series, *, seed: int = 0,
     return AnnotationSplit(np.sort(ft), np.sort(test), seed, fine_tune_fraction)
 
 
+def split_roles(adata: ad.AnnData, labels: pd.Series, *, seed: int = 0,
+                fine_tune_fraction: float = FINE_TUNE_FRACTION) -> tuple[np.ndarray, AnnotationSplit | None]:
+    """The role of every cell of ``adata`` (see :func:`roles`) under the :func:`annotation_split` of the labelled
+    cells (``labels`` from :func:`~cape.tasks.labels.checked_labels`), and that split.
+
+    ``fine_tune_fraction=1`` fine-tunes on every labelled cell (no test cells; the split is then ``None``).
+    """
+    if not 0 < fine_tune_fraction <= 1:
+        raise CapeInputError(f"fine_tune_fraction must be in (0, 1], got {fine_tune_fraction}")
+    if fine_tune_fraction == 1:
+        return roles(adata, labels, None), None
+    split = annotation_split(labels, seed=seed, fine_tune_fraction=fine_tune_fraction)
+    return roles(adata, labels, split), split
+
+
+def roles(adata: ad.AnnData, labels: pd.Series, split: AnnotationSplit | None) -> np.ndarray:
+    """``"fine_tune"`` / ``"test"`` for the labelled cells by ``split`` (``None``: all fine-tune), ``"unused"`` for
+    the other cells of ``adata``."""
+    out = np.full(adata.n_obs, "unused", dtype=object)
+    rows = adata.obs_names.get_indexer(labels.index)
+    if split is None:
+        out[rows] = "fine_tune"
+    else:
+        out[rows[split.fine_tune]] = "fine_tune"
+        out[rows[split.test]] = "test"
+    return out.astype(str)
+
+
+def record_split(adata: ad.AnnData, roles: np.ndarray) -> None:
+    """Write the roles of :func:`split_roles` to ``obs[SPLIT_KEY]`` (categorical)."""
+    adata.obs[SPLIT_KEY] = pd.Categorical(np.asarray(roles).astype(str))
+
+
+def fine_tune_cells(adata: ad.AnnData, roles: np.ndarray, labels: pd.Series, label_key: str) -> ad.AnnData:
+    """A copy of the fine-tune cells with their checked labels (strings) in ``obs[label_key]``."""
+    cells = adata[np.asarray(roles) == "fine_tune"].copy()
+    cells.obs[label_key] = labels.reindex(cells.obs_names).to_numpy()
+    return cells
+
+
 def annotation_metrics(y_true: Sequence[str], y_pred: Sequence[str]) -> dict[str, float]:
     """Accuracy and macro-F1 (classes averaged with equal weight)."""
-    from sklearn.metrics import accuracy_score, f1_score
-
     y_true, y_pred = np.asarray(y_true).astype(str), np.asarray(y_pred).astype(str)
     if y_true.shape != y_pred.shape:
         raise CapeInputError(f"{len(y_true)} true labels but {len(y_pred)} predictions")
@@ -102,12 +116,12 @@ def expression_matrix(adata: ad.AnnData, *, keep_sparse: bool = False):
         x = sp.csr_matrix(adata.X, dtype=np.float64)
         if np.isnan(x.data).any():
             raise CapeInputError("X has missing values (NaN); impute them first "
-                                 "(e.g. cape.bench.clustering.knn_impute)")
+                                 "(e.g. cape.tasks.clustering.knn_impute)")
         return x
     x = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
     x = x.astype(np.float64)
     if np.isnan(x).any():
-        raise CapeInputError("X has missing values (NaN); impute them first (e.g. cape.bench.clustering.knn_impute)")
+        raise CapeInputError("X has missing values (NaN); impute them first (e.g. cape.tasks.clustering.knn_impute)")
     return x
 
 
@@ -119,10 +133,6 @@ def logistic_regression_pca(adata: ad.AnnData, label_key: str, *, seed: int = 0,
     sees only the fine-tune labels. Returns ``{"accuracy", "macro_f1", "n_fine_tune", "n_test", "seconds",
     "test_predictions"}`` (the predicted labels of the test cells, in ``split.test`` order).
     """
-    from sklearn.linear_model import LogisticRegression
-
-    from .clustering import pca_embedding
-
     labels = checked_labels(adata, label_key)
     sub = adata[labels.index] if len(labels) < adata.n_obs else adata
     split = split or annotation_split(labels, seed=seed)
@@ -134,16 +144,3 @@ def logistic_regression_pca(adata: ad.AnnData, label_key: str, *, seed: int = 0,
     result = annotation_metrics(y[split.test], predicted)
     return result | {"n_fine_tune": len(split.fine_tune), "n_test": len(split.test),
                      "seconds": time.perf_counter() - start, "test_predictions": predicted}
-
-
-def run_annotation_baselines(adata: ad.AnnData, label_key: str, *, dataset: str = "data",
-                             seeds: Sequence[int] = (0, 1, 2), n_comps: int = 50) -> list[dict]:
-    """The logistic-regression-on-PCA baseline for each seed (a seed fixes the split and the classifier)."""
-    out = []
-    for seed in seeds:
-        res = logistic_regression_pca(adata, label_key, seed=seed, n_comps=n_comps)
-        for metric in ("accuracy", "macro_f1"):
-            out.append({"task": "annotation", "dataset": dataset, "method": f"logreg_pca{n_comps}", "seed": seed,
-                        "metric": metric, "value": res[metric], "n_fine_tune": res["n_fine_tune"],
-                        "n_test": res["n_test"]})
-    return out

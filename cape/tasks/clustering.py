@@ -15,14 +15,13 @@ import contextlib
 import importlib.util
 import io
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 import anndata as ad
 import numpy as np
 
 from .._errors import CapeInputError
-from .annotation import checked_labels
+from .labels import checked_labels
 
 logger = logging.getLogger("cape")
 
@@ -162,45 +161,6 @@ def available_baselines(has_batch: bool) -> list[str]:
     """Baselines that can run: batch methods only with a batch key, optional packages only when installed."""
     return [name for name, (_, needs_batch, module) in BASELINES.items()
             if (has_batch or not needs_batch) and (module is None or importlib.util.find_spec(module) is not None)]
-
-
-def run_clustering_baselines(adata: ad.AnnData, label_key: str, *, batch_key: str | None = None,
-                             dataset: str = "data", seeds: Sequence[int] = (0,), n_comps: int = 50,
-                             methods: Sequence[str] | None = None) -> list[dict]:
-    """Each available baseline embedding, k-means with k = number of labels, ARI/NMI/ASW per seed.
-
-    Returns records ``{task, dataset, method, seed, metric, value, seconds}``.
-    """
-    labels = checked_labels(adata, label_key)
-    sub = adata[labels.index] if len(labels) < adata.n_obs else adata
-    batches = None
-    if batch_key is not None:
-        if batch_key not in sub.obs:
-            raise CapeInputError(f"batch key obs[{batch_key!r}] not found")
-        batches = sub.obs[batch_key].astype(str).to_numpy()
-        if len(set(batches)) < 2:
-            raise CapeInputError(f"obs[{batch_key!r}] has a single batch; batch correction needs at least 2")
-    names = available_baselines(batches is not None) if methods is None else list(methods)
-    # Missing values (NaN, as in proteomics) are filled by KNN imputation once, for every method.
-    x = knn_impute(_with_nan(sub, keep_sparse=set(names) <= SPARSE_BASELINES))
-    unknown = [m for m in names if m not in BASELINES]
-    if unknown:
-        raise CapeInputError(f"unknown clustering baseline(s) {', '.join(unknown)}; known: {', '.join(BASELINES)}")
-    k = labels.nunique()
-    y = labels.to_numpy()
-    out = []
-    for name in names:
-        fn, needs_batch, _ = BASELINES[name]
-        if needs_batch and batches is None:
-            raise CapeInputError(f"baseline {name!r} needs a batch key")
-        for seed in seeds:
-            start = time.perf_counter()
-            emb = fn(x, batches, seed, n_comps)
-            res = clustering_metrics(emb, y, kmeans_clusters(emb, k, seed=seed))
-            seconds = time.perf_counter() - start
-            out += [{"task": "clustering", "dataset": dataset, "method": name, "seed": seed, "metric": m,
-                     "value": v, "seconds": seconds} for m, v in res.items()]
-    return out
 
 
 def _with_nan(adata: ad.AnnData, keep_sparse: bool = False):

@@ -1,0 +1,31 @@
+"""Downstream tasks, each implemented once: cell-type annotation, clustering and perturbation prediction (splits,
+recipes, metrics, baselines), plus the attention diagnostic of a trained model.
+
+Used by :mod:`cape.tl` (AnnData tools), ``cape train``/``evaluate`` and the run report, and the benchmarks in
+:mod:`cape.bench`.
+"""
+
+from __future__ import annotations
+
+from .annotation import annotation_metrics, annotation_split, logistic_regression_pca
+from .clustering import clustering_metrics, kmeans_clusters
+from .labels import SPLIT_KEY, checked_labels, resolve_label_key
+from .perturbation import PerturbationTask, simulation_split, top_de_mse
+from .perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+
+__all__ = [
+    "SPLIT_KEY",
+    "AdditivePredictor",
+    "EmbeddingPerturbationPredictor",
+    "NoChangePredictor",
+    "PerturbationTask",
+    "annotation_metrics",
+    "annotation_split",
+    "checked_labels",
+    "clustering_metrics",
+    "kmeans_clusters",
+    "logistic_regression_pca",
+    "resolve_label_key",
+    "simulation_split",
+    "top_de_mse",
+]

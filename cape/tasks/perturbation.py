@@ -1,0 +1,279 @@
+"""Perturbation-prediction benchmark in the GEARS setting (Roohani et al. 2023; CAPE Sec. 5.2, Supp. E.1).
+
+* Input: GEARS format, ``obs["condition"]`` ``"ctrl"`` / ``"A+ctrl"`` / ``"A+B"`` (see :mod:`cape.data.perturbation`).
+* Split: GEARS' "simulation" split, reimplemented from its description (:func:`simulation_split`).
+* Metric: per test perturbation, the MSE between the mean predicted and the mean true expression over its top-20
+  differentially expressed genes (scanpy ``rank_genes_groups`` against control, ``rankby_abs=True``), averaged over
+  perturbations, overall and per subgroup (:func:`evaluate`).
+* Predictors: "no change" (control mean), "additive" (sum of the seen singles' shifts) and
+  :class:`EmbeddingPerturbationPredictor`, which maps gene embeddings (e.g. from a transformer backbone) to the
+  post-perturbation mean expression.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .._errors import CapeInputError
+
+logger = logging.getLogger("cape")
+
+CONTROL = "ctrl"
+SUBGROUPS = ("unseen_single", "combo_seen0", "combo_seen1", "combo_seen2")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# conditions and validation
+# ----------------------------------------------------------------------------------------------------------------
+def condition_genes(condition: str) -> tuple[str, ...]:
+    """Genes of a GEARS condition.
+
+    ``"ctrl"`` → ``()``, ``"A+ctrl"`` or ``"ctrl+A"`` → ``("A",)``, ``"A+B"`` → ``("A", "B")``.
+    """
+    parts = str(condition).split("+")
+    if len(parts) > 2 or any(not p for p in parts):
+        raise CapeInputError(f"condition {condition!r} is not in GEARS format ('ctrl', 'A+ctrl', 'A+B')")
+    return tuple(p for p in parts if p != CONTROL)
+
+
+def validate_perturbation_data(adata: ad.AnnData, *, condition_key: str = "condition", control: str = CONTROL,
+                               min_cells: int = 2) -> list[str]:
+    """Check GEARS-format input and return the usable perturbation conditions (control excluded).
+
+    Raises :class:`cape.CapeInputError` for a missing condition column, no control cells, a malformed condition or
+    conditions naming genes absent from ``var_names`` (all listed). Conditions with fewer than ``min_cells`` cells
+    are excluded with a warning (DE tests need at least 2 cells per group).
+    """
+    if condition_key not in adata.obs:
+        raise CapeInputError(f"obs[{condition_key!r}] not found; perturbation data needs GEARS conditions "
+                             "('ctrl', 'A+ctrl', 'A+B')")
+    counts = adata.obs[condition_key].astype(str).value_counts()
+    if counts.get(control, 0) == 0:
+        raise CapeInputError(f"no control cells: no cell has obs[{condition_key!r}] == {control!r}")
+    if counts[control] < min_cells:
+        raise CapeInputError(f"only {counts[control]} control cell(s); at least {min_cells} are needed")
+    genes = set(map(str, adata.var_names))
+    missing: dict[str, None] = {}
+    conditions = []
+    for cond in sorted(c for c in counts.index if c != control):
+        pert = condition_genes(cond)
+        if not pert:
+            raise CapeInputError(f"condition {cond!r} names no gene; use {control!r} for control cells")
+        for g in pert:
+            if g not in genes:
+                missing[g] = None
+        conditions.append(cond)
+    if missing:
+        raise CapeInputError(f"conditions name {len(missing)} gene(s) absent from the data: {', '.join(missing)}")
+    small = [c for c in conditions if counts[c] < min_cells]
+    if small:
+        warnings.warn(f"{len(small)} condition(s) with fewer than {min_cells} cells excluded: {', '.join(small)}",
+                      UserWarning, stacklevel=2)
+        logger.warning("excluded conditions with fewer than %d cells: %s", min_cells, ", ".join(small))
+    usable = [c for c in conditions if counts[c] >= min_cells]
+    if not usable:
+        raise CapeInputError("no perturbation condition with at least 2 cells besides control")
+    return usable
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GEARS "simulation" split
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class PerturbationSplit:
+    """Train / validation / test perturbations and the test subgroups."""
+
+    train: list[str]
+    val: list[str]
+    test: list[str]
+    subgroup: dict[str, str] = field(default_factory=dict)  # test condition → one of SUBGROUPS
+    params: dict = field(default_factory=dict)
+
+    def test_by_subgroup(self) -> dict[str, list[str]]:
+        return {g: [c for c in self.test if self.subgroup[c] == g] for g in SUBGROUPS}
+
+
+def _split_once(perts: Sequence[str], seed: int, gene_frac: float, combo_frac: float
+                ) -> tuple[list[str], list[str], dict[str, str]]:
+    """One round of the simulation split: seen genes, then train singles/combos and test subgroups."""
+    rng = np.random.RandomState(seed)  # legacy generator, as GEARS seeds numpy's global one
+    genes = sorted({g for p in perts for g in condition_genes(p)})
+    n_seen = int(len(genes) * gene_frac)
+    seen = set(rng.choice(genes, n_seen, replace=False).tolist()) if n_seen else set()
+    singles = [p for p in perts if len(condition_genes(p)) == 1]
+    combos = [p for p in perts if len(condition_genes(p)) == 2]
+    train = [p for p in singles if condition_genes(p)[0] in seen]
+    subgroup = {p: "unseen_single" for p in singles if condition_genes(p)[0] not in seen}
+    seen2 = []
+    for p in combos:
+        k = sum(g in seen for g in condition_genes(p))
+        if k == 2:
+            seen2.append(p)
+        else:
+            subgroup[p] = f"combo_seen{k}"
+    n_train2 = int(len(seen2) * combo_frac)
+    # GEARS re-seeds before drawing the training combos; a fresh generator with the same seed reproduces its split.
+    rng = np.random.RandomState(seed)
+    train2 = set(rng.choice(seen2, n_train2, replace=False).tolist()) if n_train2 else set()
+    train += [p for p in seen2 if p in train2]
+    subgroup.update({p: "combo_seen2" for p in seen2 if p not in train2})
+    test = [p for p in perts if p in subgroup]
+    return train, test, subgroup
+
+
+def simulation_split(conditions: Sequence[str], *, seed: int = 1, train_gene_set_size: float = 0.75,
+                     combo_seen2_train_frac: float = 0.75, val_frac: float = 0.9) -> PerturbationSplit:
+    """GEARS' "simulation" split, reimplemented from its description (``DataSplitter.get_simulation_split``).
+
+    1. A fraction ``train_gene_set_size`` of the perturbed genes (sorted, sampled with ``RandomState(seed)``) is
+       "seen".
+    2. Train: every single perturbation of a seen gene, plus ``combo_seen2_train_frac`` of the doubles whose two
+       genes are both seen (drawn, in sorted order, by a fresh ``RandomState(seed)``).
+    3. Test subgroups: ``unseen_single`` (singles of unseen genes), ``combo_seen0`` / ``combo_seen1`` (doubles with
+       0 / 1 seen gene) and ``combo_seen2`` (the held-out doubles with both genes seen).
+    4. Validation is carved from train by the same procedure with fractions ``val_frac`` (GEARS: 0.9 / 0.9).
+
+    The same conditions and seed always give the same split (the input order does not matter).
+    """
+    perts = sorted({str(c) for c in conditions if str(c) != CONTROL})
+    if not 0 < train_gene_set_size < 1 or not 0 <= combo_seen2_train_frac <= 1:
+        raise CapeInputError("train_gene_set_size must be in (0, 1) and combo_seen2_train_frac in [0, 1]")
+    genes = sorted({g for p in perts for g in condition_genes(p)})
+    if len(genes) < 2 or int(len(genes) * train_gene_set_size) == 0 or \
+            int(len(genes) * train_gene_set_size) == len(genes):
+        raise CapeInputError(f"too few perturbed genes ({len(genes)}) for the simulation split with "
+                             f"train_gene_set_size={train_gene_set_size}: need at least one seen and one unseen gene")
+    train_all, test, subgroup = _split_once(perts, seed, train_gene_set_size, combo_seen2_train_frac)
+    if not train_all:
+        raise CapeInputError("the simulation split left no training perturbation (too few single perturbations)")
+    if not test:
+        raise CapeInputError("the simulation split left no test perturbation")
+    train, val = train_all, []
+    train_genes = {g for p in train_all for g in condition_genes(p)}
+    if len(train_genes) >= 2 and int(len(train_genes) * val_frac) < len(train_genes):
+        t, v, _ = _split_once(train_all, seed, val_frac, val_frac)
+        if t:
+            train, val = t, v
+    return PerturbationSplit(train=train, val=val, test=test, subgroup=subgroup,
+                             params={"split": "simulation", "seed": seed, "train_gene_set_size": train_gene_set_size,
+                                     "combo_seen2_train_frac": combo_seen2_train_frac, "val_frac": val_frac})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# DE genes and the metric
+# ----------------------------------------------------------------------------------------------------------------
+def _dense(x) -> np.ndarray:
+    return np.asarray(x.toarray() if sp.issparse(x) else x, dtype=np.float64)
+
+
+def condition_means(adata: ad.AnnData, conditions: Sequence[str], *, condition_key: str = "condition"
+                    ) -> pd.DataFrame:
+    """Mean expression per condition (rows) and gene (columns)."""
+    labels = adata.obs[condition_key].astype(str).to_numpy()
+    rows = {}
+    for c in conditions:
+        mask = labels == c
+        if not mask.any():
+            raise CapeInputError(f"condition {c!r} has no cells")
+        rows[c] = _dense(adata.X[mask]).mean(axis=0)
+    return pd.DataFrame.from_dict(rows, orient="index", columns=adata.var_names.astype(str))
+
+
+def top_de_genes(adata: ad.AnnData, conditions: Sequence[str] | None = None, *, condition_key: str = "condition",
+                 control: str = CONTROL, n_genes: int = 20, method: str = "t-test") -> dict[str, list[str]]:
+    """Top ``n_genes`` differentially expressed genes of each condition against control.
+
+    As GEARS: scanpy ``rank_genes_groups(groupby=condition, reference=control, rankby_abs=True)`` with the t-test,
+    on the expression in ``X`` (log-normalised). The input AnnData is not modified.
+    """
+    import scanpy as sc
+
+    labels = adata.obs[condition_key].astype(str)
+    groups = sorted(set(labels) - {control}) if conditions is None else [str(c) for c in conditions]
+    keep = labels.isin(set(groups) | {control}).to_numpy()
+    sub = ad.AnnData(X=_dense(adata.X[keep]).astype(np.float32), obs=pd.DataFrame(
+        {"group": pd.Categorical(labels[keep].to_numpy())}, index=adata.obs_names[keep]),
+        var=pd.DataFrame(index=adata.var_names.astype(str)))
+    sub.uns["log1p"] = {"base": None}  # silence scanpy's "data not logarithmized" warning: X is log-scale
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # constant genes give NaN t statistics; ranked last
+        warnings.simplefilter("ignore", pd.errors.PerformanceWarning)  # scanpy's own frame building
+        sc.tl.rank_genes_groups(sub, groupby="group", groups=groups, reference=control, rankby_abs=True,
+                                n_genes=min(n_genes, adata.n_vars), method=method)
+    names = sub.uns["rank_genes_groups"]["names"]
+    return {g: [str(n) for n in names[g]] for g in groups}
+
+
+def top_de_mse(predicted: pd.DataFrame, truth: pd.DataFrame, de_genes: Mapping[str, Sequence[str]]) -> pd.Series:
+    """Per condition: mean over its DE genes of (mean predicted − mean true expression)²."""
+    out = {}
+    for cond in truth.index:
+        if cond not in predicted.index:
+            raise CapeInputError(f"no prediction for condition {cond!r}")
+        genes = list(de_genes[cond])
+        diff = predicted.loc[cond, genes].to_numpy(float) - truth.loc[cond, genes].to_numpy(float)
+        out[cond] = float(np.mean(diff**2))
+    return pd.Series(out, name="top_de_mse")
+
+
+def summarise(per_condition: pd.Series, split: PerturbationSplit) -> dict[str, float]:
+    """Average per-condition MSE overall and per subgroup (NaN where a subgroup is empty)."""
+    summary = {"overall": float(per_condition.mean())}
+    for g, conds in split.test_by_subgroup().items():
+        vals = per_condition.reindex(conds).dropna()
+        summary[g] = float(vals.mean()) if len(vals) else float("nan")
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the task: split, DE genes and truth computed once, any predictor scored on them
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class PerturbationTask:
+    """Split, DE genes and true means of a GEARS-format dataset, computed once for every model."""
+
+    adata: ad.AnnData
+    split: object
+    de: dict
+    truth: pd.DataFrame
+    train: list[str]
+    condition_key: str = "condition"
+    control: str = "ctrl"
+
+    @classmethod
+    def build(cls, adata: ad.AnnData, *, condition_key: str = "condition", control: str = "ctrl",
+              split_seed: int = 1, n_de: int = 20) -> PerturbationTask:
+        conditions = validate_perturbation_data(adata, condition_key=condition_key, control=control)
+        split = simulation_split(conditions, seed=split_seed)
+        de = top_de_genes(adata, split.test, condition_key=condition_key, control=control, n_genes=n_de)
+        truth = condition_means(adata, split.test, condition_key=condition_key)
+        return cls(adata, split, de, truth, split.train + split.val, condition_key, control)
+
+    @property
+    def control_cells(self) -> ad.AnnData:
+        return self.adata[(self.adata.obs[self.condition_key].astype(str) == self.control).to_numpy()].copy()
+
+    def score(self, predictor) -> dict[str, float]:
+        """Fit ``predictor`` on the training perturbations; MSE per subgroup plus all singles / all doubles."""
+        return self.evaluate(predictor)[2]
+
+    def evaluate(self, predictor) -> tuple[pd.DataFrame, pd.Series, dict[str, float]]:
+        """Fit ``predictor``; (predicted test means, per-condition top-DE MSE, summary as in :meth:`score`)."""
+        predictor.fit(self.adata, self.train, condition_key=self.condition_key, control=self.control)
+        predicted = predictor.predict(self.split.test)
+        per = top_de_mse(predicted, self.truth, self.de)
+        summary = summarise(per, self.split)
+        n = pd.Series({c: len(condition_genes(c)) for c in per.index})
+        out = {"mse_single": float(per[n == 1].mean()) if (n == 1).any() else float("nan"),
+               "mse_double": float(per[n == 2].mean()) if (n == 2).any() else float("nan"),
+               "mse_overall": summary["overall"]}
+        out |= {f"mse_{g}": v for g, v in summary.items() if g.startswith("combo")}
+        return predicted, per, out
