@@ -33,12 +33,15 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/snakemake --cores $(CORES)
 
-# pytest exits 5 when it collects no test: that is not a failure of the code.
+# The import layers (pyproject [tool.importlinter]) first; pytest exits 5 when it collects no test: that is not a
+# failure of the code.
 test: install-dev
+	$(VENV)/bin/lint-imports
 	MPLBACKEND=agg $(PY) -m pytest $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: install-dev
 	$(VENV)/bin/ruff check cape tests
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf results logs benchmarks .snakemake
