@@ -1,8 +1,10 @@
-"""Atomic output: write to a temporary file beside the target, then rename, so no partial output is left."""
+"""Atomic output: write to a temporary file beside the target, then rename, so no partial output is left (AnnData,
+JSON records, text, figures)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -36,3 +38,32 @@ def write_h5ad(adata: ad.AnnData, path: str | os.PathLike) -> Path:
     with atomic_path(path) as tmp:
         adata.write_h5ad(tmp, compression="gzip")
     return Path(path)
+
+
+def write_json(records: list[dict], path: str | os.PathLike) -> Path:
+    """Write records as a JSON list, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(records, indent=1, default=_jsonable))
+    return Path(path)
+
+
+def write_text(text: str, path: str | os.PathLike) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
+    """Save a matplotlib figure atomically (png by the target's suffix)."""
+    target = Path(path)
+    with atomic_path(target) as tmp:
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=target.suffix.lstrip(".") or "png")
+    return target
+
+
+def _jsonable(obj):
+    if hasattr(obj, "item"):
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)

@@ -7,6 +7,9 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.sparse as sp
+
+from cape.tasks.labels import SPLIT_KEY
 
 
 @pytest.fixture(autouse=True)
@@ -94,3 +97,29 @@ def _restore_threads():
     from cape import settings
 
     settings._n_threads = None
+
+
+@pytest.fixture
+def trained_adata() -> ad.AnnData:
+    """A run's AnnData as `cape train` leaves it: two separable cell types, an embedding, predictions, a split."""
+    rng = np.random.default_rng(0)
+    n, m = 120, 12
+    labels = np.repeat(["T", "B"], n // 2)
+    x = rng.poisson(2.0, size=(n, m)).astype(np.float32)
+    x[labels == "B", :4] += 6
+    adata = ad.AnnData(np.log1p(x))
+    adata.obs_names = [f"c{i}" for i in range(n)]
+    adata.var_names = [f"g{i}" for i in range(m)]
+    adata.obs["cell_type"] = pd.Categorical(labels)
+    adata.obsm["X_cape"] = np.c_[(labels == "B") * 3.0, np.zeros(n)] + rng.normal(0, 0.3, (n, 2))
+    pred = labels.copy()
+    pred[:6] = "B"  # 6 mistakes among the T cells
+    adata.obs["cape_cell_type_prediction"] = pd.Categorical(pred)
+    adata.obs[SPLIT_KEY] = np.where(np.arange(n) % 10 < 3, "fine_tune", "test")
+    dag = np.zeros((m, m))
+    dag[0, 1], dag[1, 2], dag[0, 3] = 0.8, -0.5, 0.3
+    adata.varp["cape_dag"] = sp.csr_matrix(dag)
+    adata.varm["cape_poincare"] = rng.uniform(-0.5, 0.5, size=(m, 2))
+    adata.var["cape_generality"] = rng.uniform(size=m)
+    adata.uns["cape"] = {"causal_graph": {"removed_cycle_edges": 1, "wall_time": 1.5}}
+    return adata

@@ -300,7 +300,8 @@ def write_report(records: list[dict], out: str | Path, name: str = "attention") 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report import mean_sd_table, save_figure, write_json, write_text
+    from .._io import save_figure, write_json, write_text
+    from .._tables import mean_sd_table
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .._io import save_figure, write_json, write_text
+from .._tables import mean_sd_table
 from ..causal.metrics import dag_metrics
 from .peers import PEERS, run_peer
-from .report import mean_sd_table, save_figure, write_json, write_text
 
 __all__ = ["CAPE_METHODS", "INPUTS", "SETTINGS", "run_causal_benchmark", "standardized"]
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .report import mean_sd_table, save_figure, write_json, write_text
+from .._io import save_figure, write_json, write_text
+from .._tables import mean_sd_table
 
 __all__ = ["run_causal_scale"]
 

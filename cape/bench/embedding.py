@@ -158,9 +158,9 @@ def _scaling_records(quick: bool, out: Path, seed: int = 0) -> list[dict]:
     interrupted benchmark still leaves what it measured."""
     import torch
 
+    from .._io import write_json
     from ..hyperbolic import embed_dag
     from ..hyperbolic.embedding import DEFAULT_NEGATIVES
-    from .report import write_json
 
     # K = DEFAULT_NEGATIVES ≥ M would be the exact loss, so the fidelity comparison at a size where the exact
     # loss also runs samples fewer negatives (K = 256 of M = 300): a stress test of sampling.
@@ -239,7 +239,8 @@ def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, dim
     ``"scaling"``: time against M for the exact and the sampled loss, MAP of both at 300 genes, and the time
     of a 2,000-gene, d = 32, 1,000-epoch embedding → ``embedding_scaling.json``, ``.md``, ``.png``.
     """
-    from .report import mean_sd_table, write_json, write_text
+    from .._io import write_json, write_text
+    from .._tables import mean_sd_table
 
     if quick:
         dims, seeds, epochs, n_nodes = (2, 8), (0,), min(epochs, 150), 40
@@ -305,7 +306,7 @@ def _plot(records: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from .report import save_figure
+    from .._io import save_figure
 
     frame = pd.DataFrame(records)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -335,7 +336,7 @@ def _plot_scaling(records: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from .report import save_figure
+    from .._io import save_figure
 
     frame = pd.DataFrame(records)
     timing = frame[frame.part == "time vs M"]

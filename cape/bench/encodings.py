@@ -44,12 +44,12 @@ import scipy.sparse as sp
 
 from .. import encodings
 from .._errors import CapeInputError
+from .._io import save_figure, write_json, write_text
 from ..tasks.annotation import annotation_metrics, annotation_split, fine_tune_cells, logistic_regression_pca, roles
 from ..tasks.clustering import cluster_embedding, clustering_metrics, kmeans_clusters, pca_embedding
 from ..tasks.labels import checked_labels
 from ..tasks.perturbation import PerturbationTask
 from ..tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
-from .report import save_figure, write_json, write_text
 
 logger = logging.getLogger("cape")
 

@@ -604,8 +604,8 @@ def run_gears_benchmark(adata: ad.AnnData, *, dataset: str = "data", arms: Seque
     """
     import torch
 
+    from .._io import write_json, write_text
     from .encodings import BenchSettings, position_sets, prepare_expression
-    from .report import write_json, write_text
 
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
@@ -765,7 +765,7 @@ def plot_gears(records: Sequence[dict], dataset: str, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report import save_figure
+    from .._io import save_figure
 
     frame = pd.DataFrame([r for r in records if r.get("kind") in ("gears", "baseline")])
     frame["value"] = frame["value"].astype(float)

@@ -31,8 +31,9 @@ def run_benchmark(adata: ad.AnnData, out, *, dataset: str = "data", encodings: l
     import torch
 
     from .. import encodings as registry
+    from .._io import write_json, write_text
+    from .._tables import mean_sd_table
     from ..models import CellTransformer
-    from .report import mean_sd_table, write_json, write_text
 
     missing = [k for k, slot in (("cape_poincare", adata.varm), ("cape_angles", adata.varm),
                                  ("cape_dag", adata.varp)) if k not in slot]
@@ -90,7 +91,7 @@ def _plot(records: list[dict], path) -> None:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from .report import save_figure
+    from .._io import save_figure
 
     frame = pd.DataFrame(records)
     keys = list(dict.fromkeys(frame["key"]))

@@ -21,7 +21,8 @@ import numpy as np
 
 from .. import encodings
 from .._errors import CapeInputError
-from .report import mean_sd_table, save_figure, write_json, write_text
+from .._io import save_figure, write_json, write_text
+from .._tables import mean_sd_table
 
 logger = logging.getLogger("cape")
 

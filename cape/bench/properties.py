@@ -295,7 +295,7 @@ def _poincare_dist_matrix(e: np.ndarray) -> np.ndarray:
 def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, seed: int = 0,
                   step1_epochs: int | None = None) -> list[dict]:
     """Run the three parts and write ``properties.json``, ``properties.md`` and three PNGs under ``out``."""
-    from .report import write_json, write_text
+    from .._io import write_json, write_text
 
     out = Path(out)
     start = time.perf_counter()
@@ -345,7 +345,7 @@ def _plot_s2(s2: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report import save_figure
+    from .._io import save_figure
 
     fig = plt.figure(figsize=(13, 4))
     ax = fig.add_subplot(131, projection="3d")
@@ -383,7 +383,7 @@ def _plot_s3(s3: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report import save_figure
+    from .._io import save_figure
 
     sigmas = list(s3["xi"])
     fig, axes = plt.subplots(1, len(sigmas), figsize=(4.2 * len(sigmas), 3.4), sharey=True)
@@ -410,8 +410,8 @@ def _plot_3c(adata, truth, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .._io import save_figure
     from ..pl.poincare import generality, poincare
-    from .report import save_figure
 
     fig = plt.figure(figsize=(16, 4.8))
     ax1 = fig.add_subplot(131, projection="3d")

@@ -28,8 +28,9 @@ def run(args: argparse.Namespace) -> int:
     from .. import data
     from .._errors import CapeInputError
     from .._settings import resolve_seed
-    from ..report import evaluate_run, figures_dir, resolve_label_key, write_figures, write_metrics, write_report
-    from ..verdict import own_resources, resource_records, stage_resources
+    from ..report import evaluate_run, figures_dir, write_figures, write_metrics, write_report
+    from ..report.resources import own_resources, resource_records, stage_resources
+    from ..tasks.labels import resolve_label_key
     from ._io import check_output
 
     check_output(args.metrics, args.input, args.model, suffix=".json", option="--metrics")

@@ -46,7 +46,8 @@ def _keys(adata, args) -> tuple[str | None, str | None]:
 
 def run(args: argparse.Namespace) -> int:
     from .._errors import CapeInputError
-    from ..bench.report import mean_sd_table, write_json, write_text
+    from .._io import write_json, write_text
+    from .._tables import mean_sd_table
 
     seeds = args.seeds[:1] if args.quick else args.seeds
     name = Path(args.dataset).stem if args.dataset.endswith(".h5ad") else args.dataset
@@ -100,7 +101,7 @@ def _plot(records: list[dict], task: str, name: str, path: Path) -> None:
     import numpy as np
     import pandas as pd
 
-    from ..bench.report import save_figure
+    from .._io import save_figure
 
     frame = pd.DataFrame(records).dropna(subset=["value"])
     group = "subgroup" if task == "perturbation" else "metric"

@@ -1,128 +1,14 @@
-"""The end of a workflow run: metrics of the trained model against simple baselines, and a markdown report."""
+"""The report of a run: verdict first, then the run, the learnt DAG, the Poincaré disk, the cells, the metric
+tables (markdown, plus HTML pages for Snakemake's report); ``metrics.json`` in and out."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 
 import anndata as ad
 import numpy as np
-
-from ._errors import CapeInputError
-from .models import CellTransformer
-from .tasks.annotation import AnnotationSplit, annotation_metrics, logistic_regression_pca
-from .tasks.attention import layer_non_relativity
-from .tasks.clustering import BASELINES, _with_nan, clustering_metrics, kmeans_clusters, knn_impute
-from .tasks.labels import SPLIT_KEY, checked_labels, resolve_label_key  # noqa: F401  (resolve_label_key: API)
-from .verdict import accuracy, adjusted_rand, bootstrap_difference, comparison_records
-
-logger = logging.getLogger("cape")
-
-
-
-def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "data", seed: int = 0,
-                 embedding_key: str = "X_cape") -> list[dict]:
-    """Metrics of a trained run as records ``{task, dataset, method, seed, metric, value}``.
-
-    * annotation (when ``obs[f"cape_{label_key}_prediction"]`` and ``obs["cape_split"]`` exist): accuracy and
-      macro-F1 on the test cells, beside logistic regression on PCA trained on the same fine-tune cells;
-    * clustering (when ``label_key`` is given): k-means (k = number of labels) on ``obsm[embedding_key]`` —
-      ARI, NMI, ASW — beside PCA + k-means on the expression;
-    * graph: edges of ``varp["cape_dag"]``, edges removed to make it acyclic, genes embedded;
-    * comparison: the transformer minus its baseline (accuracy; ARI) with a seeded bootstrap interval over the
-      cells (:func:`cape.verdict.bootstrap_difference`), which the report's verdict reads.
-    """
-    records: list[dict] = []
-
-    def add(task: str, method: str, metrics: dict) -> None:
-        records.extend({"task": task, "dataset": dataset, "method": method, "seed": seed, "metric": k,
-                        "value": float(v)} for k, v in metrics.items() if isinstance(v, int | float))
-
-    info = adata.uns.get("cape", {})
-    if "cape_dag" in adata.varp:
-        graph = {"edges": int((adata.varp["cape_dag"] != 0).sum())}
-        removed = info.get("causal_graph", {}).get("removed_cycle_edges")
-        if removed is not None:
-            graph["edges_removed_for_acyclicity"] = int(removed)
-        if "cape_embedded" in adata.var:
-            graph["genes_embedded"] = int(adata.var["cape_embedded"].sum())
-        add("graph", "cape", graph)
-    if label_key is None:
-        return records
-    labels = checked_labels(adata, label_key)
-    pred_key = f"cape_{label_key}_prediction"
-    if pred_key in adata.obs and SPLIT_KEY in adata.obs:
-        split = adata.obs.loc[labels.index, SPLIT_KEY].astype(str).to_numpy()
-        test = np.flatnonzero(split == "test")
-        fine_tune = np.flatnonzero(split == "fine_tune")
-        if test.size == 0 or fine_tune.size == 0:
-            raise CapeInputError(f"obs[{SPLIT_KEY!r}] needs both 'fine_tune' and 'test' cells")
-        predicted = adata.obs.loc[labels.index, pred_key].astype(str).to_numpy()
-        truth = labels.to_numpy()[test]
-        add("annotation", "cape", annotation_metrics(truth, predicted[test]))
-        baseline = logistic_regression_pca(
-            adata, label_key, seed=seed,
-            split=AnnotationSplit(fine_tune, test, seed, fine_tune.size / (fine_tune.size + test.size)))
-        add("annotation", "logreg_pca", {k: baseline[k] for k in ("accuracy", "macro_f1")})
-        diff = bootstrap_difference(truth, predicted[test], baseline["test_predictions"], accuracy, seed=seed)
-        records += comparison_records("annotation", "accuracy", "cape", "logreg_pca", diff, n_cells=test.size,
-                                      dataset=dataset, seed=seed, n_fine_tune=fine_tune.size)
-    elif pred_key in adata.obs:
-        logger.warning("no obs[%r]: annotation metrics skipped (the model was fine-tuned on every cell)", SPLIT_KEY)
-    # k-means with k = number of classes on the transformer's embedding and on PCA of the expression (the
-    # "pca_kmeans" baseline of cape.tasks.clustering), kept here to compare the two clusterings cell by cell.
-    y = labels.to_numpy()
-    k = labels.nunique()
-    sub = adata[labels.index] if len(labels) < adata.n_obs else adata
-    clusters = {}
-    # keep_sparse: a 10x-shaped X stays sparse (pca_embedding densifies only small matrices)
-    expression = knn_impute(_with_nan(sub, keep_sparse=True))
-    for method, emb in (("cape", _cell_embedding(sub, embedding_key)),
-                        ("pca_kmeans", BASELINES["pca_kmeans"][0](expression, None, seed, 50))):
-        if emb is None:
-            continue
-        clusters[method] = kmeans_clusters(emb, k, seed=seed)
-        add("clustering", method, clustering_metrics(emb, y, clusters[method]) | ({"k": k} if method == "cape" else {}))
-    if len(clusters) == 2:
-        diff = bootstrap_difference(y, clusters["cape"], clusters["pca_kmeans"], adjusted_rand, seed=seed)
-        records += comparison_records("clustering", "ARI", "cape", "pca_kmeans", diff, n_cells=len(y),
-                                      dataset=dataset, seed=seed)
-    return records
-
-
-def _cell_embedding(adata: ad.AnnData, key: str) -> np.ndarray | None:
-    if key not in adata.obsm:
-        return None
-    emb = np.asarray(adata.obsm[key], dtype=np.float64)
-    if emb.ndim != 2 or not np.isfinite(emb).all():
-        raise CapeInputError(f"obsm[{key!r}] must be a finite 2-D array")
-    return emb
-
-
-def attention_records(adata: ad.AnnData, model_dir: str | os.PathLike, *, dataset: str = "data", seed: int = 0,
-                      n_cells: int = 256) -> list[dict]:
-    """Behind-RoPE non-relativity of every attention layer of the trained model in ``model_dir``.
-
-    Measured against the model's own gene positions and, when the AnnData has them, against the Poincaré
-    positions of Step II (see :func:`cape.tasks.attention.layer_non_relativity`). A key that does not apply
-    (e.g. an encoding without positions) is skipped with a log line.
-    """
-    model = CellTransformer.load(model_dir, adata, device="cpu")
-    encoding = model.backbone.encoding_name
-    records = []
-    for key in ("model", "cape_poincare"):
-        try:
-            rows = layer_non_relativity(model, adata, key=key, n_cells=n_cells, seed=seed)
-        except CapeInputError as err:
-            logger.info("non-relativity against %s skipped: %s", key, err)
-            continue
-        label = "own positions" if key == "model" else "Poincaré distance"
-        records.extend({"task": "attention", "dataset": dataset, "method": f"{encoding} vs {label}", "seed": seed,
-                        "metric": f"non-relativity layer {r['layer']}", "value": float(r["nri"])} for r in rows)
-    return records
-
 
 #: Tasks the verdict shows itself, left out of the metrics tables.
 _VERDICT_TASKS = ("resources",)
@@ -130,8 +16,8 @@ _VERDICT_TASKS = ("resources",)
 
 def _metric_tables(records: list[dict]) -> list[tuple[str, str, list[str], list[list[str]]]]:
     """(task, note, header, rows) per task, values as ``mean ± sd`` over seeds."""
-    from .bench.report import mean_sd_table
-    from .verdict import N_BOOTSTRAP, parse_markdown_table
+    from .._tables import mean_sd_table, parse_markdown_table
+    from .statistics import N_BOOTSTRAP
 
     notes = {"attention": "Behind-RoPE non-relativity index of the mean attention logits per layer: 0 = a function "
                           "of the relative position only, ~1 = unrelated to it.",
@@ -148,7 +34,7 @@ def _metric_tables(records: list[dict]) -> list[tuple[str, str, list[str], list[
 
 
 def _metrics_table(records: list[dict]) -> str:
-    from .verdict import markdown_table
+    from .._tables import markdown_table
 
     return "\n\n".join(f"### {task}\n\n" + (f"{note}\n\n" if note else "") + markdown_table(header, rows)
                         for task, note, header, rows in _metric_tables(records))
@@ -170,8 +56,8 @@ def write_figures(adata: ad.AnnData, fig_dir: str | os.PathLike, *, label_key: s
     """Draw the DAG (when it has edges), the Poincaré disk and the cell embedding into ``fig_dir``; their names."""
     import matplotlib.pyplot as plt
 
-    from . import pl
-    from .bench.report import save_figure
+    from .. import pl
+    from .._io import save_figure
 
     fig_dir = Path(fig_dir)
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -207,10 +93,12 @@ def write_report(adata: ad.AnnData, records: list[dict], output: str | os.PathLi
     Figures are in ``<stem>_figures/`` next to ``output`` (drawn here unless ``figures`` names those already
     drawn by :func:`write_figures`); the report links them relatively. The same folder gets ``verdict.html`` and
     ``metrics.html``, the verdict and the metric tables as HTML pages for Snakemake's report. ``resources`` are the
-    per-stage rows of :func:`cape.verdict.stage_resources` (default: those in ``records``, task "resources").
+    per-stage rows of :func:`cape.report.stage_resources` (default: those in ``records``, task "resources").
     """
-    from .bench.report import write_text
-    from .verdict import html_page, html_table, resources_from_records, verdict, verdict_html, verdict_markdown
+    from .._io import write_text
+    from .._tables import html_page, html_table
+    from .resources import resources_from_records
+    from .verdict import verdict, verdict_html, verdict_markdown
 
     out = Path(output)
     fig_dir = figures_dir(out)
@@ -277,7 +165,7 @@ def _embedding_figure(adata: ad.AnnData, label_key: str | None):
 
 
 def write_metrics(records: list[dict], path: str | os.PathLike) -> Path:
-    from .bench.report import write_json
+    from .._io import write_json
 
     return write_json(records, path)
 

@@ -9,33 +9,35 @@ from __future__ import annotations
 
 import html
 import logging
-import os
-import resource
-import sys
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import anndata as ad
 import numpy as np
 
+from .._tables import _inline, html_page, html_table, markdown_table
+from .resources import resources_table
+from .statistics import LEVEL, N_BOOTSTRAP, Comparison, comparisons_from_records
+
 logger = logging.getLogger("cape")
+
 
 #: Below this fraction of used genes with a position, the encoding carries little (issue 12's target: half).
 MIN_POSITIONED_FRACTION = 0.5
+
+
 #: Rule of thumb, not a measured threshold: fewer fine-tune cells than this are "few" for a transformer trained
 #: from scratch (logistic regression on PCA needs a handful of cells per class).
 FEW_FINE_TUNE_CELLS = 1000
-#: Bootstrap resamples of the test cells and the interval's coverage.
-N_BOOTSTRAP = 1000
-LEVEL = 0.95
-#: Snakemake rules whose ``benchmarks/<run>/<stage>.tsv`` the report reads, in workflow order.
-STAGES = ("preprocess", "causal", "embed", "encode", "train")
+
+
 #: Encodings of ``cape train`` that use neither the causal graph nor CAPE's positions (see ``cape encodings``).
 POSITION_FREE_ENCODINGS = frozenset({"none", "static_absolute", "trainable_absolute"})
 
+
 OK, WARNING, NO_OP = "ok", "warning", "no-op"
+
+
 _LABELS = {OK: "OK", WARNING: "Warning", NO_OP: "CAPE did nothing"}
 
 
@@ -146,104 +148,6 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                    + ignores)
 
 
-# ---------------------------------------------------------------------------------------------------- baselines
-def bootstrap_difference(y: Sequence, pred_a: Sequence, pred_b: Sequence,
-                         score: Callable[[np.ndarray, np.ndarray], float], *, n_boot: int = N_BOOTSTRAP,
-                         seed: int = 0, level: float = LEVEL) -> tuple[float, float, float]:
-    """``score(y, a) - score(y, b)`` and its percentile bootstrap interval over cells (paired resampling).
-
-    The interval reflects which cells happened to be tested, not the training seed: one run has one seed.
-    """
-    y, a, b = np.asarray(y), np.asarray(pred_a), np.asarray(pred_b)
-    if not len(y) == len(a) == len(b) or len(y) == 0:
-        raise ValueError(f"need equally long, non-empty labels and predictions, got {len(y)}, {len(a)}, {len(b)}")
-    # One shared integer coding of all three (scores compare labels by equality), so resamples need no re-sorting.
-    y, a, b = np.split(np.unique(np.concatenate([y.astype(str), a.astype(str), b.astype(str)]),
-                                 return_inverse=True)[1].ravel(), 3)
-    rng = np.random.default_rng(seed)
-    diffs = np.empty(n_boot)
-    for i in range(n_boot):
-        idx = rng.integers(0, len(y), len(y))
-        diffs[i] = score(y[idx], a[idx]) - score(y[idx], b[idx])
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(diffs, [tail, 100 - tail])
-    return float(score(y, a) - score(y, b)), float(low), float(high)
-
-
-def accuracy(y: np.ndarray, pred: np.ndarray) -> float:
-    return float(np.mean(np.asarray(y) == np.asarray(pred)))
-
-
-def adjusted_rand(y: np.ndarray, clusters: np.ndarray) -> float:
-    """Adjusted Rand index (Hubert & Arabie), as scikit-learn's ``adjusted_rand_score`` but ~50× faster on
-    the small label sets of a report, which matters inside a 1,000-resample bootstrap."""
-    yi, ci = _codes(y), _codes(clusters)
-    n = yi.size
-    table = np.bincount(yi * (ci.max() + 1) + ci, minlength=(yi.max() + 1) * (ci.max() + 1)).astype(np.float64)
-    pairs = lambda counts: float((counts * (counts - 1)).sum() / 2)  # noqa: E731
-    index = pairs(table)
-    rows = pairs(table.reshape(yi.max() + 1, -1).sum(axis=1))
-    cols = pairs(table.reshape(yi.max() + 1, -1).sum(axis=0))
-    total = n * (n - 1) / 2
-    expected = rows * cols / total if total else 0.0
-    top = (rows + cols) / 2
-    if top == expected:  # one cluster on both sides, or every cell alone on both: identical partitions
-        return 1.0
-    return (index - expected) / (top - expected)
-
-
-def _codes(values: Sequence) -> np.ndarray:
-    """Non-negative integer codes of labels (integer labels ≥ 0 are used as they are: empty codes count 0 pairs)."""
-    values = np.asarray(values)
-    if values.dtype.kind in "iu" and (values.size == 0 or values.min() >= 0):
-        return values.astype(np.int64, copy=False)
-    return np.unique(values, return_inverse=True)[1].ravel()
-
-
-def comparison_records(task: str, metric: str, method: str, baseline: str, diff: tuple[float, float, float],
-                       *, n_cells: int, dataset: str, seed: int, n_fine_tune: int | None = None) -> list[dict]:
-    """Records ``task="comparison"``, method ``"<task> <metric>: <method> vs <baseline>"``: the difference, its
-    bootstrap interval (``low``, ``high``), the cells resampled and, for annotation, the fine-tune cells."""
-    values = {"difference": diff[0], "low": diff[1], "high": diff[2], "cells resampled": n_cells}
-    if n_fine_tune is not None:
-        values["fine-tune cells"] = n_fine_tune
-    return [{"task": "comparison", "dataset": dataset, "method": f"{task} {metric}: {method} vs {baseline}",
-             "seed": seed, "metric": k, "value": float(v)} for k, v in values.items()]
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A method against a same-run baseline on one metric, with the bootstrap interval of the difference."""
-
-    task: str
-    metric: str
-    method: str
-    baseline: str
-    value: float
-    baseline_value: float
-    diff: float
-    low: float
-    high: float
-    n_cells: int
-
-
-def comparisons_from_records(records: Iterable[dict]) -> list[Comparison]:
-    """The :class:`Comparison` s stored by :func:`comparison_records`, with both scores from the same records."""
-    records = list(records)
-    by = {(r["task"], r["method"], r["metric"]): r["value"] for r in records}
-    out = []
-    for name in dict.fromkeys(r["method"] for r in records if r["task"] == "comparison"):
-        head, pair = name.split(": ", 1)
-        task, metric = head.split(" ", 1)
-        method, baseline = pair.split(" vs ", 1)
-        if (task, method, metric) not in by or (task, baseline, metric) not in by:
-            continue
-        get = {k: by[("comparison", name, k)] for k in ("difference", "low", "high", "cells resampled")}
-        out.append(Comparison(task, metric, method, baseline, by[(task, method, metric)], by[(task, baseline, metric)],
-                              get["difference"], get["low"], get["high"], int(get["cells resampled"])))
-    return out
-
-
 @dataclass(frozen=True)
 class Training:
     """What the transformer learnt from: fine-tune cells, masked pretraining epochs, published weights."""
@@ -327,82 +231,6 @@ def comparison_finding(cmp: Comparison, causes: Sequence[tuple[str, str]] = (), 
     return Finding(OK, cmp.task, f"{task}: no clear difference (within the variation between cells) — {scores}.")
 
 
-# ---------------------------------------------------------------------------------------------------- resources
-def read_benchmark(path: str | os.PathLike) -> dict | None:
-    """Wall seconds and peak resident memory (MB) from one Snakemake ``benchmark:`` TSV.
-
-    Repeated measurements (``--benchmark-repeats``) give the mean time and the largest peak. ``None`` when the
-    file is missing or unreadable; a column Snakemake wrote as ``NA`` (a job too short to sample) gives ``None``.
-    """
-    import pandas as pd
-
-    path = Path(path)
-    if not path.is_file():
-        return None
-    try:
-        frame = pd.read_csv(path, sep="\t", na_values=["NA", "-"])
-    except (OSError, ValueError, pd.errors.ParserError) as err:
-        logger.warning("cannot read benchmark file %s: %s", path, err)
-        return None
-
-    def column(name: str, how: str) -> float | None:
-        if name not in frame:
-            return None
-        values = pd.to_numeric(frame[name], errors="coerce").dropna()
-        return float(getattr(values, how)()) if len(values) else None
-
-    return {"seconds": column("s", "mean"), "max_rss_mb": column("max_rss", "max")}
-
-
-def stage_resources(bench_dir: str | os.PathLike | None, stages: Sequence[str] = STAGES) -> list[dict]:
-    """One row ``{stage, seconds, max_rss_mb, source}`` per stage; unmeasured values are ``None``."""
-    rows = []
-    for stage in stages:
-        found = read_benchmark(Path(bench_dir) / f"{stage}.tsv") if bench_dir is not None else None
-        rows.append({"stage": stage, **(found or {"seconds": None, "max_rss_mb": None}),
-                     "source": "Snakemake benchmark" if found else "not measured"})
-    return rows
-
-
-def own_peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (``resource.getrusage``), in MB (MiB)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
-
-
-def process_seconds() -> float | None:
-    """Wall seconds since this process started (imports included); ``None`` where unknown."""
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return time.time() - psutil.Process().create_time()
-
-
-def own_resources(stage: str = "evaluate") -> dict:
-    """This process's row: its own peak from ``resource.getrusage`` (Snakemake's file is written after it ends)."""
-    return {"stage": stage, "seconds": process_seconds(), "max_rss_mb": own_peak_rss_mb(),
-            "source": "this process (resource.getrusage)"}
-
-
-def resource_records(rows: Iterable[dict], *, dataset: str, seed: int) -> list[dict]:
-    """Records ``task="resources"`` for metrics.json; values that were not measured are left out."""
-    return [{"task": "resources", "dataset": dataset, "method": row["stage"], "seed": seed, "metric": metric,
-             "value": float(row[metric]), "source": row["source"]}
-            for row in rows for metric in ("seconds", "max_rss_mb") if row.get(metric) is not None]
-
-
-def resources_from_records(records: Iterable[dict]) -> list[dict]:
-    """The rows of :func:`stage_resources` back from ``task="resources"`` records (unmeasured stages absent)."""
-    rows: dict[str, dict] = {}
-    for r in records:
-        if r["task"] == "resources":
-            row = rows.setdefault(r["method"], {"stage": r["method"], "seconds": None, "max_rss_mb": None,
-                                                "source": r.get("source", "")})
-            row[r["metric"]] = r["value"]
-    return list(rows.values())
-
-
 def resources_finding(rows: Sequence[dict]) -> Finding:
     """Which stage took longest and which needed the most memory; says how many stages were not measured."""
     timed = [r for r in rows if r["seconds"] is not None]
@@ -423,15 +251,6 @@ def resources_finding(rows: Sequence[dict]) -> Finding:
     if missing:
         text += f" Not measured: {', '.join(missing)}."
     return Finding(OK, "resources", text)
-
-
-def resources_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-stage table (time, peak memory, where the numbers come from)."""
-    def fmt(v: float | None, unit: str) -> str:
-        return "not measured" if v is None else f"{v:,.1f} {unit}"
-
-    return (["stage", "time", "peak memory (max RSS)", "measured by"],
-            [[r["stage"], fmt(r["seconds"], "s"), fmt(r["max_rss_mb"], "MB"), r["source"]] for r in rows])
 
 
 # ---------------------------------------------------------------------------------------------------- verdict
@@ -506,36 +325,3 @@ def verdict_html(findings: Sequence[Finding], resources: Sequence[dict] | None =
         header, rows = resources_table(resources)
         body += "<h3>Time and peak memory per stage</h3>" + html_table(header, rows)
     return html_page(title, body)
-
-
-# ---------------------------------------------------------------------------------------------------- tables
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
-
-
-def parse_markdown_table(text: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of a pipe table as :func:`cape.bench.report.mean_sd_table` writes it."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip().startswith("|")]
-    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
-    return cells[0], [c for c in cells[2:]]
-
-
-def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def html_page(title: str, body: str) -> str:
-    style = ("body{font-family:sans-serif;max-width:60em;margin:1em auto;line-height:1.4}"
-             "table{border-collapse:collapse;margin:0.5em 0 1.5em}th,td{border:1px solid #bbb;padding:2px 8px;"
-             "text-align:left}th{background:#eee}code{background:#f4f4f4}")
-    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{style}</style></head><body>{body}</body></html>\n")
-
-
-def _inline(text: str) -> str:
-    """Escape ``text`` and turn markdown `code` spans into <code>."""
-    parts = html.escape(text).split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))

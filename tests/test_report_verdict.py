@@ -1,0 +1,210 @@
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+from cape.report import evaluate_run, write_report
+from cape.report.resources import (
+    stage_resources,
+)
+from cape.report.statistics import (
+    Comparison,
+    comparisons_from_records,
+)
+from cape.report.verdict import (
+    NO_OP,
+    OK,
+    WARNING,
+    Positioning,
+    Training,
+    comparison_finding,
+    headline,
+    likely_causes,
+    positioning,
+    positioning_finding,
+    training_context,
+    verdict,
+)
+from cape.tasks.labels import SPLIT_KEY
+
+
+# ------------------------------------------------------------------------------------------------- the verdict
+def test_report_opens_with_the_verdict(trained_adata, tmp_path):
+    records = evaluate_run(trained_adata, "cell_type", dataset="toy")
+    text = write_report(trained_adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert text.startswith("# cape run\n\n\n## Verdict\n\n**")
+    assert text.index("## Verdict") < text.index("## Run") < text.index("## Metrics")
+    for page in ("verdict.html", "metrics.html"):
+        html = (tmp_path / "report_figures" / page).read_text()
+        assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
+    assert "<td>logreg_pca</td>" in (tmp_path / "report_figures" / "metrics.html").read_text()
+
+
+def test_no_op_graph_is_called_out(trained_adata, tmp_path):
+    """0 edges: every gene at the origin; the verdict says CAPE did nothing and how to change it."""
+    trained_adata.varp["cape_dag"] = sp.csr_matrix((trained_adata.n_vars, trained_adata.n_vars))
+    trained_adata.var["cape_used"] = True
+    trained_adata.uns["cape"]["causal_graph"] = {"params": {"tau": 0.2}, "n_cells": 120}
+    pos = positioning(trained_adata)
+    assert (pos.n_used, pos.n_positioned, pos.n_edges) == (12, 0, 0)
+    finding = positioning_finding(pos)
+    assert finding.level == NO_OP
+    assert "no edges" in finding.text and "CAPE changed nothing" in finding.text
+    (remedy,) = finding.remedies
+    assert "`causal.tau`" in remedy and "τ = 0.2" in remedy and "auto" in remedy and "120 cells" in remedy
+    records = evaluate_run(trained_adata, "cell_type")
+    text = write_report(trained_adata, records, tmp_path / "r.md", label_key="cell_type")
+    verdict_section = text.read_text().split("## Run")[0]
+    assert "**CAPE did nothing in this run" in verdict_section
+    assert "- **CAPE did nothing** — The causal graph has no edges among the 12 genes used" in verdict_section
+    assert not (tmp_path / "r_figures" / "dag.png").exists()  # nothing to draw, and the report says so
+    assert "## Causal gene graph (Step I)\n\nThe causal graph has no edges: nothing to draw." in text.read_text()
+    assert (tmp_path / "r_figures" / "poincare.png").exists()  # no var['cape_embedded']: positions as they are
+    trained_adata.var["cape_embedded"] = False
+    text = write_report(trained_adata, [], tmp_path / "s.md").read_text()
+    assert not (tmp_path / "s_figures" / "poincare.png").exists()
+    assert "No gene got a position: every gene sits at the centre of the disk." in text
+    causes = likely_causes(training_context(trained_adata), positioning(trained_adata))
+    assert causes[-1][0] == "no gene got a position: the encoding added nothing"
+
+
+def test_embedded_genes_count_only_when_used():
+    adata = ad.AnnData(np.zeros((3, 6), dtype=np.float32))
+    adata.var["cape_used"] = [True, True, True, True, False, False]
+    adata.var["cape_embedded"] = [True, False, False, False, True, True]  # two positioned genes are not used
+    dag = np.zeros((6, 6))
+    dag[0, 4] = dag[4, 5] = 0.5
+    adata.varp["cape_dag"] = sp.csr_matrix(dag)
+    pos = positioning(adata)
+    assert (pos.n_used, pos.n_positioned, pos.n_edges) == (4, 1, 2)
+    finding = positioning_finding(pos)
+    assert finding.level == WARNING and finding.text.startswith("Only 25% of the genes used (1 of 4)")
+    del adata.var["cape_embedded"]  # no Step II: the edges of the DAG decide
+    assert positioning(adata).n_positioned == 1
+    adata.var["cape_used"] = True
+    assert positioning(adata).fraction == pytest.approx(0.5)
+    assert positioning_finding(positioning(adata)).level == OK
+    assert positioning(ad.AnnData(np.zeros((3, 2), dtype=np.float32))) is None
+
+
+def test_calibrated_threshold_and_scan_reach_the_verdict():
+    """With tau='auto' the verdict reads the τ Step I applied and lists the edges left at smaller thresholds."""
+    adata = ad.AnnData(np.zeros((3, 4), dtype=np.float32))
+    dag = np.zeros((4, 4))
+    dag[0, 1] = 0.05
+    adata.varp["cape_dag"] = sp.csr_matrix(dag)
+    adata.uns["cape"] = {"causal_graph": {
+        "params": {"tau": "auto"}, "tau_used": 0.04, "tau_rule": "auto: positioning", "n_cells": 30,
+        "threshold_scan": {"tau": np.array([0.2, 0.1, 0.04, 0.02]), "n_edges": np.array([0, 0, 1, 3]),
+                           "n_positioned": np.array([0, 0, 2, 4])}}}
+    pos = positioning(adata)
+    assert pos.tau == pytest.approx(0.04) and pos.tau_rule == "auto: positioning"
+    finding = positioning_finding(pos)
+    assert finding.level == OK and "τ = 0.04 (auto: positioning)" in finding.text
+    dag[0, 1] = 0
+    adata.varp["cape_dag"] = sp.csr_matrix(dag)
+    (remedy,) = positioning_finding(positioning(adata)).remedies
+    assert "τ 0.02: 3 edges, 4 genes" in remedy and "τ 0.2:" not in remedy
+    assert "set `causal.tau: auto`" not in remedy  # already calibrated
+    adata.uns["cape"]["causal_graph"]["tau_rule"] = "fixed"
+    (remedy,) = positioning_finding(positioning(adata)).remedies
+    assert "set `causal.tau: auto`" in remedy
+
+
+def test_baseline_wins_names_cause_and_remedy(trained_adata, tmp_path):
+    """A transformer that predicts one class loses to logistic regression beyond the bootstrap spread."""
+    trained_adata.obs["cape_cell_type_prediction"] = pd.Categorical(["T"] * trained_adata.n_obs)
+    records = evaluate_run(trained_adata, "cell_type", dataset="toy", seed=3)
+    (cmp,) = [c for c in comparisons_from_records(records) if c.task == "annotation"]
+    assert cmp.value == pytest.approx(0.5, abs=0.02) and cmp.baseline_value > 0.9
+    assert cmp.low <= cmp.diff <= cmp.high < 0
+    assert cmp.n_cells == (trained_adata.obs[SPLIT_KEY] == "test").sum()
+    findings = verdict(trained_adata, records)
+    (warning,) = [f for f in findings if f.topic == "annotation"]
+    assert warning.level == WARNING and "the simple baseline is better, by more than the variation" in warning.text
+    n_ft = int((trained_adata.obs[SPLIT_KEY] == "fine_tune").sum())
+    assert f"too few cells to train a transformer from scratch: it learnt from {n_ft} labelled cells" in warning.text
+    assert any("`train.checkpoint" in r and "`train.pretrain_epochs`" in r for r in warning.remedies)
+    text = write_report(trained_adata, records, tmp_path / "r.md", label_key="cell_type").read_text()
+    assert "logistic regression on PCA beats the transformer on cell-type annotation" in text.split("## Run")[0]
+    # seeded: the same records again
+    assert evaluate_run(trained_adata, "cell_type", dataset="toy", seed=3) == records
+
+
+def test_fine_run_has_no_warning(trained_adata):
+    trained_adata.obs["cape_cell_type_prediction"] = trained_adata.obs["cell_type"]  # as good as it gets
+    trained_adata.var["cape_embedded"] = [True] * 9 + [False] * 3
+    findings = verdict(trained_adata, evaluate_run(trained_adata, "cell_type"), stage_resources(None))
+    assert [f.level for f in findings] == [OK] * len(findings)
+    assert {f.topic for f in findings} == {"positions", "annotation", "clustering", "resources"}
+    assert headline(findings).startswith("No problems found")
+    (ann,) = [f for f in findings if f.topic == "annotation"]
+    assert "no clear difference" in ann.text or "is better than logistic regression" in ann.text
+
+
+def test_comparison_finding_levels():
+    base = dict(task="annotation", metric="accuracy", method="cape", baseline="logreg_pca", value=0.6,
+                baseline_value=0.8, n_cells=100)
+    lose = Comparison(**base, diff=-0.2, low=-0.3, high=-0.1)
+    tie = Comparison(**base, diff=-0.2, low=-0.3, high=0.01)
+    win = Comparison(**(base | {"value": 0.9}), diff=0.1, low=0.05, high=0.15)
+    causes = [("cause A", "remedy A")]
+    assert comparison_finding(lose, causes).level == WARNING
+    assert comparison_finding(lose, causes).remedies == ("remedy A",)
+    assert "Likely cause: cause A." in comparison_finding(lose, causes).text
+    assert comparison_finding(tie, causes).level == OK and "no clear difference" in comparison_finding(tie).text
+    assert "is better than logistic regression on PCA, by more than" in comparison_finding(win).text
+
+
+def test_likely_causes():
+    few = Training(n_fine_tune=90, pretrain_epochs=0, pretrained_weights=False)
+    many = Training(n_fine_tune=5000, pretrain_epochs=3, pretrained_weights=False)
+    ckpt = Training(n_fine_tune=90, pretrain_epochs=0, pretrained_weights=True)
+    sparse = Positioning(n_used=100, n_positioned=10, n_edges=7, tau=0.2)
+    dense = Positioning(n_used=100, n_positioned=90, n_edges=300)
+    (c,) = likely_causes(few, dense)
+    assert c[0].startswith("too few cells") and "90 labelled cells with no pretraining" in c[0] and "now 0" in c[1]
+    (c,) = likely_causes(many, dense)
+    assert c[0].startswith("a transformer trained from scratch") and "3 epochs of masked pretraining" in c[0]
+    causes = likely_causes(ckpt, sparse)
+    assert [c[0] for c in causes] == ["few genes positioned (10%): the encoding adds little"]
+    assert "`causal.tau`" in causes[0][1]
+    (c,) = likely_causes(ckpt, dense)
+    assert "`train.epochs`" in c[1]
+
+
+def test_training_context(trained_adata):
+    ctx = training_context(trained_adata)
+    assert ctx == Training(int((trained_adata.obs[SPLIT_KEY] == "fine_tune").sum()), 0, False)
+    assert ctx.name == "the transformer"
+    trained_adata.uns["cape"]["model"] = {"history": {"pretrain": {"train_loss": [1.0, 0.9]}}, "checkpoint": "ckpt/",
+                                    "architecture": "scgpt", "backbone": {"encoding": "cape", "d_model": 64}}
+    ctx = training_context(trained_adata)
+    assert ctx == Training(ctx.n_fine_tune, 2, True, "scgpt", "cape")
+    assert ctx.name == "the transformer (scGPT + CAPE)"
+
+
+def test_an_encoding_without_positions_is_named():
+    """With encoding 'none' the empty graph changes CAPE's positions, not the transformer: say which."""
+    empty = Positioning(n_used=30, n_positioned=0, n_edges=0)
+    assert "without positional information" in positioning_finding(empty, "cape").text
+    text = positioning_finding(empty, "trainable_absolute").text
+    assert "without positional information" not in text
+    assert "used the 'trainable_absolute' encoding, which does not use the causal graph" in text
+    plain = Training(90, 0, False, "scbert", "none")
+    assert [c for c, _ in likely_causes(plain, empty)] == [
+        "too few cells to train a transformer from scratch: it learnt from 90 labelled cells with no pretraining, "
+        "while a linear model on PCA needs a few cells per class"]
+    assert plain.name == "the transformer (scBERT + none)"
+
+
+def test_without_labels_the_verdict_says_so(trained_adata, tmp_path):
+    records = evaluate_run(trained_adata, None)
+    findings = verdict(trained_adata, records)
+    assert [f.topic for f in findings] == ["positions", "baselines"]
+    assert "No cell labels" in findings[1].text and "`labels: <obs column>`" in findings[1].text
+    text = write_report(trained_adata, records, tmp_path / "r.md").read_text()
+    assert "### comparison" not in text and "No cell labels" in text.split("## Run")[0]
