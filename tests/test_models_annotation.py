@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from cape import CapeInputError
 from cape.models import CellTransformer
 from cape.models.heads import ClsDecoder, pool_cells, pooled_width
-from cape.models.transformer import balanced_class_weights, lr_factor
+from cape.models.training import balanced_class_weights, lr_factor
 
 SMALL = dict(d_model=32, n_heads=4, n_layers=1, max_len=32, dropout=0.0)
 
@@ -103,7 +103,7 @@ def test_early_stopping_keeps_the_best_validation_epoch(adata):
 
     # Every gene in the vocabulary: the seed and learning rate were chosen on this trajectory.
     model = CellTransformer(adata, "scgpt", "none", **SMALL, seed=3, vocabulary="all")
-    history = model.fit(adata, "cell_type", epochs=8, batch_size=8, lr=2e-2, validation_fraction=0.3,
+    history = model.train(adata, "cell_type", epochs=8, batch_size=8, lr=2e-2, validation_fraction=0.3,
                         early_stopping_patience=None, early_stopping_metric="val_balanced_accuracy",
                         pooling="cls", class_weight=None)
     scores = [h["val_balanced_accuracy"] for h in history]
@@ -119,7 +119,7 @@ def test_early_stopping_keeps_the_best_validation_epoch(adata):
 
 def test_val_loss_monitor_restores_the_lowest_loss_epoch(adata):
     model = CellTransformer(adata, "scgpt", "none", **SMALL, seed=1)
-    history = model.fit(adata, "cell_type", epochs=6, batch_size=8, lr=5e-2, validation_fraction=0.3,
+    history = model.train(adata, "cell_type", epochs=6, batch_size=8, lr=5e-2, validation_fraction=0.3,
                         early_stopping_patience=None, class_weight="balanced")
     losses = [h["val_loss"] for h in history]
     assert int(np.argmin(losses)) != len(losses) - 1, "settings should make the last epoch not the best"
@@ -135,7 +135,7 @@ def test_val_loss_monitor_restores_the_lowest_loss_epoch(adata):
 
 def test_cosine_schedule_is_followed_per_step(adata):
     model = CellTransformer(adata, "scgpt", "none", **SMALL, seed=0)
-    history = model.fit(adata, "cell_type", epochs=4, batch_size=16, lr=1e-3, validation_fraction=0.0,
+    history = model.train(adata, "cell_type", epochs=4, batch_size=16, lr=1e-3, validation_fraction=0.0,
                         lr_schedule="cosine", warmup_fraction=0.25)
     steps = math.ceil(adata.n_obs / 16)
     for h in history[:-1]:
@@ -145,7 +145,7 @@ def test_cosine_schedule_is_followed_per_step(adata):
 @pytest.mark.parametrize("pooling", ["mean", "cls+mean"])
 def test_pooling_option_trains_predicts_and_round_trips(adata, tmp_path, pooling):
     model = CellTransformer(adata, "scgpt", "rope", **SMALL, seed=0)
-    model.fit(adata, "cell_type", epochs=10, batch_size=16, lr=3e-3, validation_fraction=0.0, pooling=pooling,
+    model.train(adata, "cell_type", epochs=10, batch_size=16, lr=3e-3, validation_fraction=0.0, pooling=pooling,
               class_weight="balanced", lr_schedule="cosine", warmup_fraction=0.1)
     assert model.cls_head.out_layer.in_features == 32
     assert model.cls_head._decoder[0].in_features == pooled_width(32, pooling)
@@ -160,7 +160,7 @@ def test_pooling_option_trains_predicts_and_round_trips(adata, tmp_path, pooling
     np.testing.assert_array_equal(model.predict(adata, return_probabilities=True),
                                   loaded.predict(adata, return_probabilities=True))
     # Fitting again with another pooling rebuilds the head at the new width.
-    model.fit(adata, "cell_type", epochs=1, batch_size=16, validation_fraction=0.0, pooling="cls")
+    model.train(adata, "cell_type", epochs=1, batch_size=16, validation_fraction=0.0, pooling="cls")
     assert model.pooling == "cls" and model.cls_head._decoder[0].in_features == 32
 
 
@@ -171,7 +171,7 @@ def test_fit_option_errors(adata):
                           ({"early_stopping_metric": "f1"}, "early_stopping_metric"),
                           ({"label_smoothing": 1.0}, "label_smoothing")]:
         with pytest.raises(CapeInputError, match=match):
-            model.fit(adata, "cell_type", epochs=1, **kwargs)
+            model.train(adata, "cell_type", epochs=1, **kwargs)
 
 
 def test_cape_train_passes_the_fine_tuning_options(tmp_path):

@@ -282,8 +282,8 @@ def annotation_run(model, data: ad.AnnData, labels: pd.Series, split, settings: 
     """Pretrain on every cell (no labels), fine-tune on the split's fine-tune cells, score its test cells."""
     _pretrain(model, data, settings, settings.annotation_pretrain_epochs)
     fine_tune = fine_tune_cells(data, roles(data, labels, split), labels, "_label")
-    model.fit(fine_tune, "_label", epochs=settings.fine_tune_epochs, batch_size=settings.batch_size,
-              lr=settings.lr, validation_fraction=0.2, early_stopping_patience=settings.fine_tune_patience)
+    model.train(fine_tune, "_label", epochs=settings.fine_tune_epochs, batch_size=settings.batch_size,
+                lr=settings.lr, validation_fraction=0.2, early_stopping_patience=settings.fine_tune_patience)
     predicted = model.predict(data[labels.index][split.test])
     return annotation_metrics(labels.to_numpy()[split.test], np.asarray(predicted))
 

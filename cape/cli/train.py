@@ -128,18 +128,18 @@ def run_train(args: argparse.Namespace) -> int:
                            batch_size=args.batch_size, lr=args.lr, validation_fraction=args.validation_fraction,
                            early_stopping_patience=args.patience)
         if fit_data is not None and args.epochs > 0:
-            model.fit(fit_data, label_key, epochs=args.epochs, batch_size=args.batch_size,
-                      lr=args.lr if args.fit_lr is None else args.fit_lr, weight_decay=args.weight_decay,
-                      validation_fraction=args.fit_validation_fraction, early_stopping_patience=args.fit_patience,
-                      class_weight=None if args.class_weight == "none" else args.class_weight,
-                      pooling=args.pooling, lr_schedule=args.lr_schedule, warmup_fraction=args.warmup_fraction,
-                      early_stopping_metric=args.early_stopping_metric)
+            model.train(fit_data, label_key, epochs=args.epochs, batch_size=args.batch_size,
+                        lr=args.lr if args.fit_lr is None else args.fit_lr, weight_decay=args.weight_decay,
+                        validation_fraction=args.fit_validation_fraction, early_stopping_patience=args.fit_patience,
+                        class_weight=None if args.class_weight == "none" else args.class_weight,
+                        pooling=args.pooling, lr_schedule=args.lr_schedule, warmup_fraction=args.warmup_fraction,
+                        early_stopping_metric=args.early_stopping_metric)
         if distributed.is_main_process():
             model.embed(adata)
             if model.labels is not None:
                 model.predict(adata, key_added=f"cape_{label_key}_prediction")
             existed = model_dir.exists()
-            model.save(model_dir)
+            model.save(model_dir, overwrite=True)  # a rerun replaces its own model (check_output guards inputs)
             adata.uns["cape"]["model"]["model_dir"] = str(model_dir)
             try:
                 write_h5ad(adata, out)

@@ -21,10 +21,13 @@ from typing import Any
 import torch
 
 from .._errors import CapeInputError
+from .._settings import resolve_device, resolve_seed
 from ..encodings import GenePositions
+from . import distributed
 from .heads import ExprDecoder
+from .positions import gene_positions
 from .scgpt import ScGPTBackbone
-from .tokenize import GeneVocab
+from .tokenize import GeneVocab, TokenizerConfig
 
 logger = logging.getLogger("cape")
 
@@ -184,3 +187,55 @@ def load_scgpt_checkpoint(directory: str | Path, *, encoding: str = "none",
     logger.info("imported scGPT checkpoint %s (%s layout, %d layers, %d tokens); %d keys unused",
                 directory, layout, n_layers, len(vocab), len(unused))
     return ScGPTImport(backbone=backbone, vocab=vocab, decoder=decoder, args=args, layout=layout, unused=unused)
+
+
+def transformer_from_scgpt(cls, directory: str | Path, adata, *, encoding: str = "none",
+                           encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
+                           layer: str | None = None, use_raw: bool = False, max_len: int = 1200,
+                           include_zero_genes: bool = False, dropout: float | None = None, device: str = "auto",
+                           amp: bool | str = "auto", seed: int | None = None):
+    """An instance of ``cls`` (a :class:`~cape.models.CellTransformer`) around a published scGPT checkpoint
+    (:func:`load_scgpt_checkpoint`).
+
+    The gene vocabulary is the checkpoint's; genes of ``adata`` outside it are left out (as scGPT does), and
+    positions for ``encoding`` are read from ``adata`` for the genes it shares with the vocabulary. Continue
+    with :meth:`pretrain` / :meth:`fit` / :meth:`embed`.
+    """
+    if not Path(directory).is_dir():
+        raise CapeInputError(f"scGPT checkpoint directory not found: {directory}")
+    for name in ("args.json", "vocab.json", "best_model.pt"):
+        if not (Path(directory) / name).is_file():
+            raise CapeInputError(f"scGPT checkpoint directory {directory} lacks {name}")
+    self = cls.__new__(cls)
+    self.seed = resolve_seed(seed)
+    self.architecture = "scgpt"
+    self.layer, self.use_raw = layer, bool(use_raw)
+    self.strict_genes = False
+    self.vocabulary = "checkpoint"
+    self.value_scale = 1.0  # scGPT's decoder regresses the raw bins
+    self.vocab = GeneVocab.from_json(Path(directory) / "vocab.json")
+    X, _ = self._expression(adata)
+    encoding_options = dict(encoding_options or {})
+    if positions is None:
+        positions = gene_positions(self._position_source(adata), self.vocab, encoding,
+                                               encoding_options=encoding_options, expression=X)
+    imported = load_scgpt_checkpoint(directory, encoding=encoding, encoding_options=encoding_options,
+                                                 positions=positions, dropout=dropout)
+    args = imported.args
+    self.tokenizer = TokenizerConfig(binning="quantile", n_bins=int(args.get("n_bins", 51)), max_len=max_len,
+                                                 include_zero_genes=include_zero_genes)
+    self.positions = positions
+    self.n_cls_layers = int(args.get("n_layers_cls", 3))
+    self.pooling = "cls"
+    self.labels, self.label_key, self.history = None, None, {}
+    bb = imported.backbone
+    self._backbone_kwargs = dict(d_model=bb.d_model, n_heads=bb.n_heads, n_layers=bb.n_layers, d_ff=bb.d_ff,
+                                             dropout=bb.dropout_p, encoding=encoding, encoding_options=encoding_options)
+    self.device = distributed.device_for_rank(resolve_device(device))
+    self.amp = (self.device.type == "cuda") if amp == "auto" else bool(amp)
+    self._build()
+    self.backbone.load_state_dict(bb.state_dict())
+    if imported.decoder is not None:
+        self.expr_head.load_state_dict(imported.decoder.state_dict())
+    self._gene_ids(self._expression(adata)[1])  # fails early when no gene overlaps
+    return self

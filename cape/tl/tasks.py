@@ -67,7 +67,7 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
         validation accuracy on pbmc68k_reduced.
     epochs, train_kwargs
         Most fine-tuning epochs (early stopping on a validation part of the fine-tune cells) and further
-        :meth:`~cape.models.CellTransformer.fit` keywords.
+        :meth:`~cape.models.CellTransformer.train` keywords.
     seed
         Seeds the split and the model (default ``cape.settings.seed``).
     key_added
@@ -92,7 +92,7 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
                                 **({"dropout": 0.0} | dict(model_kwargs or {})))
         if pretrain_epochs > 0:
             model.pretrain(adata, epochs=pretrain_epochs)
-    model.fit(fine_tune_cells(adata, roles, labels, label_key), label_key, epochs=epochs, **(train_kwargs or {}))
+    model.train(fine_tune_cells(adata, roles, labels, label_key), label_key, epochs=epochs, **(train_kwargs or {}))
     predicted = model.predict(adata, key_added=key_added)
     record_split(adata, roles)
     test = roles == "test"

@@ -35,7 +35,7 @@ def test_pretraining_lowers_the_masked_loss(adata, architecture):
 
 def test_fit_predict_embed(adata):
     model = CellTransformer(adata, "scgpt", "rope", **SMALL, seed=0)
-    model.fit(adata, "cell_type", epochs=12, batch_size=16, lr=3e-3, validation_fraction=0.0)
+    model.train(adata, "cell_type", epochs=12, batch_size=16, lr=3e-3, validation_fraction=0.0)
     labels = model.predict(adata, key_added="pred")
     assert list(labels.categories) == ["b", "nk", "t"]
     accuracy = np.mean(np.asarray(labels) == adata.obs["cell_type"].to_numpy())
@@ -59,7 +59,7 @@ def test_fit_predict_embed(adata):
 
 def test_fit_roundtrip_keeps_the_classifier(adata, tmp_path):
     model = CellTransformer(adata, "scbert", "tape", **SMALL, seed=0)
-    model.fit(adata, "cell_type", epochs=1, batch_size=16)
+    model.train(adata, "cell_type", epochs=1, batch_size=16)
     model.save(tmp_path / "m")
     loaded = CellTransformer.load(tmp_path / "m", adata, device="cpu")
     np.testing.assert_array_equal(model.predict(adata, return_probabilities=True),
@@ -87,7 +87,7 @@ def test_early_stopping_stops_when_validation_does_not_improve(adata):
 def test_training_bad_input(adata):
     model = CellTransformer(adata, "scgpt", "none", **SMALL)
     with pytest.raises(CapeInputError, match="label key 'missing'"):
-        model.fit(adata, "missing")
+        model.train(adata, "missing")
     with pytest.raises(CapeInputError, match="no annotation head"):
         model.predict(adata)
     with pytest.raises(CapeInputError, match="mask_ratio"):
@@ -95,7 +95,7 @@ def test_training_bad_input(adata):
     one = adata.copy()
     one.obs["one"] = "x"
     with pytest.raises(CapeInputError, match="single class"):
-        model.fit(one, "one")
+        model.train(one, "one")
     with pytest.raises(CapeInputError, match="layer 'counts'"):
         CellTransformer(adata, "scgpt", "none", layer="counts")
 
@@ -149,7 +149,7 @@ def test_used_vocabulary_survives_save_load_and_other_genes(adata, tmp_path):
 
     wide = _with_unused_genes(adata)
     model = CellTransformer(wide, "scgpt", "cape", **SMALL, seed=0)
-    model.fit(wide, "cell_type", epochs=2, batch_size=16, validation_fraction=0.0)
+    model.train(wide, "cell_type", epochs=2, batch_size=16, validation_fraction=0.0)
     model.save(tmp_path / "m")
     assert json.loads((tmp_path / "m" / "config.json").read_text())["vocabulary"] == "used"
     loaded = CellTransformer.load(tmp_path / "m", wide, device="cpu")
@@ -210,3 +210,20 @@ def test_ddp_on_two_cpu_processes_matches_single_process(tmp_path):
                        .abs().sum()) if key.endswith("in_proj.weight") else 0.0
     assert moved > 0                                         # training did change the weights
     assert os.path.exists(out)
+
+
+def test_latent_representation_is_what_embed_writes(adata):
+    model = CellTransformer(adata, "scgpt", "cape", **SMALL, seed=0)
+    cells = model.get_latent_representation(adata)
+    copy = model.embed(adata, copy=True)
+    np.testing.assert_array_equal(cells, copy.obsm["X_cape"])
+    assert cells.dtype == np.float32 and cells.shape == (adata.n_obs, SMALL["d_model"])
+
+
+def test_save_refuses_an_existing_directory_unless_overwrite(adata, tmp_path):
+    model = CellTransformer(adata, "scgpt", "cape", **SMALL, seed=0)
+    model.save(tmp_path / "m")
+    with pytest.raises(CapeInputError, match="exists"):
+        model.save(tmp_path / "m")
+    model.save(tmp_path / "m", overwrite=True)
+    assert CellTransformer.load(tmp_path / "m", adata).seed == 0

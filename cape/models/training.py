@@ -1,0 +1,250 @@
+"""The training engine of :class:`~cape.models.CellTransformer`: one loop for every objective.
+
+:func:`train_objective` trains a module whose forward returns the loss on cell batches: seeded shuffling (the
+single-process twin of ``DistributedSampler``), AdamW with a learning-rate schedule (:func:`lr_factor`), gradient
+clipping, mixed precision on CUDA, DDP under ``torchrun``, and early stopping that keeps the best validation
+epoch's weights. :func:`split_cells` carves the validation cells.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.model_selection import train_test_split
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Subset
+
+from .._errors import CapeInputError
+from .._progress import progress
+from . import distributed
+from .tokenize import CellCollator, CellDataset
+
+logger = logging.getLogger("cape")
+
+SCHEDULES = ("constant", "cosine")
+CLASS_WEIGHTS = (None, "balanced")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how a model trains: torch device, mixed precision, seed, padding token id."""
+
+    device: torch.device
+    amp: bool
+    seed: int
+    pad_id: int
+
+    def autocast(self):
+        """bf16 (or fp16) autocast on CUDA with ``amp``; a no-op elsewhere."""
+        if not self.amp or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.autocast(device_type="cuda", dtype=dtype)
+
+    def to_device(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+
+def lr_factor(step: int, total_steps: int, schedule: str = "constant", warmup_fraction: float = 0.0) -> float:
+    """Learning-rate multiplier at optimiser ``step`` (0-based) of ``total_steps``.
+
+    ``"constant"``: 1 after a linear warm-up; ``"cosine"``: linear warm-up over ``warmup_fraction`` of the steps,
+    then half a cosine from 1 down to 0 at ``total_steps``. The warm-up ramps ``(step + 1) / n_warmup`` so that the
+    first step already moves the weights.
+    """
+    n_warmup = round(warmup_fraction * total_steps)
+    if step < n_warmup:
+        return (step + 1) / n_warmup
+    if schedule == "constant":
+        return 1.0
+    progress_ = (step - n_warmup) / max(total_steps - n_warmup, 1)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress_, 1.0)))
+
+
+def balanced_class_weights(codes: np.ndarray, n_classes: int) -> np.ndarray:
+    """``n / (k · n_c)`` per class over the classes present (scikit-learn's "balanced"); absent classes get 1."""
+    counts = np.bincount(np.asarray(codes, dtype=np.int64), minlength=n_classes).astype(np.float64)
+    present = counts > 0
+    weights = np.ones(n_classes)
+    weights[present] = counts.sum() / (present.sum() * counts[present])
+    return weights
+
+
+class SeededShuffle(torch.utils.data.Sampler):
+    """Single-process twin of ``DistributedSampler(shuffle=True, seed=seed)``: the same permutation per epoch."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def split_cells(n: int, validation_fraction: float, seed: int, stratify: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted (train, validation) positions of ``n`` cells; stratified by ``stratify`` when every class has two
+    cells and the validation part can hold one of each."""
+    if not 0.0 <= validation_fraction < 1.0:
+        raise CapeInputError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
+    n_val = round(validation_fraction * n)
+    if n_val == 0:
+        return np.arange(n), np.arange(0)
+    ok_strata = stratify is not None and np.bincount(stratify).min(initial=2) >= 2 and n_val >= len(
+        np.unique(stratify))
+    train, val = train_test_split(np.arange(n), test_size=n_val, random_state=seed % (2**32),
+                                  stratify=stratify if ok_strata else None)
+    return np.sort(train), np.sort(val)
+
+
+def train_objective(task: nn.Module, loss_fn, train_set, val_set, runtime: Runtime, *, epochs: int, batch_size: int,
+                    lr: float, weight_decay: float, grad_clip: float | None, patience: int | None, desc: str,
+                    num_workers: int, schedule: str = "constant", warmup_fraction: float = 0.0, score_fn=None,
+                    monitor: str = "val_loss") -> list[dict[str, float]]:
+    """Train ``task`` on ``loss_fn``; score ``val_set`` each epoch and keep the best epoch's weights.
+
+    ``score_fn(task, batch) -> {name: batch sum}`` gives the validation scores (default: ``val_loss`` from
+    ``loss_fn``); ``monitor`` names the one that picks the best epoch (``val_loss`` is minimised, any other
+    score maximised with ``val_loss`` breaking ties).
+    """
+    if epochs < 1:
+        raise CapeInputError(f"epochs must be at least 1, got {epochs}")
+    if batch_size < 1:
+        raise CapeInputError(f"batch_size must be at least 1, got {batch_size}")
+    if len(train_set) == 0:
+        raise CapeInputError("no cells left for training")
+    if schedule not in SCHEDULES:
+        raise CapeInputError(f"unknown lr schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if not 0.0 <= warmup_fraction < 1.0:
+        raise CapeInputError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
+    collate = CellCollator(runtime.pad_id)
+    if distributed.is_active():
+        sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=runtime.seed)
+    else:
+        sampler = SeededShuffle(len(train_set), runtime.seed)
+    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, collate_fn=collate,
+                        num_workers=num_workers, pin_memory=runtime.device.type == "cuda")
+    model = task
+    if distributed.is_active():
+        # Some encodings leave parameters without gradient (e.g. TAPE's update after the last layer); DDP
+        # must be told, and pays an extra graph traversal per step only then.
+        unused = has_unused_parameters(task, loss_fn, next(iter(loader)), runtime)
+        model = DistributedDataParallel(
+            task, device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None,
+            find_unused_parameters=unused)
+    val_loader = (DataLoader(val_set, batch_size=batch_size, shuffle=False, collate_fn=collate,
+                             num_workers=num_workers) if val_set is not None and len(val_set) else None)
+    params = [p for p in task.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    total_steps = epochs * len(loader)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, total_steps, schedule, warmup_fraction))
+    if score_fn is None:
+        def score_fn(m, batch):
+            return {"val_loss": float(loss_fn(m, batch)) * batch["gene_ids"].shape[0]}
+    use_scaler = runtime.amp and runtime.device.type == "cuda" and not torch.cuda.is_bf16_supported()
+    scaler = torch.amp.GradScaler("cuda", enabled=use_scaler)
+    history: list[dict[str, float]] = []
+    best, best_state, bad_epochs = (math.inf, math.inf), None, 0
+    bar = progress(range(epochs), desc=desc, total=epochs)
+    for epoch in bar:
+        sampler.set_epoch(epoch)
+        dataset_of(train_set).set_epoch(epoch)
+        model.train()
+        start = time.perf_counter()
+        total, n_cells = 0.0, 0
+        for batch in loader:
+            batch = runtime.to_device(batch)
+            with runtime.autocast():
+                loss = loss_fn(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            if grad_clip:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(params, grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            b = batch["gene_ids"].shape[0]
+            total += float(loss.detach()) * b
+            n_cells += b
+        seconds = time.perf_counter() - start
+        total, n_cells = distributed.all_reduce_sum([total, float(n_cells)], runtime.device)
+        record = {"epoch": epoch + 1, "train_loss": total / max(n_cells, 1), "seconds": seconds,
+                  "cells_per_s": n_cells / max(seconds, 1e-9), "lr": optimizer.param_groups[0]["lr"]}
+        if val_loader is not None:
+            # Every process scores the whole validation set: identical numbers, so early stopping agrees.
+            # Validation cells share the training dataset object; score them with the same (epoch-0) gene
+            # sampling and masks every epoch, so that validation losses are comparable across epochs.
+            dataset_of(val_set).set_epoch(0)
+            record.update(evaluate_objective(task, score_fn, val_loader, runtime))
+            dataset_of(train_set).set_epoch(epoch)
+            # Lexicographic: the monitored score first (as a loss: lower is better), validation loss second.
+            key = (record["val_loss"], 0.0) if monitor == "val_loss" else (-record[monitor], record["val_loss"])
+            if key[0] < best[0] - 1e-6 or (abs(key[0] - best[0]) <= 1e-6 and key[1] < best[1] - 1e-6):
+                best, bad_epochs = key, 0
+                best_state = copy.deepcopy(task.state_dict())
+            else:
+                bad_epochs += 1
+        history.append(record)
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix({k: round(v, 4) for k, v in record.items() if k.endswith("loss")})
+        logger.debug("%s epoch %d: %s", desc, epoch + 1, record)
+        if patience is not None and val_loader is not None and bad_epochs >= patience:
+            logger.info("%s: early stop after epoch %d (best %s %.4f)", desc, epoch + 1, monitor,
+                        abs(best[0]))
+            break
+    if best_state is not None:
+        task.load_state_dict(best_state)
+    return history
+
+
+def has_unused_parameters(task: nn.Module, loss_fn, batch: dict[str, Tensor], runtime: Runtime) -> bool:
+    """One forward/backward in eval mode (no dropout draws, no Performer redraw count): does any trainable
+    parameter get no gradient?"""
+    was_training = task.training
+    task.eval()
+    task.zero_grad(set_to_none=True)
+    with runtime.autocast():
+        loss = loss_fn(task, runtime.to_device(batch))
+    loss.backward()
+    unused = any(p.requires_grad and p.grad is None for p in task.parameters())
+    task.zero_grad(set_to_none=True)
+    task.train(was_training)
+    return unused
+
+
+@torch.no_grad()
+def evaluate_objective(task: nn.Module, score_fn, loader, runtime: Runtime) -> dict[str, float]:
+    """Per-cell means of ``score_fn``'s batch sums over ``loader``."""
+    task.eval()
+    totals: dict[str, float] = {}
+    n = 0
+    for batch in loader:
+        batch = runtime.to_device(batch)
+        with runtime.autocast():
+            scores = score_fn(task, batch)
+        for name, value in scores.items():
+            totals[name] = totals.get(name, 0.0) + float(value)
+        n += batch["gene_ids"].shape[0]
+    return {name: value / max(n, 1) for name, value in totals.items()}
+
+
+def dataset_of(data) -> CellDataset:
+    return data.dataset if isinstance(data, Subset) else data
