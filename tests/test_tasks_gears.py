@@ -1,10 +1,10 @@
-"""GEARS fed gene embeddings (cape.bench.gears): GO-graph replacement, embedding tables, offline errors, and one
+"""GEARS fed gene embeddings (cape.tasks.gears, cape.tasks.gears_inputs): GO-graph replacement, embedding tables,
+offline errors, and one
 tiny GEARS training run shared by several checks. Needs the optional 'gears' extra."""
 
 from __future__ import annotations
 
 import itertools
-import json
 import pickle
 import warnings
 
@@ -19,15 +19,15 @@ pytest.importorskip("torch_geometric")
 import torch
 
 from cape import CapeInputError
-from cape.bench.gears import (
+from cape.data.perturbation import simulate_perturbation
+from cape.tasks.gears import run_gears
+from cape.tasks.gears_inputs import (
     _read_go_graph,
     dag_gene2go,
     embedding_tables,
     fit_embedding_width,
     go_edge_list,
-    run_gears,
 )
-from cape.data.perturbation import simulate_perturbation
 from cape.tasks.perturbation import simulation_split
 
 HIDDEN = 16
@@ -231,35 +231,3 @@ def test_same_seed_same_predictions(frozen_run, tiny, embeddings):
     again = run_gears(tiny, embeddings, go_graph="dag", epochs=1, hidden_size=HIDDEN, batch_size=16, device="cpu",
                       seed=0)
     pd.testing.assert_frame_equal(again["predicted"], frozen_run[0]["predicted"])
-
-
-def test_bench_cli_writes_records(tiny, tmp_path):
-    from cape.cli import main
-
-    path = tmp_path / "tiny.h5ad"
-    tiny.write_h5ad(path)
-    code = main(["--quiet", "bench", "gears", "--dataset", str(path), "--arms", "plain", "pca", "--seeds", "0",
-                 "--epochs", "1", "--go-graph", "known", "--out", str(tmp_path / "out")])
-    assert code == 0
-    records = json.loads((tmp_path / "out" / "gears_tiny.json").read_text())
-    arms = {r["arm"] for r in records if r["kind"] == "gears"}
-    assert arms == {"plain", "pca"}
-    assert {r["arm"] for r in records if r["kind"] == "baseline"} == {"no_change", "additive"}
-    assert "GEARS + pca" in (tmp_path / "out" / "gears_tiny.md").read_text()
-    assert (tmp_path / "out" / "gears_tiny.png").stat().st_size > 0
-    assert main(["--quiet", "bench", "gears", "--dataset", str(path), "--go-graph", "nope.txt",
-                 "--out", str(tmp_path / "o2")]) == 2
-
-
-def test_bench_go_graph_choices(tiny):
-    from cape.bench.gears import resolve_go_graph
-
-    graph, note = resolve_go_graph("known", tiny)
-    assert (graph != tiny.varp["true_dag"]).nnz == 0 and "true_dag" in note
-    empty, _ = resolve_go_graph("empty", tiny)
-    assert empty.shape == (tiny.n_vars, tiny.n_vars) and empty.nnz == 0
-    assert go_edge_list(dag_gene2go(empty, list(tiny.var_names)))["importance"].eq(1.0).all()  # self-loops only
-    with pytest.raises(CapeInputError, match="cape_dag"):
-        resolve_go_graph("cape_dag", tiny, None)
-    with pytest.raises(CapeInputError, match="known, cape_dag, empty"):
-        resolve_go_graph("graph.txt", tiny)

@@ -1,0 +1,343 @@
+"""GEARS (Roohani et al. 2023) with given gene embeddings, as the CAPE paper did (Sec. 5.2: gene representations
+"fed into GEARS"), scored by cape's own top-20-DE MSE.
+
+:func:`run_gears` builds GEARS' ``PertData`` from GEARS-format AnnData (``obs["condition"]``: ``ctrl`` / ``A+ctrl``
+/ ``A+B``), uses GEARS' own "simulation" split (seed 1), trains GEARS and scores its mean prediction for every test
+perturbation with :meth:`cape.tasks.perturbation.PerturbationTask.evaluate` — the same metric as ``cape bench
+encodings --task perturbation`` (overall, singles, doubles, and doubles with 0/1/2 genes seen).
+
+**Gene embeddings.** ``gene_embeddings`` (genes × d, rows in ``var_names`` order) initialise GEARS' gene-embedding
+table ``gene_emb`` and, for every gene that has a row there, its perturbation-embedding table ``pert_emb``
+(:func:`embedding_tables`). Width d is brought to ``hidden_size`` by zero padding (d ≤ hidden) or by projection on
+the top ``hidden_size`` right singular vectors of the (uncentred) matrix (d > hidden); both keep the origin and
+inner products up to the dropped components. The matrix is then scaled by one common factor so that the longest
+row has norm 1 − 1e-6: GEARS' tables have ``max_norm=1`` and would otherwise rescale every longer row to norm 1 on
+first lookup, erasing relative norms (for CAPE's Poincaré coordinates, the norm is the gene's causal generality).
+The tables are **frozen by default** (``trainable_embeddings=False``): the paper evaluates the representations
+themselves, and Supp. E.1 describes them as the *input* of the downstream predictor; the trainable option lets GEARS
+fine-tune them. ``gene_embeddings=None`` is plain GEARS (its random, trainable tables).
+
+**GO graph, offline.** GEARS downloads ``gene2go_all.pkl`` (gene → GO terms) in ``PertData.__init__`` and builds
+its perturbation-similarity graph from it (Jaccard index of GO-term sets > 0.1, each gene's 20 most similar genes
+plus itself). This module never downloads unless ``allow_download=True`` (then GEARS' own downloader fetches the
+file into ``workdir``). ``go_graph`` may be
+
+* a ``.pkl`` path: GEARS' gene2go dict pickle (e.g. a local copy of ``gene2go_all.pkl``);
+* a ``.csv`` path: a ready edge list with GEARS' columns ``source,target,importance``;
+* ``"dag"`` (or a genes × genes adjacency): **a replacement for GO**, the Jaccard index of closed DAG
+  neighbourhoods (gene, parents, children; ``adata.varp[dag_key]``), run through the same threshold and top-k as
+  GEARS' GO graph (:func:`dag_gene2go`, :func:`go_edge_list`). This is *not* the paper's GEARS; outputs say so.
+
+**Compatibility with current libraries** (applied only inside :func:`run_gears`, GEARS' code itself untouched):
+GEARS 0.1.2 indexes its sparse ``X`` with a pandas Series in ``GEARS.__init__`` (current scipy refuses), so its
+co-expression graph is built first by GEARS' own ``get_similarity_network`` on the sparse matrix and GEARS then gets
+a dense ``X``; GEARS' ``make_GO`` writes into ``./data`` of the working directory and starts 25 processes, so the GO
+graph is computed here and handed over through ``model_initialize(G_go=...)``; importing GEARS silences every warning
+of the process, sets scanpy's verbosity and reseeds torch, so warnings filters, scanpy verbosity and the Python,
+NumPy and torch random states are restored afterwards; GEARS' prints and progress bars go to the ``cape`` logger
+(debug level). GEARS still reads ``Series[0]`` positionally, which pandas ≥ 3 no longer allows (pandas 2.x works).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import random
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .._errors import CapeInputError
+from .gears_inputs import (
+    DAG_GO_NOTE,
+    GENE2GO_FILE,
+    _gears_output_to_log,
+    _gears_side_effects_contained,
+    _import_gears,
+    _read_go_graph,
+    embedding_tables,
+    go_edge_list,
+)
+from .perturbation import (
+    CONTROL,
+    PerturbationSplit,
+    PerturbationTask,
+    condition_genes,
+    condition_means,
+    simulation_split,
+    top_de_genes,
+    top_de_mse,
+    validate_perturbation_data,
+)
+from .perturbation_predictors import (
+    _torch_threads,
+)
+
+logger = logging.getLogger("cape")
+
+
+GEARS_DIR = "cape_gears"  # GEARS' data_path inside workdir (rebuilt by every run)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the run
+# ----------------------------------------------------------------------------------------------------------------
+class _FixedPredictions:
+    """Predictions made elsewhere, in the predictor interface :class:`PerturbationTask` scores."""
+
+    name = "gears"
+
+    def __init__(self, predicted: pd.DataFrame) -> None:
+        self.predicted = predicted
+
+    def fit(self, *args, **kwargs) -> _FixedPredictions:
+        return self
+
+    def predict(self, conditions: Sequence[str]) -> pd.DataFrame:
+        return self.predicted.loc[list(conditions)]
+
+
+def _gears_input(adata: ad.AnnData, conditions: Sequence[str], condition_key: str, control: str) -> ad.AnnData:
+    """The AnnData GEARS processes: sparse float32 X, ``condition`` / ``cell_type`` / ``gene_name`` only."""
+    labels = adata.obs[condition_key].astype(str)
+    keep = labels.isin(set(conditions) | {control}).to_numpy()
+    x = adata.X[keep]
+    x = sp.csr_matrix(x, dtype=np.float32)
+    cell_type = (adata.obs["cell_type"].astype(str).to_numpy()[keep] if "cell_type" in adata.obs
+                 else np.full(int(keep.sum()), "cell"))
+    obs = pd.DataFrame({"condition": labels.to_numpy()[keep].astype(str), "cell_type": cell_type},
+                       index=adata.obs_names[keep].astype(str))
+    obs["condition"] = obs["condition"].replace({control: "ctrl"})  # GEARS' control label is fixed
+    names = adata.var_names.astype(str)
+    return ad.AnnData(X=x, obs=obs, var=pd.DataFrame({"gene_name": names.to_numpy()}, index=names))
+
+
+def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, go_graph=None,
+              dag_key: str = "cape_dag", split_seed: int = 1, epochs: int = 20, hidden_size: int = 64,
+              batch_size: int = 32, lr: float = 1e-3, weight_decay: float = 5e-4,
+              trainable_embeddings: bool = False, num_similar_genes: int = 20, device: str | None = "auto",
+              seed: int = 0, workdir: str | Path | None = None, allow_download: bool = False,
+              condition_key: str = "condition", control: str = CONTROL, n_de: int = 20,
+              num_threads: int | None = 1) -> dict:
+    """Train GEARS on GEARS-format ``adata`` (optionally with given gene embeddings) and score its test predictions.
+
+    Parameters
+    ----------
+    adata
+        Log-scale expression with ``obs[condition_key]`` in GEARS format; ``obs["cell_type"]`` is used when present.
+        Every perturbed gene must be in ``var_names``.
+    gene_embeddings
+        Genes × d array, rows in ``var_names`` order, or ``None`` for plain GEARS. Initialises ``gene_emb`` and
+        ``pert_emb`` (see the module docstring for the width map and scaling).
+    go_graph
+        GEARS' gene2go ``.pkl``, a ``.csv`` edge list (``source,target,importance``), ``"dag"`` (the graph in
+        ``varp[dag_key]``) or a genes × genes adjacency — the last two replace GO. ``None``: ``workdir`` must hold
+        ``gene2go_all.pkl`` or ``allow_download`` must be set, else a :class:`cape.CapeInputError` says what to
+        provide.
+    split_seed
+        Seed of GEARS' "simulation" split (1, as in GEARS and the paper).
+    epochs, hidden_size, batch_size, lr, weight_decay
+        GEARS' training (defaults: GEARS' 20 epochs, width 64, lr 1e-3 halved every epoch, weight decay 5e-4;
+        the best epoch by validation top-20-DE MSE is kept, as GEARS does).
+    trainable_embeddings
+        ``False`` (default): given embeddings stay fixed; ``True``: GEARS fine-tunes them.
+    num_similar_genes
+        k of GEARS' GO and co-expression graphs (20).
+    device, seed
+        ``"auto"`` = CUDA when present. ``seed`` seeds GEARS' control-cell pairing, initialisation and batches.
+    workdir
+        Folder for GEARS' files: ``<workdir>/cape_gears`` (processed data, splits, graphs; rebuilt by every call),
+        ``go_dag.csv`` (a DAG replacement of GO, in GEARS' format) and a downloaded ``gene2go_all.pkl``, which
+        later calls reuse. A temporary folder by default.
+    num_threads
+        torch intra-op threads during the run (1; ``None`` leaves torch's setting).
+
+    Returns
+    -------
+    dict with ``predicted`` (test conditions × genes, GEARS' mean prediction over each condition's test cells, each
+    paired with a random control cell as GEARS does), ``per_condition`` (top-``n_de``-DE MSE), ``metrics``
+    (``mse_overall``, ``mse_single``, ``mse_double``, ``mse_combo_seen0/1/2`` as in ``cape bench encodings``, and
+    the diagnostic ``mse_overall_excl_targets`` of :func:`mse_excluding_targets`), ``split`` (GEARS' split as a
+    :class:`~cape.tasks.perturbation.PerturbationSplit`), ``split_matches_cape`` (whether it equals
+    :func:`~cape.tasks.perturbation.simulation_split`), ``go_graph`` (what replaced or supplied GO),
+    ``n_go_edges``, ``embedding_rows`` (how many ``gene_emb``/``pert_emb`` rows were initialised),
+    ``best_val_top20_de_mse`` (GEARS' own validation score of the kept epoch), ``model`` (the trained
+    ``gears.GEARS`` object; its files in ``workdir`` are gone when ``workdir`` was temporary), ``seconds`` and
+    ``params``.
+    """
+    from .._settings import resolve_device
+
+    conditions = validate_perturbation_data(adata, condition_key=condition_key, control=control)
+    genes = [str(g) for g in adata.var_names]
+    if gene_embeddings is not None:
+        gene_embeddings = np.asarray(gene_embeddings, dtype=np.float64)
+        if gene_embeddings.ndim != 2 or gene_embeddings.shape[0] != adata.n_vars:
+            raise CapeInputError(f"gene embeddings must be genes × d with {adata.n_vars} rows, got shape "
+                                 f"{gene_embeddings.shape}")
+        if not np.isfinite(gene_embeddings).all():
+            raise CapeInputError("gene embeddings contain NaN or infinite values")
+    if epochs < 1 or hidden_size < 1 or batch_size < 1:
+        raise CapeInputError("epochs, hidden_size and batch_size must be positive")
+    gears = _import_gears()
+    dev = str(resolve_device(device))
+    start = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="cape_gears_"))
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        gene2go, edges, go_note = _read_go_graph(go_graph, adata, dag_key, workdir, allow_download,
+                                                 num_similar_genes)
+        perturbed = sorted({g for c in conditions for g in condition_genes(c)})
+        absent = [g for g in perturbed if g not in gene2go]
+        if absent:
+            raise CapeInputError(f"{len(absent)} perturbed gene(s) are not in the GO graph, so GEARS cannot embed "
+                                 f"their perturbation: {', '.join(absent[:20])}")
+        if edges is None:
+            edges = go_edge_list(gene2go, sorted(gene2go), k=num_similar_genes)
+        if go_note.startswith("dag"):
+            edges.to_csv(workdir / "go_dag.csv", index=False)  # the replacement graph, in GEARS' go.csv format
+            logger.debug("GEARS: %s", DAG_GO_NOTE)
+        with (_gears_side_effects_contained(), _torch_threads(num_threads), _gears_output_to_log() as log,
+              warnings.catch_warnings()):
+            warnings.simplefilter("ignore")  # GEARS' deprecated torch_geometric / pandas idioms
+            out = _train_and_predict(gears, _gears_input(adata, conditions, condition_key, control), gene2go,
+                                     edges, gene_embeddings, genes, workdir=workdir, split_seed=split_seed,
+                                     epochs=epochs, hidden_size=hidden_size, batch_size=batch_size, lr=lr,
+                                     weight_decay=weight_decay, trainable=trainable_embeddings,
+                                     k=num_similar_genes, device=dev, seed=seed)
+        train_log = log.getvalue()
+    split = out["split"]
+    predicted = out["predicted"].rename(index={"ctrl": control})
+    cape_split = simulation_split(conditions, seed=split_seed)
+    matches = (sorted(cape_split.test) == sorted(split.test) and cape_split.subgroup == split.subgroup
+               and sorted(cape_split.train + cape_split.val) == sorted(split.train + split.val))
+    de = top_de_genes(adata, split.test, condition_key=condition_key, control=control, n_genes=n_de)
+    truth = condition_means(adata, split.test, condition_key=condition_key)
+    task = PerturbationTask(adata, split, de, truth, split.train + split.val, condition_key, control)
+    _, per_condition, metrics = task.evaluate(_FixedPredictions(predicted))
+    metrics["mse_overall_excl_targets"] = mse_excluding_targets(predicted, task)
+    return {"predicted": predicted, "per_condition": per_condition, "metrics": metrics, "split": split,
+            "split_matches_cape": bool(matches), "go_graph": go_note, "n_go_edges": len(edges),
+            "embedding_rows": out["embedding_rows"], "best_val_top20_de_mse": _best_val(train_log),
+            "model": out["model"],
+            "seconds": time.perf_counter() - start,
+            "params": {"split": "simulation", "split_seed": split_seed, "epochs": epochs,
+                       "hidden_size": hidden_size, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay,
+                       "trainable_embeddings": trainable_embeddings, "num_similar_genes": num_similar_genes,
+                       "device": dev, "seed": seed, "gene_embeddings": None if gene_embeddings is None
+                       else list(gene_embeddings.shape), "gears_version": _gears_version()}}
+
+
+def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFrame, embeddings, genes, *,
+                       workdir: Path, split_seed: int, epochs: int, hidden_size: int, batch_size: int, lr: float,
+                       weight_decay: float, trainable: bool, k: int, device: str, seed: int) -> dict:
+    import torch
+    from gears.inference import evaluate
+    from gears.utils import GeneSimNetwork, get_similarity_network
+
+    # GEARS' data_path: a folder of ours, rebuilt on every call, because GEARS reuses any split or co-expression
+    # graph it finds there by file name, even when the data changed (a downloaded gene2go cache stays in workdir)
+    gears_dir = workdir / GEARS_DIR
+    shutil.rmtree(gears_dir, ignore_errors=True)
+    gears_dir.mkdir(parents=True)
+    with (gears_dir / GENE2GO_FILE).open("wb") as fh:
+        pickle.dump(gene2go, fh)  # where PertData.__init__ looks, so it does not download
+    random.seed(seed)
+    # GEARS pairs each perturbed cell with a random control cell drawn from NumPy's legacy global generator
+    np.random.seed(seed)  # noqa: NPY002
+    torch.manual_seed(seed)
+    pert_data = gears.PertData(str(gears_dir), default_pert_graph=False)
+    pert_data.new_data_process("cape", adata=gdata)
+    pert_data.prepare_split(split="simulation", seed=split_seed)
+    sets = pert_data.set2conditions
+    if not sets.get("val") or not sets.get("test"):
+        raise CapeInputError("GEARS' simulation split left no validation or no test perturbation; more "
+                             "perturbations are needed")
+    pert_data.get_dataloader(batch_size=batch_size, test_batch_size=max(batch_size, 128))
+    coexpress = get_similarity_network(network_type="co-express", adata=pert_data.adata, threshold=0.4, k=k,
+                                       data_path=str(gears_dir), data_name=pert_data.dataset_name,
+                                       split=pert_data.split, seed=pert_data.seed,
+                                       train_gene_set_size=pert_data.train_gene_set_size, set2conditions=sets)
+    gene_list = [str(g) for g in pert_data.adata.var["gene_name"]]
+    coexpress_net = GeneSimNetwork(coexpress, gene_list, node_map={g: i for i, g in enumerate(gene_list)})
+    pert_list = [str(p) for p in pert_data.pert_names]
+    go_net = GeneSimNetwork(edges[edges["source"].isin(pert_list) & edges["target"].isin(pert_list)], pert_list,
+                            node_map=pert_data.node_map_pert)
+    # GEARS.__init__ indexes X with a pandas Series, which scipy sparse matrices refuse: GEARS gets dense X
+    pert_data.adata.X = np.asarray(pert_data.adata.X.toarray(), dtype=np.float32)
+    model = gears.GEARS(pert_data, device=device)
+    torch.manual_seed(seed)
+    model.model_initialize(hidden_size=hidden_size, num_similar_genes_go_graph=k,
+                           num_similar_genes_co_express_graph=k, G_go=go_net.edge_index,
+                           G_go_weight=go_net.edge_weight, G_coexpress=coexpress_net.edge_index,
+                           G_coexpress_weight=coexpress_net.edge_weight)
+    rows = {"gene_emb": 0, "pert_emb": 0}
+    if embeddings is not None:
+        gene_table, pert_table, has = embedding_tables(embeddings, genes, model.gene_list, model.pert_list,
+                                                       hidden_size)
+        net = model.model
+        with torch.no_grad():
+            net.gene_emb.weight.copy_(torch.as_tensor(gene_table, dtype=net.gene_emb.weight.dtype))
+            net.pert_emb.weight[torch.as_tensor(has)] = torch.as_tensor(pert_table[has],
+                                                                         dtype=net.pert_emb.weight.dtype)
+        net.gene_emb.weight.requires_grad_(trainable)
+        net.pert_emb.weight.requires_grad_(trainable)
+        rows = {"gene_emb": len(gene_table), "pert_emb": int(has.sum())}
+    # GEARS.train tests on its test loader after training (and runs analyses that need its own metric); without
+    # the loader it stops after keeping the best-validation model, and cape scores the test set itself
+    test_loader = model.dataloader.pop("test_loader")
+    torch.manual_seed(seed)
+    try:
+        model.train(epochs=epochs, lr=lr, weight_decay=weight_decay)
+    finally:
+        model.dataloader["test_loader"] = test_loader
+    res = evaluate(test_loader, model.best_model, False, device)
+    pred = pd.DataFrame(res["pred"], columns=gene_list)
+    pred["_condition"] = res["pert_cat"]
+    predicted = pred.groupby("_condition", sort=True).mean().astype(np.float64)
+    predicted.columns = genes
+    subgroup = {c: g for g, conds in pert_data.subgroup["test_subgroup"].items() for c in conds}
+    split = PerturbationSplit(train=[c for c in sets["train"] if c != "ctrl"], val=list(sets["val"]),
+                              test=[c for c in sets["test"]], subgroup=subgroup,
+                              params={"split": "simulation (GEARS' DataSplitter)", "seed": split_seed})
+    return {"predicted": predicted, "split": split, "embedding_rows": rows, "model": model}
+
+
+def mse_excluding_targets(predicted: pd.DataFrame, task) -> float:
+    """Top-DE MSE averaged over ``task``'s test perturbations, with each perturbation's own genes left out of its
+    DE list: the downstream effects only.
+
+    A diagnostic for GEARS: its loss skips genes whose mean is exactly 0 under a perturbation (a filter meant for
+    dropouts), so on simulated ``do(gene = 0)`` knockouts it is never told that the knocked-out gene itself drops
+    to 0 — usually the largest DE effect.
+    """
+
+    de = {c: [g for g in genes if g not in condition_genes(c)] for c, genes in task.de.items()}
+    return float(top_de_mse(predicted.loc[list(task.truth.index)], task.truth, de).mean())
+
+
+def _best_val(log: str) -> float:
+    """Lowest validation top-20-DE MSE GEARS printed (the epoch it kept); NaN when none was printed."""
+    import re
+
+    values = [float(v) for v in re.findall(r"Validation Top 20 DE MSE: ([-+]?\d+\.\d+|nan)", log)]
+    return min(values) if values else float("nan")
+
+
+def _gears_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cell-gears")
+    except PackageNotFoundError:
+        return "unknown"
