@@ -19,12 +19,15 @@ from _models_data import one_thread  # noqa: F401  (fixture)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import cape
 from cape import CapeInputError
 from cape.bench import encodings as be
+from cape.bench import encodings_models as bm
+from cape.bench import encodings_report as br
 from cape.data.perturbation import simulate_perturbation
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = be.BenchSettings(n_genes=24, d_model=8, n_layers=1, n_heads=2, max_len=16, batch_size=16, pretrain_epochs=1,
+TINY = bm.BenchSettings(n_genes=24, d_model=8, n_layers=1, n_heads=2, max_len=16, batch_size=16, pretrain_epochs=1,
                         fine_tune_epochs=1, patience=1, causal_epochs=2, causal_tau=0.01, causal_rank=4, embed_dim=4,
                         embed_epochs=10, corr_neighbors=3, predictor_epochs=3)
 
@@ -54,8 +57,8 @@ def perturbed() -> ad.AnnData:
 
 # ------------------------------------------------------------------------------------------------------ variants
 def test_variants_map_ablations_to_encoding_and_positions():
-    rows = {v.name: v for v in be.variants()}
-    assert set(rows) == {*be.encodings.available(), *be.ABLATIONS}
+    rows = {v.name: v for v in bm.variants()}
+    assert set(rows) == {*cape.encodings.available(), *bm.ABLATIONS}
     assert (rows["cape_null"].encoding, rows["cape_null"].positions) == ("none", "none")
     assert (rows["cape_wo_csl"].encoding, rows["cape_wo_csl"].positions) == ("cape", "correlation")
     assert (rows["cape_wo_hyperbolic"].encoding, rows["cape_wo_hyperbolic"].positions) == ("cape", "euclidean")
@@ -68,19 +71,19 @@ def test_variants_map_ablations_to_encoding_and_positions():
 
 def test_unknown_encoding_lists_the_available_ones():
     with pytest.raises(CapeInputError, match="unknown encoding.*cape_wo_rotari.*available:.*cape_wo_csl"):
-        be.variants(["cape", "cape_wo_rotari"])
+        bm.variants(["cape", "cape_wo_rotari"])
 
 
 @pytest.mark.parametrize("name", ["trainable_relative", "grape_a", "hope"])
 def test_logit_encodings_are_skipped_on_scbert_only(name):
-    variant = be.variants([name])[0]
-    assert "Performer" in be.skip_reason("scbert", variant)
-    assert be.skip_reason("scgpt", variant) is None
+    variant = bm.variants([name])[0]
+    assert "Performer" in bm.skip_reason("scbert", variant)
+    assert bm.skip_reason("scgpt", variant) is None
 
 
 @pytest.mark.parametrize("name", ["cape", "cape_wo_rotary", "rope", "static_absolute", "tape"])
 def test_qk_and_input_encodings_run_on_scbert(name):
-    assert be.skip_reason("scbert", be.variants([name])[0]) is None
+    assert bm.skip_reason("scbert", bm.variants([name])[0]) is None
 
 
 # ------------------------------------------------------------------------------------------- correlation graph
@@ -89,7 +92,7 @@ def test_qk_and_input_encodings_run_on_scbert(name):
 def test_correlation_graph_is_an_oriented_knn_similarity_graph(seed, k):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(40, 9)) @ rng.normal(size=(9, 9))
-    graph = be.correlation_graph(x, k=k).toarray()
+    graph = bm.correlation_graph(x, k=k).toarray()
     assert nx.is_directed_acyclic_graph(nx.from_numpy_array(graph, create_using=nx.DiGraph))
     corr = np.abs(np.corrcoef(x.T))
     np.fill_diagonal(corr, 0)
@@ -104,13 +107,13 @@ def test_correlation_graph_is_an_oriented_knn_similarity_graph(seed, k):
     # correlation is invariant to a positive rescaling and shift of a gene
     x2 = x.copy()
     x2[:, 0] = 3.0 * x2[:, 0] + 1.0
-    np.testing.assert_allclose(be.correlation_graph(x2, k=k).toarray(), graph, atol=1e-12)
+    np.testing.assert_allclose(bm.correlation_graph(x2, k=k).toarray(), graph, atol=1e-12)
 
 
 # -------------------------------------------------------------------------------------------- ablation wiring
 def test_position_sets_use_the_intended_graph_and_geometry(labelled):
-    data = be.prepare_expression(labelled, TINY.n_genes)
-    sets, timings = be.position_sets(data, ["cape", "euclidean", "correlation"], TINY, seed=0, device="cpu")
+    data = bm.prepare_expression(labelled, TINY.n_genes)
+    sets, timings = bm.position_sets(data, ["cape", "euclidean", "correlation"], TINY, seed=0, device="cpu")
     cape_set, eucl, corr = sets["cape"], sets["euclidean"], sets["correlation"]
     # w/o hyperbolic: the same Step I DAG, embedded in Euclidean space
     assert (cape_set.varp["cape_dag"] != eucl.varp["cape_dag"]).nnz == 0
@@ -130,7 +133,7 @@ def test_position_sets_use_the_intended_graph_and_geometry(labelled):
 
 def test_models_read_the_intended_encoding_and_positions(labelled, tmp_path, monkeypatch):
     seen = {}
-    real = be.build_model
+    real = bm.build_model
 
     def spy(data, backbone, variant, settings, seed, device=None):
         model = real(data, backbone, variant, settings, seed, device)
@@ -183,7 +186,7 @@ def test_annotation_records_table_and_files(labelled, tmp_path):
 
 def test_table_shows_mean_sd_and_difference_to_each_backbone_default():
     recs = []
-    for backbone, default in be.DEFAULT_ENCODING.items():
+    for backbone, default in bm.DEFAULT_ENCODING.items():
         for seed, (d, c) in enumerate([(0.5, 0.6), (0.7, 0.8)]):
             recs += [{"kind": "model", "backbone": backbone, "encoding": default, "seed": seed, "metric": "accuracy",
                       "value": d},
@@ -191,7 +194,7 @@ def test_table_shows_mean_sd_and_difference_to_each_backbone_default():
                       "value": c + (0.1 if backbone == "scbert" else 0.0)}]
     recs.append({"kind": "baseline", "backbone": "baseline", "encoding": "logreg_pca50", "seed": 0,
                  "metric": "accuracy", "value": 0.55})
-    table = be.results_table(recs, "annotation")
+    table = br.results_table(recs, "annotation")
     sd = np.std([0.5, 0.7], ddof=1)
     assert f"| scgpt | trainable_absolute † | 0.600 ± {sd:.3f} |" in table
     assert f"| scgpt | cape | 0.700 ± {sd:.3f} (+0.100) |" in table
@@ -208,7 +211,7 @@ def test_clustering_and_perturbation_records(labelled, perturbed):
     pert = be.run_encodings_benchmark(perturbed, "perturbation", settings=TINY, seeds=[0], backbones=["scgpt"],
                                       encoding_names=["trainable_absolute", "cape"], out=None).records
     models = [r for r in pert if r["kind"] == "model"]
-    assert {r["metric"] for r in models} <= set(be.METRICS["perturbation"])
+    assert {r["metric"] for r in models} <= set(bm.METRICS["perturbation"])
     assert {"mse_single", "mse_double", "mse_overall"} <= {r["metric"] for r in models}
     assert all(r["value"] >= 0 for r in models if not math.isnan(r["value"]))
     assert {r["encoding"] for r in pert if r["kind"] == "baseline"} == {"no_change", "additive"}
@@ -296,9 +299,9 @@ def test_every_benchmark_config_names_a_valid_run():
     assert expected <= set(configs)
     for name in expected:
         bench = configs[name]["benchmark"]
-        assert bench["task"] in be.TASKS
-        be.variants(bench.get("encodings"))  # every name is known
-        assert set(bench.get("backbones", be.BACKBONES)) <= set(be.BACKBONES)
+        assert bench["task"] in bm.TASKS
+        bm.variants(bench.get("encodings"))  # every name is known
+        assert set(bench.get("backbones", bm.BACKBONES)) <= set(bm.BACKBONES)
         assert len(bench.get("seeds", [0, 1, 2])) >= 3
 
 
@@ -309,15 +312,15 @@ def test_an_encoding_that_cannot_be_built_is_reported_and_the_rest_runs(labelled
     skipped = [r for r in records if r["kind"] == "skipped"]
     assert [(r["encoding"], "rotary planes" in r["reason"]) for r in skipped] == [("tape", True)]
     assert {r["encoding"] for r in records if r["kind"] == "model"} == {"none"}
-    assert "Not run: tape on scgpt" in be.markdown_report(
-        be.BenchmarkResult(records, TINY, 1.0, {}), "clustering", "tiny",
+    assert "Not run: tape on scgpt" in br.markdown_report(
+        bm.BenchmarkResult(records, TINY, 1.0, {}), "clustering", "tiny",
         {"n_cells": 90, "n_genes": 24, "seeds": [0, 1], "quick": False, "threads": 1, "cpu_count": 2,
          "machine": "x", "load_average": 0.0})
 
 
 def test_identical_models_run_once(labelled, monkeypatch):
     calls = []
-    real = be.build_model
+    real = bm.build_model
 
     def counting(data, backbone, variant, settings, seed, device=None):
         calls.append(variant.name)
@@ -356,7 +359,7 @@ def test_pretraining_epochs_per_task(labelled, monkeypatch, task):
 
     calls = []
     monkeypatch.setattr(CellTransformer, "pretrain", lambda self, data, epochs, **kw: calls.append(epochs))
-    settings = be.BenchSettings(**{**TINY.__dict__, "pretrain_epochs": 2, "annotation_pretrain_epochs": 0})
+    settings = bm.BenchSettings(**{**TINY.__dict__, "pretrain_epochs": 2, "annotation_pretrain_epochs": 0})
     be.run_encodings_benchmark(labelled, task, label_key="cell_type", settings=settings, seeds=[0],
                                backbones=["scgpt"], encoding_names=["none"], out=None)
     assert calls == ([] if task == "annotation" else [2])

@@ -1,6 +1,5 @@
 """GEARS fed gene embeddings (cape.tasks.gears, cape.tasks.gears_inputs): GO-graph replacement, embedding tables,
-offline errors, and one
-tiny GEARS training run shared by several checks. Needs the optional 'gears' extra."""
+offline errors, and one tiny GEARS training run shared by several checks. Needs the optional 'gears' extra."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ import os
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import anndata as ad
@@ -42,284 +42,36 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from .. import encodings
 from .._errors import CapeInputError
-from .._io import save_figure, write_json, write_text
-from ..tasks.annotation import annotation_metrics, annotation_split, fine_tune_cells, logistic_regression_pca, roles
-from ..tasks.clustering import cluster_embedding, clustering_metrics, kmeans_clusters, pca_embedding
+from .._io import write_json, write_text
+from ..tasks.annotation import annotation_split, logistic_regression_pca
+from ..tasks.clustering import clustering_metrics, kmeans_clusters, pca_embedding
 from ..tasks.labels import checked_labels
 from ..tasks.perturbation import PerturbationTask
-from ..tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+from ..tasks.perturbation_predictors import AdditivePredictor, NoChangePredictor
+from .encodings_models import (
+    BACKBONES,
+    METRICS,
+    TASKS,
+    BenchmarkResult,
+    BenchSettings,
+    Variant,
+    annotation_run,
+    build_model,
+    clustering_run,
+    perturbation_run,
+    position_sets,
+    prepare_expression,
+    skip_reason,
+    variants,
+)
+from .encodings_report import markdown_report, plot_results
 
 logger = logging.getLogger("cape")
-
-TASKS = ("annotation", "clustering", "perturbation")
-BACKBONES = ("scgpt", "scbert")
-DEFAULT_ENCODING = {"scgpt": "trainable_absolute", "scbert": "static_absolute"}
-# ablation name -> (registry encoding, position set); position sets are built by :func:`position_sets`.
-ABLATIONS = {
-    "cape_null": ("none", "none"),
-    "cape_wo_csl": ("cape", "correlation"),
-    "cape_wo_hyperbolic": ("cape", "euclidean"),
-    "cape_wo_rotary": ("cape_additive", "cape"),
-}
-POSITION_SETS = ("cape", "correlation", "euclidean")  # plus "none": the expression data without Steps I-III
-METRICS = {
-    "annotation": ("accuracy", "macro_f1"),
-    "clustering": ("ARI", "NMI", "ASW"),
-    "perturbation": ("mse_single", "mse_double", "mse_combo_seen0", "mse_combo_seen1", "mse_combo_seen2",
-                     "mse_overall"),
-}
-LOWER_IS_BETTER = {m for m in METRICS["perturbation"]}
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One table row: a name, the registry encoding it runs and the position set it reads."""
-
-    name: str
-    encoding: str
-    positions: str = "cape"  # "cape", "correlation", "euclidean" or "none"
-
-
-def variants(names: Sequence[str] | None = None) -> list[Variant]:
-    """The rows to run: registry encodings by name, ablations by their names (default: all of both)."""
-    known = [*encodings.available(), *ABLATIONS]
-    names = list(dict.fromkeys(names)) if names else known
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise CapeInputError(f"unknown encoding(s) {', '.join(unknown)}; available: {', '.join(known)}")
-    return [Variant(n, *ABLATIONS[n]) if n in ABLATIONS else Variant(n, n, _position_set(n)) for n in names]
-
-
-def _position_set(encoding: str) -> str:
-    """``"cape"`` when the encoding reads Steps I–III's keys, ``"none"`` when it needs no gene positions."""
-    requires = encodings.get_class(encoding).requires
-    return "none" if requires in (None, "values", "co_expression") else "cape"
-
-
-def skip_reason(backbone: str, variant: Variant) -> str | None:
-    """Why ``variant`` cannot run in ``backbone`` (None when it can): Performer attention has no logits."""
-    if backbone == "scbert" and encodings.get_class(variant.encoding).provides & {"bias", "attention"}:
-        return f"{variant.encoding} adds to the attention logits, which scBERT's Performer never forms"
-    return None
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    """Sizes and epochs of one benchmark run; :meth:`for_mode` gives the full and the ``--quick`` presets."""
-
-    n_genes: int = 500
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    max_len: int = 256
-    batch_size: int = 32
-    lr: float = 1e-3
-    pretrain_epochs: int = 5
-    # Annotation follows `cape train`'s recipe: no masked-value pretraining (it lowered validation accuracy on
-    # pbmc68k_reduced), up to ``fine_tune_epochs`` with early stopping on 20 % of the fine-tune cells.
-    annotation_pretrain_epochs: int = 0
-    fine_tune_epochs: int = 100
-    fine_tune_patience: int = 15
-    patience: int = 5
-    dropout: float = 0.0
-    causal_epochs: int = 100
-    causal_tau: float = 0.2  # the paper's τ (Step I keeps ~120 edges among 300 pbmc68k_reduced genes)
-    causal_rank: int = 40
-    embed_dim: int = 8
-    embed_epochs: int = 1000
-    corr_neighbors: int = 5
-    predictor_epochs: int = 400
-
-    @classmethod
-    def for_mode(cls, quick: bool, **overrides) -> BenchSettings:
-        # embed_dim = head_dim / 2, so that encodings sharing one set of rotary planes across heads (tape) fit
-        base = cls(n_genes=200, d_model=32, n_layers=2, n_heads=2, max_len=64, pretrain_epochs=3,
-                   fine_tune_epochs=40, fine_tune_patience=10, patience=5, causal_epochs=100, embed_dim=8,
-                   embed_epochs=300, predictor_epochs=150) if quick else cls(pretrain_epochs=10)
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# data and positions
-# ----------------------------------------------------------------------------------------------------------------
-def prepare_expression(adata: ad.AnnData, n_genes: int) -> ad.AnnData:
-    """Dense-safe, non-negative, log-scale copy restricted to the ``n_genes`` most dispersed genes (scanpy seurat).
-
-    Small negative values (krumsiek11's simulation noise) are clipped to 0 with a log line: the backbones bin
-    non-negative log expression.
-    """
-    import scanpy as sc
-
-    out = adata.copy()
-    x = out.X
-    data = x.data if sp.issparse(x) else np.asarray(x)
-    if data.size and np.nanmin(data) < 0:
-        logger.info("clipping %d negative expression values to 0", int((data < 0).sum()))
-        if sp.issparse(x):
-            x = x.copy()
-            x.data = np.clip(x.data, 0, None)
-            out.X = x
-        else:
-            out.X = np.clip(np.asarray(x, dtype=np.float32), 0, None)
-    if out.n_vars > n_genes:
-        tmp = out.copy()
-        tmp.uns.pop("log1p", None)
-        sc.pp.highly_variable_genes(tmp, n_top_genes=n_genes, flavor="seurat")
-        out = out[:, tmp.var["highly_variable"].to_numpy()].copy()
-    out.var["cape_used"] = True
-    return out
-
-
-def correlation_graph(x, k: int = 5) -> sp.csr_matrix:
-    """Gene similarity graph for CAPE-w/o-CSL: each gene joined to its ``k`` most |Pearson|-correlated genes,
-    weight |r| (the paper's "undirected similar matrix").
-
-    Step II embeds a DAG, so each undirected edge is oriented by a causality-agnostic total order: from the gene
-    with the larger weighted degree (similarity hub) to the smaller, ties by column index. The result is acyclic
-    and carries no causal direction learnt from the data.
-    """
-    x = np.asarray(x.toarray() if sp.issparse(x) else x, dtype=np.float64)
-    sd = x.std(axis=0)
-    z = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
-    corr = np.abs(z.T @ z / max(x.shape[0], 1))
-    np.fill_diagonal(corr, 0.0)
-    corr[:, sd <= 0] = 0.0
-    corr[sd <= 0, :] = 0.0
-    n = corr.shape[0]
-    k = min(k, n - 1)
-    rows = np.repeat(np.arange(n), k)
-    cols = np.argsort(-corr, axis=1)[:, :k].ravel()
-    w = corr[rows, cols]
-    keep = w > 0
-    a = sp.csr_matrix((w[keep], (rows[keep], cols[keep])), shape=(n, n))
-    a = a.maximum(a.T).tocoo()  # undirected similarity
-    degree = np.asarray(a.sum(axis=1)).ravel()
-    rank = np.empty(n, dtype=np.int64)
-    rank[np.lexsort((np.arange(n), -degree))] = np.arange(n)  # 0 = largest weighted degree
-    forward = rank[a.row] < rank[a.col]
-    return sp.csr_matrix((a.data[forward], (a.row[forward], a.col[forward])), shape=(n, n))
-
-
-def position_sets(adata: ad.AnnData, needed: Sequence[str], settings: BenchSettings, *, seed: int = 0,
-                  device: str | None = None) -> tuple[dict[str, ad.AnnData], list[dict]]:
-    """Steps I–III once per position set: ``cape`` (causal DAG → hyperbolic → rotary), ``euclidean`` (the same DAG
-    embedded in Euclidean space by plain SGD) and ``correlation`` (|corr| kNN graph → hyperbolic → rotary).
-
-    Returns ``{set name: AnnData with the set's var/varm/varp keys}`` and timing records.
-    """
-    from .. import tl
-
-    needed = [s for s in POSITION_SETS if s in set(needed)]
-    out: dict[str, ad.AnnData] = {}
-    timings: list[dict] = []
-    embed = {"dim": settings.embed_dim, "epochs": settings.embed_epochs, "device": device or "auto", "seed": seed}
-    if {"cape", "euclidean"} & set(needed):
-        base = adata.copy()
-        start = time.perf_counter()
-        tl.causal_graph(base, rank=settings.causal_rank, tau=settings.causal_tau, epochs=settings.causal_epochs,
-                        device=device or "auto", seed=seed, use_genes=None)
-        step1 = time.perf_counter() - start
-        n_edges = int(base.varp["cape_dag"].nnz)
-        if n_edges == 0:
-            logger.warning("Step I kept no edge above tau=%g: every gene sits at the origin, so CAPE positions "
-                           "carry no information in this run (lower --causal-tau or train Step I longer)",
-                           settings.causal_tau)
-        timings += [{"position_set": "cape", "step": "I_causal_graph", "metric": "seconds", "value": step1},
-                    {"position_set": "cape", "step": "I_causal_graph", "metric": "n_edges", "value": n_edges}]
-        for name, geometry in (("cape", "hyperbolic"), ("euclidean", "euclidean")):
-            if name not in needed:
-                continue
-            pos = base.copy()
-            start = time.perf_counter()
-            # optimizer "rsgd" is Riemannian SGD on the hyperboloid and plain SGD in Euclidean space (paper's ablation)
-            tl.hyperbolic_embedding(pos, geometry=geometry, optimizer="rsgd", **embed)
-            tl.rotary_encoding(pos)
-            timings.append({"position_set": name, "step": "II_III_embedding", "metric": "seconds",
-                            "value": time.perf_counter() - start})
-            out[name] = pos
-    if "correlation" in needed:
-        pos = adata.copy()
-        start = time.perf_counter()
-        graph = correlation_graph(pos.X, k=settings.corr_neighbors)
-        seconds_graph = time.perf_counter() - start
-        tl.hyperbolic_embedding(pos, adjacency=graph, geometry="hyperbolic", optimizer="rsgd", **embed)
-        tl.rotary_encoding(pos)
-        # varp["cape_dag"] stays absent: encodings reading a DAG must not see the similarity graph as causal
-        pos.uns["cape"]["correlation_graph"] = {"k": settings.corr_neighbors, "n_edges": int(graph.nnz)}
-        timings += [{"position_set": "correlation", "step": "I_correlation_graph", "metric": "seconds",
-                     "value": seconds_graph},
-                    {"position_set": "correlation", "step": "I_correlation_graph", "metric": "n_edges",
-                     "value": int(graph.nnz)},
-                    {"position_set": "correlation", "step": "II_III_embedding", "metric": "seconds",
-                     "value": time.perf_counter() - start - seconds_graph}]
-        out["correlation"] = pos
-    return out, timings
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# one model
-# ----------------------------------------------------------------------------------------------------------------
-def build_model(data: ad.AnnData, backbone: str, variant: Variant, settings: BenchSettings, seed: int,
-                device: str | None = None):
-    """A :class:`~cape.models.CellTransformer` for ``variant`` on ``data`` (which carries the position keys)."""
-    from ..models import CellTransformer
-
-    return CellTransformer(data, backbone, variant.encoding, d_model=settings.d_model, n_layers=settings.n_layers,
-                           n_heads=settings.n_heads, max_len=settings.max_len, dropout=settings.dropout, seed=seed,
-                           device=device or "auto")
-
-
-def _pretrain(model, data: ad.AnnData, settings: BenchSettings, epochs: int | None = None) -> None:
-    epochs = settings.pretrain_epochs if epochs is None else epochs
-    if epochs > 0:
-        model.pretrain(data, epochs=epochs, batch_size=settings.batch_size, lr=settings.lr,
-                       validation_fraction=0.1, early_stopping_patience=settings.patience)
-
-
-def annotation_run(model, data: ad.AnnData, labels: pd.Series, split, settings: BenchSettings) -> dict[str, float]:
-    """Pretrain on every cell (no labels), fine-tune on the split's fine-tune cells, score its test cells."""
-    _pretrain(model, data, settings, settings.annotation_pretrain_epochs)
-    fine_tune = fine_tune_cells(data, roles(data, labels, split), labels, "_label")
-    model.train(fine_tune, "_label", epochs=settings.fine_tune_epochs, batch_size=settings.batch_size,
-                lr=settings.lr, validation_fraction=0.2, early_stopping_patience=settings.fine_tune_patience)
-    predicted = model.predict(data[labels.index][split.test])
-    return annotation_metrics(labels.to_numpy()[split.test], np.asarray(predicted))
-
-
-def clustering_run(model, data: ad.AnnData, labels: pd.Series, settings: BenchSettings, seed: int
-                   ) -> dict[str, float]:
-    """Pretrain (no labels), embed cells, k-means with k = number of labels; ARI, NMI, ASW."""
-    _pretrain(model, data, settings)  # no labels here: masked-value pretraining is all the model learns
-    cells = data[labels.index].copy()
-    cells.obs["_label"] = labels.to_numpy()
-    model.embed(cells, gene_key=None)
-    result = cluster_embedding(cells, "_label", seed=seed)
-    return {k: v for k, v in result.items() if k != "k"}
-
-
-def perturbation_run(model, task: PerturbationTask, control: ad.AnnData, settings: BenchSettings, seed: int
-                     ) -> dict[str, float]:
-    """Pretrain on control cells, contextual gene embeddings → embedding predictor → top-20 DE MSE."""
-    _pretrain(model, control, settings)
-    emb = control.copy()
-    model.embed(emb, key_added="_cells", gene_key="_genes")
-    genes = pd.DataFrame(emb.varm["_genes"], index=emb.var_names).reindex(task.adata.var_names).fillna(0.0)
-    predictor = EmbeddingPerturbationPredictor(genes.to_numpy(), epochs=settings.predictor_epochs, seed=seed)
-    return task.score(predictor)
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # runner
 # ----------------------------------------------------------------------------------------------------------------
-@dataclass
-class BenchmarkResult:
-    records: list[dict]
-    settings: BenchSettings
-    seconds: float
-    paths: dict[str, Path]
-    cpu_seconds: float = float("nan")  # this process's CPU time: comparable across machine loads
 
 
 def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "data", label_key: str | None = None,
@@ -529,147 +281,3 @@ def _baselines(task: str, data: ad.AnnData, labels, ptask, seeds, dataset: str) 
             res = ptask.score(predictor)  # deterministic: once
             out += [{**base, "encoding": predictor.name, "seed": None, "metric": m, "value": v} for m, v in res.items()]
     return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# tables and plot
-# ----------------------------------------------------------------------------------------------------------------
-def summary_frame(records: Sequence[dict]) -> pd.DataFrame:
-    """Mean, sd and count per (backbone, encoding, metric) over seeds, for model and baseline rows."""
-    frame = pd.DataFrame([r for r in records if r.get("kind") in ("model", "baseline")])
-    if frame.empty:
-        raise CapeInputError("the benchmark produced no model or baseline records")
-    frame["value"] = frame["value"].astype(float)
-    return (frame.groupby(["backbone", "encoding", "metric"], sort=False)["value"]
-            .agg(["mean", "std", "count"]).reset_index())
-
-
-def results_table(records: Sequence[dict], task: str, metrics: Sequence[str] | None = None, digits: int = 3
-                  ) -> str:
-    """Markdown in the paper tables' shape: rows backbone × encoding, ``mean ± sd (Δ to the default)``."""
-    stats = summary_frame(records)
-    measured = set(stats.loc[stats["mean"].notna(), "metric"])
-    metrics = [m for m in (metrics or METRICS[task]) if m in measured]
-    lines = ["| backbone | encoding | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
-    for backbone in dict.fromkeys(stats["backbone"]):
-        sub = stats[stats["backbone"] == backbone]
-        default = DEFAULT_ENCODING.get(backbone)
-        ref = sub[sub["encoding"] == default].set_index("metric")["mean"] if default else pd.Series(dtype=float)
-        for enc in dict.fromkeys(sub["encoding"]):
-            row = sub[sub["encoding"] == enc].set_index("metric")
-            cells = []
-            for m in metrics:
-                if m not in row.index or pd.isna(row.loc[m, "mean"]):
-                    cells.append("–")
-                    continue
-                mean, sd, n = row.loc[m, "mean"], row.loc[m, "std"], row.loc[m, "count"]
-                cell = f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if n > 1 and not pd.isna(sd) else "")
-                if enc != default and m in ref.index and not pd.isna(ref[m]):
-                    cell += f" ({mean - ref[m]:+.{digits}f})"
-                cells.append(cell)
-            label = f"{enc} †" if enc == default else enc
-            lines.append(f"| {backbone} | {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def markdown_report(result: BenchmarkResult, task: str, dataset: str, info: dict) -> str:
-    records = result.records
-    s = result.settings
-    title = {"annotation": "cell-type annotation (paper Table S1)", "clustering": "cell clustering (Table S2)",
-             "perturbation": "perturbation prediction (Tables 2-3)"}[task]
-    seeds = ", ".join(map(str, info["seeds"]))
-    better = "lower is better" if task == "perturbation" else "higher is better"
-    parts = [f"# Positional encodings: {title} on {dataset}", "",
-             f"mean ± sd over seeds {seeds} ({better}); in parentheses the difference to the backbone's default "
-             "encoding (†: scGPT trainable_absolute, scBERT static_absolute). Baselines ran in the same run on the "
-             "same data" + (", on the same 30/70 split per seed." if task == "annotation" else "."), "",
-             results_table(records, task), ""]
-    skipped = [r for r in records if r.get("kind") == "skipped"]
-    if skipped:
-        parts += ["Not run: " + "; ".join(f"{r['encoding']} on {r['backbone']} ({r['reason']})" for r in skipped)
-                  + ".", ""]
-    pos = [r for r in records if r.get("kind") == "positions"]
-    if pos:
-        parts += ["Positions (computed once, seed "
-                  f"{pos[0]['seed']}, shared by every seed and encoding): "
-                  + "; ".join(f"{r['position_set']} {r['step']} {r['metric']} = "
-                              + (f"{r['value']:.1f}" if r["metric"] == "seconds" else f"{int(r['value'])}")
-                              for r in pos) + ".", ""]
-    parts += [f"Data: {info['n_cells']} cells × {info['n_genes']} genes. Backbones: d_model {s.d_model}, "
-              f"{s.n_layers} layers, {s.n_heads} heads, ≤ {s.max_len} tokens/cell, batch {s.batch_size}, lr {s.lr}; "
-              f"dropout {s.dropout}; {_pretrain_note(task, s)}; {_task_note(task, s)} Step I: {s.causal_epochs} "
-              f"epochs, rank {s.causal_rank}, τ {s.causal_tau}; Step II: d {s.embed_dim}, {s.embed_epochs} epochs; "
-              f"w/o-CSL graph: |corr| {s.corr_neighbors}-NN. "
-              f"Wall time {result.seconds / 60:.1f} min (CPU time {result.cpu_seconds / 60:.1f} min) on "
-              f"{info['cpu_count']} CPU core(s) ({info['machine']}, "
-              f"{info['threads']} torch thread(s), 1-min load average at the end {info['load_average']:.1f})"
-              + (" — quick mode." if info["quick"] else "."), ""]
-    return "\n".join(parts)
-
-
-def _pretrain_note(task: str, s: BenchSettings) -> str:
-    epochs = s.annotation_pretrain_epochs if task == "annotation" else s.pretrain_epochs
-    if epochs == 0:
-        return "no masked-value pretraining"
-    return f"pretraining {epochs} epochs (masked values, early stopping patience {s.patience} on 10 % of the cells)"
-
-
-def _task_note(task: str, s: BenchSettings) -> str:
-    if task == "annotation":
-        return (f"fine-tuning ≤ {s.fine_tune_epochs} epochs on the 30 % split (class-balanced loss, mean pooling, "
-                f"early stopping with patience {s.fine_tune_patience} on 20 % of it, never on test cells).")
-    if task == "clustering":
-        return "no label fine-tuning: k-means (k = number of labels) on the <cls> embedding."
-    return (f"pretrained on control cells only; contextual gene embeddings → embedding predictor "
-            f"({s.predictor_epochs} epochs); GEARS simulation split, seed 1.")
-
-
-def plot_results(records: Sequence[dict], task: str, dataset: str, path: str | Path) -> Path:
-    """Bars per encoding (mean ± sd over seeds), one panel per backbone × headline metric; baselines as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    stats = summary_frame(records)
-    measured = set(stats.loc[stats["mean"].notna(), "metric"])  # e.g. no doubles in Sachs 2005
-    metrics = [m for m in METRICS[task][: 2 if task == "perturbation" else 3] if m in measured]
-    backbones = [b for b in dict.fromkeys(stats["backbone"]) if b != "baseline"]
-    base = stats[stats["backbone"] == "baseline"]
-    fig, axes = plt.subplots(len(metrics), max(len(backbones), 1),
-                             figsize=(5.5 * max(len(backbones), 1), 2.8 * len(metrics)), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    handles: dict = {}
-    for j, backbone in enumerate(backbones):
-        sub = stats[stats["backbone"] == backbone]
-        encs = list(dict.fromkeys(sub["encoding"]))
-        for i, m in enumerate(metrics):
-            ax = axes[i, j]
-            row = sub[sub["metric"] == m].set_index("encoding").reindex(encs)
-            color = ["tab:red" if e.startswith("cape") else
-                     ("tab:gray" if e == DEFAULT_ENCODING.get(backbone) else "tab:blue") for e in encs]
-            sd = row["std"].where(row["count"] > 1)
-            ax.bar(range(len(encs)), row["mean"], yerr=None if sd.isna().all() else sd.fillna(0), color=color,
-                   capsize=2)
-            for k, (bname, bsub) in enumerate(base[base["metric"] == m].groupby("encoding", sort=False)):
-                line = ax.axhline(bsub["mean"].iloc[0], ls="--", lw=1, color=colors[(k + 2) % len(colors)])
-                handles.setdefault(bname, line)
-            finite = row["mean"].dropna()
-            if len(finite):
-                lo, hi = finite.min(), finite.max()
-                lo = min([lo, *base[base["metric"] == m]["mean"]])
-                hi = max([hi, *base[base["metric"] == m]["mean"]])
-                pad = 0.15 * (hi - lo) + 1e-3
-                ax.set_ylim(max(lo - pad, 0 if lo >= 0 else lo - pad), hi + pad)
-            ax.set_xticks(range(len(encs)), encs, rotation=60, ha="right", fontsize=7)
-            ax.set_ylabel(m + (" (↓)" if m in LOWER_IS_BETTER else " (↑)"))
-            ax.set_title(f"{backbone}: {m}", fontsize=9)
-    fig.suptitle(f"{task} on {dataset}: grey = backbone's default encoding, red = CAPE and its ablations; "
-                 "dashed = baselines", fontsize=10)
-    fig.tight_layout()
-    if handles:
-        fig.legend(list(handles.values()), list(handles), loc="upper right", fontsize=7, frameon=False,
-                   bbox_to_anchor=(1.0, 1.0))
-    save_figure(fig, path)
-    plt.close(fig)
-    return Path(path)

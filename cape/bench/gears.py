@@ -83,7 +83,7 @@ def run_gears_benchmark(adata: ad.AnnData, *, dataset: str = "data", arms: Seque
     import torch
 
     from .._io import write_json, write_text
-    from .encodings import BenchSettings, position_sets, prepare_expression
+    from .encodings_models import BenchSettings, position_sets, prepare_expression
 
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 def _mode_note() -> str:
     """The two presets in words, read from :class:`BenchSettings` so that the help cannot drift from the code."""
-    from ..bench.encodings import BenchSettings
+    from ..bench.encodings_models import BenchSettings
 
     def words(s) -> str:
         return (f"{s.n_genes} genes, d_model {s.d_model} / {s.n_heads} heads, ≤ {s.max_len} tokens/cell, "
@@ -24,7 +24,7 @@ def _mode_note() -> str:
 
 
 def register(commands, bench) -> None:
-    from ..bench.encodings import BACKBONES, TASKS
+    from ..bench.encodings_models import BACKBONES, TASKS
 
     mode_note = _mode_note()
     p = bench.add_parser("encodings", help="every positional encoding × scGPT/scBERT × seeds on a task, with CAPE "
@@ -79,7 +79,8 @@ def _perturbation_data(name: str, quick: bool):
 def run(args: argparse.Namespace) -> int:
     from .._errors import CapeInputError
     from .._settings import settings as cape_settings
-    from ..bench.encodings import BenchSettings, run_encodings_benchmark, variants
+    from ..bench.encodings import run_encodings_benchmark
+    from ..bench.encodings_models import BenchSettings, variants
     from .tasks import _load
 
     variants(args.encodings)  # unknown names fail before any data is loaded

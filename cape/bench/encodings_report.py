@@ -1,0 +1,157 @@
+"""The outputs of ``cape bench encodings``: the summary frame, the markdown table (mean ± sd over seeds and the
+difference to each backbone's default encoding), the report text and the plot."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from .._errors import CapeInputError
+from .._io import save_figure
+from .encodings_models import DEFAULT_ENCODING, LOWER_IS_BETTER, METRICS, BenchmarkResult, BenchSettings
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tables and plot
+# ----------------------------------------------------------------------------------------------------------------
+def summary_frame(records: Sequence[dict]) -> pd.DataFrame:
+    """Mean, sd and count per (backbone, encoding, metric) over seeds, for model and baseline rows."""
+    frame = pd.DataFrame([r for r in records if r.get("kind") in ("model", "baseline")])
+    if frame.empty:
+        raise CapeInputError("the benchmark produced no model or baseline records")
+    frame["value"] = frame["value"].astype(float)
+    return (frame.groupby(["backbone", "encoding", "metric"], sort=False)["value"]
+            .agg(["mean", "std", "count"]).reset_index())
+
+
+def results_table(records: Sequence[dict], task: str, metrics: Sequence[str] | None = None, digits: int = 3
+                  ) -> str:
+    """Markdown in the paper tables' shape: rows backbone × encoding, ``mean ± sd (Δ to the default)``."""
+    stats = summary_frame(records)
+    measured = set(stats.loc[stats["mean"].notna(), "metric"])
+    metrics = [m for m in (metrics or METRICS[task]) if m in measured]
+    lines = ["| backbone | encoding | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
+    for backbone in dict.fromkeys(stats["backbone"]):
+        sub = stats[stats["backbone"] == backbone]
+        default = DEFAULT_ENCODING.get(backbone)
+        ref = sub[sub["encoding"] == default].set_index("metric")["mean"] if default else pd.Series(dtype=float)
+        for enc in dict.fromkeys(sub["encoding"]):
+            row = sub[sub["encoding"] == enc].set_index("metric")
+            cells = []
+            for m in metrics:
+                if m not in row.index or pd.isna(row.loc[m, "mean"]):
+                    cells.append("–")
+                    continue
+                mean, sd, n = row.loc[m, "mean"], row.loc[m, "std"], row.loc[m, "count"]
+                cell = f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if n > 1 and not pd.isna(sd) else "")
+                if enc != default and m in ref.index and not pd.isna(ref[m]):
+                    cell += f" ({mean - ref[m]:+.{digits}f})"
+                cells.append(cell)
+            label = f"{enc} †" if enc == default else enc
+            lines.append(f"| {backbone} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(result: BenchmarkResult, task: str, dataset: str, info: dict) -> str:
+    records = result.records
+    s = result.settings
+    title = {"annotation": "cell-type annotation (paper Table S1)", "clustering": "cell clustering (Table S2)",
+             "perturbation": "perturbation prediction (Tables 2-3)"}[task]
+    seeds = ", ".join(map(str, info["seeds"]))
+    better = "lower is better" if task == "perturbation" else "higher is better"
+    parts = [f"# Positional encodings: {title} on {dataset}", "",
+             f"mean ± sd over seeds {seeds} ({better}); in parentheses the difference to the backbone's default "
+             "encoding (†: scGPT trainable_absolute, scBERT static_absolute). Baselines ran in the same run on the "
+             "same data" + (", on the same 30/70 split per seed." if task == "annotation" else "."), "",
+             results_table(records, task), ""]
+    skipped = [r for r in records if r.get("kind") == "skipped"]
+    if skipped:
+        parts += ["Not run: " + "; ".join(f"{r['encoding']} on {r['backbone']} ({r['reason']})" for r in skipped)
+                  + ".", ""]
+    pos = [r for r in records if r.get("kind") == "positions"]
+    if pos:
+        parts += ["Positions (computed once, seed "
+                  f"{pos[0]['seed']}, shared by every seed and encoding): "
+                  + "; ".join(f"{r['position_set']} {r['step']} {r['metric']} = "
+                              + (f"{r['value']:.1f}" if r["metric"] == "seconds" else f"{int(r['value'])}")
+                              for r in pos) + ".", ""]
+    parts += [f"Data: {info['n_cells']} cells × {info['n_genes']} genes. Backbones: d_model {s.d_model}, "
+              f"{s.n_layers} layers, {s.n_heads} heads, ≤ {s.max_len} tokens/cell, batch {s.batch_size}, lr {s.lr}; "
+              f"dropout {s.dropout}; {_pretrain_note(task, s)}; {_task_note(task, s)} Step I: {s.causal_epochs} "
+              f"epochs, rank {s.causal_rank}, τ {s.causal_tau}; Step II: d {s.embed_dim}, {s.embed_epochs} epochs; "
+              f"w/o-CSL graph: |corr| {s.corr_neighbors}-NN. "
+              f"Wall time {result.seconds / 60:.1f} min (CPU time {result.cpu_seconds / 60:.1f} min) on "
+              f"{info['cpu_count']} CPU core(s) ({info['machine']}, "
+              f"{info['threads']} torch thread(s), 1-min load average at the end {info['load_average']:.1f})"
+              + (" — quick mode." if info["quick"] else "."), ""]
+    return "\n".join(parts)
+
+
+def _pretrain_note(task: str, s: BenchSettings) -> str:
+    epochs = s.annotation_pretrain_epochs if task == "annotation" else s.pretrain_epochs
+    if epochs == 0:
+        return "no masked-value pretraining"
+    return f"pretraining {epochs} epochs (masked values, early stopping patience {s.patience} on 10 % of the cells)"
+
+
+def _task_note(task: str, s: BenchSettings) -> str:
+    if task == "annotation":
+        return (f"fine-tuning ≤ {s.fine_tune_epochs} epochs on the 30 % split (class-balanced loss, mean pooling, "
+                f"early stopping with patience {s.fine_tune_patience} on 20 % of it, never on test cells).")
+    if task == "clustering":
+        return "no label fine-tuning: k-means (k = number of labels) on the <cls> embedding."
+    return (f"pretrained on control cells only; contextual gene embeddings → embedding predictor "
+            f"({s.predictor_epochs} epochs); GEARS simulation split, seed 1.")
+
+
+def plot_results(records: Sequence[dict], task: str, dataset: str, path: str | Path) -> Path:
+    """Bars per encoding (mean ± sd over seeds), one panel per backbone × headline metric; baselines as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stats = summary_frame(records)
+    measured = set(stats.loc[stats["mean"].notna(), "metric"])  # e.g. no doubles in Sachs 2005
+    metrics = [m for m in METRICS[task][: 2 if task == "perturbation" else 3] if m in measured]
+    backbones = [b for b in dict.fromkeys(stats["backbone"]) if b != "baseline"]
+    base = stats[stats["backbone"] == "baseline"]
+    fig, axes = plt.subplots(len(metrics), max(len(backbones), 1),
+                             figsize=(5.5 * max(len(backbones), 1), 2.8 * len(metrics)), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    handles: dict = {}
+    for j, backbone in enumerate(backbones):
+        sub = stats[stats["backbone"] == backbone]
+        encs = list(dict.fromkeys(sub["encoding"]))
+        for i, m in enumerate(metrics):
+            ax = axes[i, j]
+            row = sub[sub["metric"] == m].set_index("encoding").reindex(encs)
+            color = ["tab:red" if e.startswith("cape") else
+                     ("tab:gray" if e == DEFAULT_ENCODING.get(backbone) else "tab:blue") for e in encs]
+            sd = row["std"].where(row["count"] > 1)
+            ax.bar(range(len(encs)), row["mean"], yerr=None if sd.isna().all() else sd.fillna(0), color=color,
+                   capsize=2)
+            for k, (bname, bsub) in enumerate(base[base["metric"] == m].groupby("encoding", sort=False)):
+                line = ax.axhline(bsub["mean"].iloc[0], ls="--", lw=1, color=colors[(k + 2) % len(colors)])
+                handles.setdefault(bname, line)
+            finite = row["mean"].dropna()
+            if len(finite):
+                lo, hi = finite.min(), finite.max()
+                lo = min([lo, *base[base["metric"] == m]["mean"]])
+                hi = max([hi, *base[base["metric"] == m]["mean"]])
+                pad = 0.15 * (hi - lo) + 1e-3
+                ax.set_ylim(max(lo - pad, 0 if lo >= 0 else lo - pad), hi + pad)
+            ax.set_xticks(range(len(encs)), encs, rotation=60, ha="right", fontsize=7)
+            ax.set_ylabel(m + (" (↓)" if m in LOWER_IS_BETTER else " (↑)"))
+            ax.set_title(f"{backbone}: {m}", fontsize=9)
+    fig.suptitle(f"{task} on {dataset}: grey = backbone's default encoding, red = CAPE and its ablations; "
+                 "dashed = baselines", fontsize=10)
+    fig.tight_layout()
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="upper right", fontsize=7, frameon=False,
+                   bbox_to_anchor=(1.0, 1.0))
+    save_figure(fig, path)
+    plt.close(fig)
+    return Path(path)
