@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 import cape.encodings as E
 from cape.encodings import GenePositions
-from cape.encodings.grape_a import alibi_lift, alibi_slopes, poincare_distance
+from cape.encodings.grape_a import alibi_lift, alibi_slopes
 from cape.encodings.hope import boost_planes, hope_symmetric_logits
+from cape.hyperbolic.poincare import pairwise_poincare_distance
 
 
 # -- GRAPE-A / ALiBi ------------------------------------------------------------------------------------------
@@ -60,7 +61,7 @@ def test_signed_bias_collapses_to_a_per_key_bias_without_mask(seed):
 
 def test_grape_a_poincare_and_graph_distances():
     e = torch.tensor([[0.0, 0.0], [0.5, 0.0], [0.0, -0.3], [0.2, 0.2]], dtype=torch.float64)
-    d = poincare_distance(e, e)
+    d = pairwise_poincare_distance(e, e)
     torch.testing.assert_close(d[0, 1], 2 * torch.atanh(torch.tensor(0.5, dtype=torch.float64)))
     torch.testing.assert_close(d, d.T)
     has = torch.tensor([True, True, True, False])

@@ -51,9 +51,9 @@ def test_vector_positions_poincare_bins_mask_and_bad_input():
     nri = non_relativity(scores, e, bins=60)
     assert nri < 0.1  # quantile bins: small within-bin spread only
     assert non_relativity(scores, d, metric="pairwise", bins=60) == pytest.approx(nri)
-    from cape.encodings.grape_a import poincare_distance
+    from cape.hyperbolic.poincare import pairwise_poincare_distance
 
-    hyperbolic = torch.exp(-poincare_distance(e, e))
+    hyperbolic = torch.exp(-pairwise_poincare_distance(e, e))
     assert non_relativity(hyperbolic, e, metric="poincare", bins=60) < 0.1
     assert non_relativity(hyperbolic, e, metric="poincare", bins=60) < non_relativity(
         hyperbolic, torch.randn(30, 3, dtype=torch.float64), bins=60)

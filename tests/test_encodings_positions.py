@@ -10,8 +10,9 @@ import torch
 
 import cape.encodings as E
 from cape import CapeInputError
-from cape.encodings.ordering import expression_rank_positions, pagerank_generality, topological_positions
+from cape.encodings.ordering import expression_rank_positions, topological_positions
 from cape.encodings.static_absolute import StaticAbsoluteEncoding, co_expression_vectors, read_gene2vec
+from cape.hyperbolic.generality import pagerank_generality
 
 
 def test_topological_positions_respect_edges_and_break_ties_by_generality():

@@ -15,9 +15,9 @@ from ..tasks.annotation import checked_labels, logistic_regression_pca
 from ..tasks.clustering import (
     BASELINES,
     SPARSE_BASELINES,
-    _with_nan,
     available_baselines,
     clustering_metrics,
+    expression_matrix,
     kmeans_clusters,
     knn_impute,
 )
@@ -64,7 +64,7 @@ def run_clustering_baselines(adata: ad.AnnData, label_key: str, *, batch_key: st
             raise CapeInputError(f"obs[{batch_key!r}] has a single batch; batch correction needs at least 2")
     names = available_baselines(batches is not None) if methods is None else list(methods)
     # Missing values (NaN, as in proteomics) are filled by KNN imputation once, for every method.
-    x = knn_impute(_with_nan(sub, keep_sparse=set(names) <= SPARSE_BASELINES))
+    x = knn_impute(expression_matrix(sub, keep_sparse=set(names) <= SPARSE_BASELINES, allow_nan=True))
     unknown = [m for m in names if m not in BASELINES]
     if unknown:
         raise CapeInputError(f"unknown clustering baseline(s) {', '.join(unknown)}; known: {', '.join(BASELINES)}")

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._arrays import dense
+
 logger = logging.getLogger("cape")
 
 C_SCALE = math.pi / 4
@@ -234,8 +236,8 @@ def fig_3c(seed: int = 0, quick: bool = False, step1_epochs: int | None = None):
     truth = adata.copy()
     truth.varp["cape_dag"] = adata.varp["true_dag"]
     records = [{"section": "fig_3c", "metric": "graph source", "value": source}]
-    true = np.abs(_dense(adata.varp["true_dag"])) > 0
-    learned = np.abs(_dense(adata.varp["cape_dag"])) > 0
+    true = np.abs(dense(adata.varp["true_dag"], dtype=None)) > 0
+    learned = np.abs(dense(adata.varp["cape_dag"], dtype=None)) > 0
     records += [{"section": "fig_3c", "metric": "true edges", "value": int(true.sum())},
                 {"section": "fig_3c", "metric": "learned edges", "value": int(learned.sum())},
                 {"section": "fig_3c", "metric": "learned ∩ true (same direction)",
@@ -277,10 +279,6 @@ def sp_nnz(matrix) -> int:
     import scipy.sparse as sp
 
     return int(sp.csr_matrix(matrix).count_nonzero())
-
-
-def _dense(matrix) -> np.ndarray:
-    return matrix.toarray() if hasattr(matrix, "toarray") else np.asarray(matrix)
 
 
 def _poincare_dist_matrix(e: np.ndarray) -> np.ndarray:

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn.metrics import average_precision_score
 
+from .._arrays import dense
 from ..data.simulate import castle_quietly, import_castle
 
 __all__ = ["dag_metrics"]
-
-
-def _dense(A) -> np.ndarray:
-    return np.asarray(A.toarray() if sp.issparse(A) else A, dtype=np.float64)
 
 
 def dag_metrics(true, estimated) -> dict[str, float]:
@@ -23,7 +19,7 @@ def dag_metrics(true, estimated) -> dict[str, float]:
     average precision of ranking every ordered off-diagonal pair by |estimated weight| against the true
     directed edges (NaN when the true graph has no edge).
     """
-    T, E = _dense(true), _dense(estimated)
+    T, E = dense(true), dense(estimated)
     if T.shape != E.shape or T.ndim != 2 or T.shape[0] != T.shape[1]:
         raise ValueError(f"true and estimated must be square and of equal shape, got {T.shape} and {E.shape}")
     B_true = (T != 0).astype(int)

@@ -1,7 +1,7 @@
 """The ``cape`` command line: one subcommand per workflow stage, ``cape bench <name>`` per benchmark.
 
-Each command module in :data:`COMMAND_MODULES` exposes ``register(commands, bench)`` and adds its parsers to
-``commands`` (top level) and/or ``bench`` (the ``cape bench`` group), each with ``set_defaults(func=...)``;
+One module per command, named after it (``cape train`` → :mod:`cape.cli.train`; every ``cape bench <name>`` in
+:mod:`cape.cli.bench`); each exposes ``register(commands)`` adding its parser with ``set_defaults(func=run)``;
 ``func(args)`` returns an exit code (or ``None`` for 0). User mistakes raise :class:`cape.CapeInputError`,
 which ``main`` prints as one line on stderr with exit code 2, never a traceback.
 """
@@ -9,7 +9,6 @@ which ``main`` prints as one line on stderr with exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 import warnings
@@ -17,10 +16,11 @@ from collections.abc import Sequence
 
 from .._errors import CapeInputError
 from .._settings import settings
+from . import bench, causal, data, embed, encode, encodings, evaluate, preprocess, train
 from ._io import positive_int
 
-COMMAND_MODULES = ["data", "preprocess", "encodings", "causal", "train", "embed", "tasks", "evaluate",
-                   "bench_encodings", "bench_gears"]
+#: In the order ``cape --help`` lists them.
+COMMAND_MODULES = (bench, data, preprocess, encodings, causal, train, embed, encode, evaluate)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,11 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "affinity mask and cgroup quota; OMP_NUM_THREADS lowers it)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
-    bench_parser = commands.add_parser("bench", help="run a benchmark (writes JSON, markdown and a plot)")
-    bench = bench_parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", parser_class=_Parser)
-    bench.required = True
-    for name in COMMAND_MODULES:
-        importlib.import_module(f".{name}", __name__).register(commands, bench)
+    for module in COMMAND_MODULES:
+        module.register(commands)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""``cape causal`` (Step I on a file) and the benchmarks ``cape bench causal`` / ``cape bench causal-scale``."""
+"""``cape causal``: Step I on a file, the causal gene graph into ``varp['cape_dag']``."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _h_every(value: str) -> int | None:
     return positive_int(value, "h-every to be a positive integer or 'auto'")
 
 
-def register(commands, bench) -> None:
+def register(commands) -> None:
     parser = commands.add_parser("causal", help="learn the causal gene graph (Step I) into varp['cape_dag']")
     parser.add_argument("--input", "-i", required=True, help="input .h5ad (preprocessed), or 'dataset:NAME'")
     parser.add_argument("--output", "-o", required=True, help="output .h5ad")
@@ -55,26 +55,6 @@ def register(commands, bench) -> None:
                              "(exact while the exponential is small, else every 10 steps)")
     parser.set_defaults(func=run)
 
-    b = bench.add_parser("causal", help="causal discovery: cape vs gcastle and DAGMA peers (synthetic, Sachs)")
-    b.add_argument("--quick", action="store_true", help="small settings, few seeds and peers (minutes)")
-    b.add_argument("--out", default="results/bench", help="output folder (results/bench)")
-    b.add_argument("--settings", default=None,
-                   help="comma-separated subset of settings (fig3,m20,m50,m100,sachs_obs,sachs_all)")
-    b.add_argument("--methods", default=None, help="comma-separated subset of methods")
-    b.add_argument("--seeds", type=int, default=None, help="number of seeds (5; quick: 2)")
-    b.add_argument("--seed-offset", type=int, default=0,
-                   help="first seed (0): e.g. choose settings on seeds 5-9, report seeds 0-4")
-    b.add_argument("--standardize", choices=["no", "yes", "both"], default="no",
-                   help="feed every method z-scored variables ('yes'), the raw matrix ('no', default) or run "
-                        "both; records carry input=raw|standardized")
-    b.add_argument("--budget", type=float, default=None, help="seconds allowed per peer run (600; quick: 60)")
-    b.set_defaults(func=run_bench)
-
-    s = bench.add_parser("causal-scale", help="time per epoch of Step I against cells N and genes M")
-    s.add_argument("--quick", action="store_true", help="fewer, smaller sizes")
-    s.add_argument("--out", default="results/bench", help="output folder (results/bench)")
-    s.set_defaults(func=run_scale)
-
 
 def run(args: argparse.Namespace) -> int:
     from .._io import write_h5ad
@@ -95,25 +75,4 @@ def run(args: argparse.Namespace) -> int:
                  use_genes=None if args.use_genes == "all" else args.use_genes, layer=args.layer,
                  h_every=args.h_every, min_positioned=args.min_positioned)
     write_h5ad(adata, out)
-    return 0
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    from ..bench.causal import run_causal_benchmark
-
-    def split(value: str | None) -> list[str] | None:
-        return [x.strip() for x in value.split(",") if x.strip()] if value else None
-
-    run_causal_benchmark(out=args.out, quick=args.quick, settings=split(args.settings),
-                         methods=split(args.methods), n_seeds=args.seeds, budget=args.budget,
-                         seed_offset=args.seed_offset,
-                         inputs={"no": ["raw"], "yes": ["standardized"], "both": ["raw", "standardized"]}[
-                             args.standardize])
-    return 0
-
-
-def run_scale(args: argparse.Namespace) -> int:
-    from ..bench.causal_scale import run_causal_scale
-
-    run_causal_scale(out=args.out, quick=args.quick)
     return 0

@@ -6,7 +6,7 @@ import argparse
 import textwrap
 
 
-def register(commands, bench) -> None:
+def register(commands) -> None:
     parser = commands.add_parser("data", help="list and fetch the named datasets of data_manifests/")
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(parser))
     sub.required = True

@@ -1,9 +1,8 @@
-"""``cape embed`` (Step II), ``cape encode`` (Step III), ``cape bench embedding`` and ``cape bench properties``."""
+"""``cape embed``: Step II on a file, the DAG (or a given gene graph) embedded in hyperbolic space."""
 
 from __future__ import annotations
 
 import argparse
-import math
 
 from ._io import check_output, read_input
 
@@ -20,7 +19,7 @@ def _negatives(value: str):
     return count
 
 
-def register(commands, bench) -> None:
+def register(commands) -> None:
     embed = commands.add_parser("embed", help="Step II: embed varp['cape_dag'] in hyperbolic space")
     embed.add_argument("--input", "-i", required=True, help="input .h5ad with varp['cape_dag'] (from `cape causal`)")
     embed.add_argument("--output", "-o", required=True, help="output .h5ad")
@@ -42,29 +41,6 @@ def register(commands, bench) -> None:
     embed.add_argument("--temperature", type=float, default=None,
                        help="τ dividing the contrastive term's distances (default 0.5; 1 = the paper's Eq. 16)")
     embed.set_defaults(func=run_embed)
-
-    encode = commands.add_parser("encode", help="Step III: rotary angles φ = c·e from the Poincaré embedding")
-    encode.add_argument("--input", "-i", required=True, help="input .h5ad with varm['cape_poincare'] (`cape embed`)")
-    encode.add_argument("--output", "-o", required=True, help="output .h5ad")
-    encode.add_argument("--scale", type=float, default=math.pi / 4, help="angle scale c (π/4)")
-    encode.set_defaults(func=run_encode)
-
-    emb = bench.add_parser("embedding", help="Step II fidelity: MAP and Spearman, hyperbolic vs Euclidean")
-    emb.add_argument("--quick", action="store_true", help="small run for smoke tests")
-    emb.add_argument("--out", default="results/bench", help="output folder (results/bench)")
-    emb.add_argument("--dims", type=int, nargs="+", default=[2, 4, 8, 16, 32])
-    emb.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    emb.add_argument("--epochs", type=int, default=1000)
-    emb.add_argument("--sections", nargs="+", choices=["fidelity", "scaling"], default=["fidelity", "scaling"],
-                     help="fidelity: MAP/Spearman vs dimension; scaling: sampled vs exact loss, 2,000-gene timing")
-    emb.set_defaults(func=run_bench_embedding)
-
-    props = bench.add_parser("properties", help="paper Sec. 4: Fig. 3c, Props 4.1/4.2 (Fig. S2), 4.3 (Fig. S3)")
-    props.add_argument("--quick", action="store_true", help="small run for smoke tests")
-    props.add_argument("--out", default="results/bench", help="output folder (results/bench)")
-    props.add_argument("--step1-epochs", type=int, default=None,
-                       help="Step I epochs for Fig. 3c (default 100, the paper's; 20 with --quick)")
-    props.set_defaults(func=run_bench_properties)
 
 
 def run_embed(args: argparse.Namespace) -> int:
@@ -135,29 +111,3 @@ def read_adjacency(path: str, var_names):
         raise CapeInputError(f"--adjacency {p.name} has shape {'×'.join(map(str, matrix.shape))}; it must be "
                              "square (genes × genes)")
     return matrix
-
-
-def run_encode(args: argparse.Namespace) -> int:
-    from .._io import write_h5ad
-    from ..tl.hyperbolic import rotary_encoding
-
-    out = check_output(args.output, args.input)
-    adata = read_input(args.input, expect_counts=False)
-    rotary_encoding(adata, scale=args.scale)
-    write_h5ad(adata, out)
-    return 0
-
-
-def run_bench_embedding(args: argparse.Namespace) -> int:
-    from ..bench.embedding import run_benchmark
-
-    run_benchmark(args.out, quick=args.quick, dims=args.dims, seeds=args.seeds, epochs=args.epochs,
-                  sections=args.sections)
-    return 0
-
-
-def run_bench_properties(args: argparse.Namespace) -> int:
-    from ..bench.properties import run_benchmark
-
-    run_benchmark(args.out, quick=args.quick, step1_epochs=args.step1_epochs)
-    return 0

@@ -6,7 +6,7 @@ import argparse
 import os
 
 
-def register(commands, bench) -> None:
+def register(commands) -> None:
     parser = commands.add_parser("evaluate", help="metrics of a trained run (annotation, clustering) and a report")
     parser.add_argument("--input", "-i", required=True, help="trained .h5ad (from `cape train`)")
     parser.add_argument("--metrics", required=True, help="output metrics .json (records)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def register(commands, bench) -> None:
+def register(commands) -> None:
     parser = commands.add_parser("preprocess", help="QC, normalise, log1p and select genes (paper Supp. F.1.1)")
     parser.add_argument("--input", "-i", required=True,
                         help="input .h5ad/.h5/.loom/.csv, or 'dataset:NAME' for a named dataset")

@@ -27,7 +27,7 @@ def _option(value: str) -> tuple[str, object]:
     return key.strip(), parsed
 
 
-def register(commands, bench) -> None:
+def register(commands) -> None:
     train = commands.add_parser("train", help="pretrain (masked values) and fine-tune a transformer; embed cells")
     train.add_argument("--input", "-i", required=True, help="input .h5ad (log-normalised; CAPE keys for 'cape')")
     train.add_argument("--output", "-o", required=True, help="output .h5ad with obsm['X_cape'] (and predictions)")
@@ -84,17 +84,6 @@ def register(commands, bench) -> None:
     fit.add_argument("--early-stopping-metric", choices=["val_loss", "val_accuracy", "val_balanced_accuracy"],
                      default="val_loss", help="validation score that picks the kept fine-tuning epoch (val_loss)")
     train.set_defaults(func=run_train)
-
-    pre = bench.add_parser("pretrain", help="pretraining cells/s and loss per backbone × encoding (pbmc68k_reduced)")
-    pre.add_argument("--quick", action="store_true", help="200 cells, 2 epochs, encodings none and cape")
-    pre.add_argument("--out", default="results/bench", help="output folder (results/bench)")
-    pre.add_argument("--input", default=None, help=".h5ad to use instead of pbmc68k_reduced (CAPE keys used)")
-    pre.add_argument("--architectures", nargs="+", choices=["scgpt", "scbert"], default=None)
-    pre.add_argument("--encodings", nargs="+", default=None, help="default: none trainable_absolute rope cape")
-    pre.add_argument("--epochs", type=int, default=None, help="default 10 (2 with --quick)")
-    pre.add_argument("--seeds", type=int, nargs="+", default=None)
-    pre.add_argument("--threads", type=int, default=2, help="torch CPU threads (2)")
-    pre.set_defaults(func=run_bench_pretrain)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -172,14 +161,6 @@ def _from_checkpoint(args: argparse.Namespace, adata):
                                       encoding_options=dict(args.encoding_option), layer=args.layer,
                                       use_raw=args.use_raw, max_len=args.max_len, dropout=args.dropout,
                                       device="auto", seed=None)
-
-
-def run_bench_pretrain(args: argparse.Namespace) -> int:
-    from ..bench.pretrain import run_benchmark
-
-    run_benchmark(args.out, quick=args.quick, input_path=args.input, architectures=args.architectures,
-                  encoding_names=args.encodings, epochs=args.epochs, seeds=args.seeds, threads=args.threads)
-    return 0
 
 
 def _fine_tune_cells(adata, label_key: str, fraction: float):

@@ -72,6 +72,16 @@ def gears_condition(genes: tuple[str, ...]) -> str:
     raise CapeInputError(f"GEARS conditions hold at most 2 genes, got {len(genes)}: {'+'.join(genes)}")
 
 
+#: The simulated perturbation data of the benchmarks (``cape bench baselines/encodings/gears --dataset simulated``):
+#: ``"quick"`` for smoke runs, ``"full"`` for the reported tables.
+BENCHMARK_SIMULATIONS = {
+    "quick": dict(n_genes=50, n_edges=100, n_control=300, n_cells_per_perturbation=40, n_single=20, n_double=30,
+                  seed=0),
+    "full": dict(n_genes=100, n_edges=200, n_control=1000, n_cells_per_perturbation=100, n_single=40, n_double=60,
+                 seed=0),
+}
+
+
 def simulate_perturbation(
     n_genes: int = 50,
     n_edges: int = 80,

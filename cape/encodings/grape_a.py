@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .._errors import CapeInputError
+from ..hyperbolic.poincare import pairwise_poincare_distance
 from .base import EncodingContext, PositionalEncoding
 
 
@@ -31,16 +32,6 @@ def alibi_slopes(n_heads: int) -> Tensor:
     """ALiBi head slopes 2^(−8h/H), h = 1..H (Press et al.)."""
     h = torch.arange(1, n_heads + 1, dtype=torch.float64)
     return (2.0 ** (-8.0 * h / n_heads)).float()
-
-
-def poincare_distance(x: Tensor, y: Tensor, eps: float = 1e-9) -> Tensor:
-    """Pairwise Poincaré-ball distance (..., n, d) × (..., m, d) → (..., n, m), computed in float64."""
-    x, y = x.double(), y.double()
-    sq = torch.cdist(x, y).pow(2)
-    nx_ = (1 - x.pow(2).sum(-1)).clamp_min(eps)
-    ny_ = (1 - y.pow(2).sum(-1)).clamp_min(eps)
-    denom = nx_[..., :, None] * ny_[..., None, :]
-    return torch.arccosh(1 + 2 * sq / denom)
 
 
 def alibi_lift(q: Tensor, k: Tensor, p_q: Tensor, p_k: Tensor, slope: Tensor) -> tuple[Tensor, Tensor]:
@@ -105,7 +96,7 @@ class GrapeAEncoding(PositionalEncoding):
                 m = m.abs()
         elif self.distance == "poincare":
             e = self.vector_table[ids]
-            m = poincare_distance(e, e).float()
+            m = pairwise_poincare_distance(e, e).float()
         else:
             m = self.distance_table[ids[:, :, None], ids[:, None, :]]
         pair_has = ctx.has_position[:, :, None] & ctx.has_position[:, None, :]

@@ -47,9 +47,9 @@ def relative_keys(positions: Tensor | np.ndarray, metric: str = "auto") -> Tenso
     if metric in ("auto", "euclidean"):
         return torch.cdist(p, p)
     if metric == "poincare":
-        from ..encodings.grape_a import poincare_distance
+        from ..hyperbolic.poincare import pairwise_poincare_distance
 
-        return poincare_distance(p, p)
+        return pairwise_poincare_distance(p, p)
     raise CapeInputError(f"unknown metric '{metric}' (use 'offset', 'euclidean', 'poincare' or 'pairwise')")
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from .._errors import CapeInputError
+from ..hyperbolic.generality import pagerank_generality
 
 
 def _as_digraph(graph) -> nx.DiGraph:
@@ -30,13 +31,6 @@ def _as_digraph(graph) -> nx.DiGraph:
     g = nx.from_scipy_sparse_array(abs(adjacency), create_using=nx.DiGraph)
     g.remove_edges_from(nx.selfloop_edges(g))
     return g
-
-
-def pagerank_generality(graph, restart: float = 0.15) -> np.ndarray:
-    """PageRank on the reversed weighted graph (mass flows child → parent: roots score high), per node."""
-    g = _as_digraph(graph)
-    ranks = nx.pagerank(g.reverse(copy=True), alpha=1.0 - restart, weight="weight")
-    return np.array([ranks[n] for n in sorted(g.nodes)], dtype=float)
 
 
 def topological_positions(graph, generality: np.ndarray | None = None, used: np.ndarray | None = None,
@@ -69,8 +63,9 @@ def topological_positions(graph, generality: np.ndarray | None = None, used: np.
         cycle = nx.find_cycle(g)
         path = " → ".join(str(u) for u, _ in cycle)
         raise CapeInputError(f"the gene graph has a cycle ({path}); need a DAG")
-    if generality is None:
-        generality = pagerank_generality(graph)
+    if generality is None:  # Step II's causal generality π (Eq. 18), on the whole graph
+        full = _as_digraph(graph)
+        generality = pagerank_generality(nx.to_scipy_sparse_array(full, nodelist=sorted(full.nodes), weight="weight"))
     generality = np.asarray(generality, dtype=float)
     order = list(nx.lexicographical_topological_sort(g, key=lambda n: (-generality[n], n)))
     ranks = np.full(m, np.nan)

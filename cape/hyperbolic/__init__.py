@@ -18,6 +18,7 @@ from .poincare import (
     lorentz_distance,
     lorentz_to_poincare,
     minkowski_inner,
+    pairwise_poincare_distance,
     poincare_distance,
     poincare_to_lorentz,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "lorentz_to_poincare",
     "minkowski_inner",
     "pagerank_generality",
+    "pairwise_poincare_distance",
     "poincare_distance",
     "poincare_to_lorentz",
     "strongest_path_products",

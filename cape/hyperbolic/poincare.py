@@ -37,6 +37,17 @@ def poincare_distance(e: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return torch.acosh(1.0 + 2.0 * diff / denom)
 
 
+def pairwise_poincare_distance(x: torch.Tensor, y: torch.Tensor, eps: float = 1e-9) -> torch.Tensor:
+    """All pairs of :func:`poincare_distance`: (..., n, d) × (..., m, d) → (..., n, m), in float64, with the
+    conformal factors clamped at ``eps`` for points on the boundary."""
+    x, y = x.double(), y.double()
+    sq = torch.cdist(x, y).pow(2)
+    nx_ = (1 - x.pow(2).sum(-1)).clamp_min(eps)
+    ny_ = (1 - y.pow(2).sum(-1)).clamp_min(eps)
+    denom = nx_[..., :, None] * ny_[..., None, :]
+    return torch.arccosh(1 + 2 * sq / denom)
+
+
 def hyperboloid_residual(p: torch.Tensor) -> torch.Tensor:
     """|⟨p, p⟩_L + 1| per point: 0 on the hyperboloid."""
     return (minkowski_inner(p, p) + 1.0).abs()

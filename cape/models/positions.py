@@ -24,7 +24,7 @@ import torch
 
 from .. import encodings
 from .._errors import CapeInputError
-from ..encodings import GenePositions
+from ..encodings import GenePositions, static_absolute
 from ..encodings.base import POSITION_SOURCES
 from .tokenize import GeneVocab
 
@@ -176,19 +176,18 @@ def gene_positions(adata, vocab: GeneVocab, encoding: str, *, encoding_options: 
 def co_expression_positions(adata, vocab: GeneVocab, expression, encoding: str = "?", *,
                             max_dim: int | None = None) -> GenePositions:
     """Gene vectors learnt from co-expression (``static_absolute`` without a gene2vec file), over the vocabulary's
-    genes only (``expression`` is aligned with ``adata.var_names``)."""
+    genes only (``expression`` is aligned with ``adata.var_names``): the vocabulary-level table of
+    :func:`cape.encodings.static_absolute.co_expression_positions`, with NaN (no position) for the other rows."""
     if expression is None:
         raise _missing(encoding, "co_expression")
-    from ..encodings import static_absolute
-
     rows, cols = _rows(vocab, adata.var_names)
     if cols.size < adata.n_vars:
         expression = expression[:, cols]
     dim = min(64, cols.size - 1, max_dim or 64)
-    vec = np.asarray(static_absolute.co_expression_vectors(expression, dim=dim), dtype=np.float64)
-    table = np.full((len(vocab), vec.shape[1]), np.nan)
-    table[rows] = vec
-    return GenePositions(vectors=torch.as_tensor(table, dtype=torch.float32), source="co-expression")
+    placed = static_absolute.co_expression_positions(expression, rows, len(vocab), dim)
+    table = placed.vectors.double()
+    table[~placed.has_position] = np.nan
+    return GenePositions(vectors=table.float(), source="co-expression")
 
 
 def random_positions(vocab: GeneVocab, dim: int = 8, *, seed: int = 0) -> GenePositions:

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from .._arrays import dense
+
 __all__ = ["MAX_NODES", "dag_comparison"]
 
 logger = logging.getLogger("cape")
@@ -31,10 +33,6 @@ def _restrict(true, estimated, labels: list[str] | None) -> tuple:
                 T.shape[0], keep.size, MAX_NODES)
     labels = labels if labels is not None else [str(i) for i in range(T.shape[0])]
     return T[keep][:, keep], E[keep][:, keep], [labels[i] for i in keep]
-
-
-def _dense(A) -> np.ndarray:
-    return np.asarray(A.toarray() if sp.issparse(A) else A, dtype=np.float64)
 
 
 def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titles=("true", "inferred"),
@@ -62,7 +60,7 @@ def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titl
     labels = [str(x) for x in labels] if labels is not None else None
     if true.shape[0] > MAX_NODES:
         true, estimated, labels = _restrict(true, estimated, labels)
-    T, E = _dense(true), _dense(estimated)
+    T, E = dense(true), dense(estimated)
     if T.shape != E.shape or T.ndim != 2 or T.shape[0] != T.shape[1]:
         raise ValueError(f"true and estimated must be square and of equal shape, got {T.shape} and {E.shape}")
     M = T.shape[0]

@@ -13,7 +13,7 @@ from .._errors import CapeInputError
 from ..models import CellTransformer
 from ..tasks.annotation import AnnotationSplit, annotation_metrics, logistic_regression_pca
 from ..tasks.attention import layer_non_relativity
-from ..tasks.clustering import BASELINES, _with_nan, clustering_metrics, kmeans_clusters, knn_impute
+from ..tasks.clustering import BASELINES, clustering_metrics, expression_matrix, kmeans_clusters, knn_impute
 from ..tasks.labels import SPLIT_KEY, checked_labels
 from .statistics import accuracy, adjusted_rand, bootstrap_difference, comparison_records
 
@@ -76,7 +76,7 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
     sub = adata[labels.index] if len(labels) < adata.n_obs else adata
     clusters = {}
     # keep_sparse: a 10x-shaped X stays sparse (pca_embedding densifies only small matrices)
-    expression = knn_impute(_with_nan(sub, keep_sparse=True))
+    expression = knn_impute(expression_matrix(sub, keep_sparse=True, allow_nan=True))
     for method, emb in (("cape", _cell_embedding(sub, embedding_key)),
                         ("pca_kmeans", BASELINES["pca_kmeans"][0](expression, None, seed, 50))):
         if emb is None:

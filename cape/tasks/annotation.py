@@ -12,13 +12,12 @@ from dataclasses import dataclass
 import anndata as ad
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.model_selection import train_test_split
 
 from .._errors import CapeInputError
-from .clustering import pca_embedding
+from .clustering import expression_matrix, pca_embedding
 from .labels import SPLIT_KEY, checked_labels
 
 logger = logging.getLogger("cape")
@@ -107,22 +106,6 @@ def annotation_metrics(y_true: Sequence[str], y_pred: Sequence[str]) -> dict[str
         raise CapeInputError(f"{len(y_true)} true labels but {len(y_pred)} predictions")
     return {"accuracy": float(accuracy_score(y_true, y_pred)),
             "macro_f1": float(f1_score(y_true, y_pred, average="macro", zero_division=0))}
-
-
-def expression_matrix(adata: ad.AnnData, *, keep_sparse: bool = False):
-    """Dense float64 ``X`` (a float64 CSR with ``keep_sparse`` when X is sparse); ``NaN`` (missing protein values)
-    are rejected here, impute them first."""
-    if keep_sparse and sp.issparse(adata.X):
-        x = sp.csr_matrix(adata.X, dtype=np.float64)
-        if np.isnan(x.data).any():
-            raise CapeInputError("X has missing values (NaN); impute them first "
-                                 "(e.g. cape.tasks.clustering.knn_impute)")
-        return x
-    x = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
-    x = x.astype(np.float64)
-    if np.isnan(x).any():
-        raise CapeInputError("X has missing values (NaN); impute them first (e.g. cape.tasks.clustering.knn_impute)")
-    return x
 
 
 def logistic_regression_pca(adata: ad.AnnData, label_key: str, *, seed: int = 0, n_comps: int = 50,

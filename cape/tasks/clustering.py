@@ -163,18 +163,18 @@ def available_baselines(has_batch: bool) -> list[str]:
             if (has_batch or not needs_batch) and (module is None or importlib.util.find_spec(module) is not None)]
 
 
-def _with_nan(adata: ad.AnnData, keep_sparse: bool = False):
-    """Dense X keeping NaN (missing protein values) for the KNN imputer; with ``keep_sparse``, a sparse X without
-    NaN stays sparse (float64 CSR)."""
-    import scipy.sparse as sp
-
-    if keep_sparse and sp.issparse(adata.X) and not np.isnan(adata.X.data).any():
+def expression_matrix(adata: ad.AnnData, *, keep_sparse: bool = False, allow_nan: bool = False):
+    """``X`` as float64: dense, or a CSR matrix with ``keep_sparse`` when X is sparse (and, with ``allow_nan``, free
+    of NaN). Missing values (NaN, e.g. proteomics) are refused unless ``allow_nan`` (for :func:`knn_impute`);
+    infinite values are refused then."""
+    if keep_sparse and sp.issparse(adata.X) and not (allow_nan and np.isnan(adata.X.data).any()):
         x = sp.csr_matrix(adata.X, dtype=np.float64)
-        if np.isinf(x.data).any():
-            raise CapeInputError("X has infinite values")
-        return x
-    x = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
-    x = x.astype(np.float64)
-    if np.isinf(x).any():
+        values = x.data
+    else:
+        x = (adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)).astype(np.float64)
+        values = x
+    if not allow_nan and np.isnan(values).any():
+        raise CapeInputError("X has missing values (NaN); impute them first (e.g. cape.tasks.clustering.knn_impute)")
+    if allow_nan and np.isinf(values).any():
         raise CapeInputError("X has infinite values")
     return x

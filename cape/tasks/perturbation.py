@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import anndata as ad
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 
+from .._arrays import dense
 from .._errors import CapeInputError
 
 logger = logging.getLogger("cape")
@@ -170,10 +170,6 @@ def simulation_split(conditions: Sequence[str], *, seed: int = 1, train_gene_set
 # ----------------------------------------------------------------------------------------------------------------
 # DE genes and the metric
 # ----------------------------------------------------------------------------------------------------------------
-def _dense(x) -> np.ndarray:
-    return np.asarray(x.toarray() if sp.issparse(x) else x, dtype=np.float64)
-
-
 def condition_means(adata: ad.AnnData, conditions: Sequence[str], *, condition_key: str = "condition"
                     ) -> pd.DataFrame:
     """Mean expression per condition (rows) and gene (columns)."""
@@ -183,7 +179,7 @@ def condition_means(adata: ad.AnnData, conditions: Sequence[str], *, condition_k
         mask = labels == c
         if not mask.any():
             raise CapeInputError(f"condition {c!r} has no cells")
-        rows[c] = _dense(adata.X[mask]).mean(axis=0)
+        rows[c] = dense(adata.X[mask]).mean(axis=0)
     return pd.DataFrame.from_dict(rows, orient="index", columns=adata.var_names.astype(str))
 
 
@@ -199,7 +195,7 @@ def top_de_genes(adata: ad.AnnData, conditions: Sequence[str] | None = None, *, 
     labels = adata.obs[condition_key].astype(str)
     groups = sorted(set(labels) - {control}) if conditions is None else [str(c) for c in conditions]
     keep = labels.isin(set(groups) | {control}).to_numpy()
-    sub = ad.AnnData(X=_dense(adata.X[keep]).astype(np.float32), obs=pd.DataFrame(
+    sub = ad.AnnData(X=dense(adata.X[keep]).astype(np.float32), obs=pd.DataFrame(
         {"group": pd.Categorical(labels[keep].to_numpy())}, index=adata.obs_names[keep]),
         var=pd.DataFrame(index=adata.var_names.astype(str)))
     sub.uns["log1p"] = {"base": None}  # silence scanpy's "data not logarithmized" warning: X is log-scale

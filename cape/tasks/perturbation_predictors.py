@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from .._arrays import dense
 from .._errors import CapeInputError
-from .perturbation import CONTROL, _dense, condition_genes, condition_means
+from .perturbation import CONTROL, condition_genes, condition_means
 
 logger = logging.getLogger("cape")
 
@@ -200,7 +201,7 @@ def pca_gene_embeddings(adata: ad.AnnData, n_comps: int = 16, *, condition_key: 
     """Gene embeddings from unperturbed cells only: PCA loadings (genes × n_comps) scaled by the singular values."""
     from sklearn.decomposition import PCA
 
-    x = _dense(adata.X[(adata.obs[condition_key].astype(str) == control).to_numpy()])
+    x = dense(adata.X[(adata.obs[condition_key].astype(str) == control).to_numpy()])
     k = min(n_comps, x.shape[0] - 1, x.shape[1])
     pca = PCA(n_components=k, random_state=seed).fit(x)
     return pca.components_.T * np.sqrt(pca.explained_variance_)[None, :]

@@ -7,13 +7,15 @@ import argparse
 import logging
 from pathlib import Path
 
+from ._data import dataset_name, perturbation_data
+
 QUICK_NOTE = ("--quick: the small simulation of `cape bench encodings --quick` (50 genes), 5 GEARS epochs, Steps "
               "I-III at the encodings benchmark's quick settings; full: the larger simulation (100 genes), 20 "
               "epochs (GEARS' default). Seeds 0 1 in both")
 
 
-def register(commands, bench) -> None:
-    from ..bench.gears import ARMS, DEFAULT_ARMS
+def register(bench) -> None:
+    from ...bench.gears import ARMS, DEFAULT_ARMS
 
     p = bench.add_parser("gears", help="GEARS plain vs GEARS fed CAPE gene positions vs control embeddings "
                                        "(needs the 'gears' extra)",
@@ -44,17 +46,16 @@ def register(commands, bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._errors import CapeInputError
-    from .._settings import settings as cape_settings
-    from ..bench.gears import run_gears_benchmark
-    from .bench_encodings import _perturbation_data
+    from ..._errors import CapeInputError
+    from ..._settings import settings as cape_settings
+    from ...bench.gears import run_gears_benchmark
 
     if args.epochs is not None and args.epochs < 1:
         raise CapeInputError("--epochs must be at least 1")
     if args.go_graph.endswith((".pkl", ".csv")) and not Path(args.go_graph).is_file():
         raise CapeInputError(f"GO graph file not found: {args.go_graph}")
-    name = Path(args.dataset).stem if args.dataset.endswith(".h5ad") else args.dataset
-    adata = _perturbation_data(args.dataset, args.quick)
+    name = dataset_name(args.dataset)
+    adata = perturbation_data(args.dataset, args.quick)
     result = run_gears_benchmark(adata, dataset=name, arms=args.arms, seeds=args.seeds, quick=args.quick,
                                  epochs=args.epochs, go_graph=args.go_graph,
                                  trainable_embeddings=args.trainable_embeddings, positions_seed=args.positions_seed,

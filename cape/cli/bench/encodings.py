@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
+
+from ._data import dataset_keys, dataset_name, load_dataset, perturbation_data
 
 
 def _mode_note() -> str:
     """The two presets in words, read from :class:`BenchSettings` so that the help cannot drift from the code."""
-    from ..bench.encodings_models import BenchSettings
+    from ...bench.encodings_models import BenchSettings
 
     def words(s) -> str:
         return (f"{s.n_genes} genes, d_model {s.d_model} / {s.n_heads} heads, ≤ {s.max_len} tokens/cell, "
@@ -23,8 +24,8 @@ def _mode_note() -> str:
             f"{words(BenchSettings.for_mode(False))})")
 
 
-def register(commands, bench) -> None:
-    from ..bench.encodings_models import BACKBONES, TASKS
+def register(bench) -> None:
+    from ...bench.encodings_models import BACKBONES, TASKS
 
     mode_note = _mode_note()
     p = bench.add_parser("encodings", help="every positional encoding × scGPT/scBERT × seeds on a task, with CAPE "
@@ -58,40 +59,20 @@ def register(commands, bench) -> None:
     p.set_defaults(func=run)
 
 
-def _perturbation_data(name: str, quick: bool):
-    from ..data.perturbation import sachs_interventions, simulate_perturbation
-
-    if name == "simulated":
-        # the same simulations as `cape bench baselines --task perturbation`
-        if quick:
-            return simulate_perturbation(n_genes=50, n_edges=100, n_control=300, n_cells_per_perturbation=40,
-                                         n_single=20, n_double=30, seed=0)
-        return simulate_perturbation(n_genes=100, n_edges=200, n_control=1000, n_cells_per_perturbation=100,
-                                     n_single=40, n_double=60, seed=0)
-    from .tasks import _load
-
-    adata = _load(name, "perturbation")
-    if "observational" in adata.obs and "target" in adata.obs:  # Sachs 2005
-        adata = sachs_interventions(adata)
-    return adata
-
-
 def run(args: argparse.Namespace) -> int:
-    from .._errors import CapeInputError
-    from .._settings import settings as cape_settings
-    from ..bench.encodings import run_encodings_benchmark
-    from ..bench.encodings_models import BenchSettings, variants
-    from .tasks import _load
+    from ..._errors import CapeInputError
+    from ..._settings import settings as cape_settings
+    from ...bench.encodings import run_encodings_benchmark
+    from ...bench.encodings_models import BenchSettings, variants
 
     variants(args.encodings)  # unknown names fail before any data is loaded
-    name = Path(args.dataset).stem if args.dataset.endswith(".h5ad") else args.dataset
+    name = dataset_name(args.dataset)
     label_key = None
     if args.task == "perturbation":
-        adata = _perturbation_data(args.dataset, args.quick)
+        adata = perturbation_data(args.dataset, args.quick)
     else:
-        adata = _load(args.dataset, args.task)
-        keys = adata.uns.get("cape", {}).get("dataset", {}).get("keys", {})
-        label_key = args.label_key or keys.get("labels")
+        adata = load_dataset(args.dataset, args.task)
+        label_key, _ = dataset_keys(adata, args)
         if label_key is None:
             raise CapeInputError(f"dataset {name} has no label key in its manifest; pass --label-key")
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])

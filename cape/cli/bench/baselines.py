@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..bench.baselines import run_annotation_baselines, run_clustering_baselines, run_perturbation_benchmark
-from ..tasks.perturbation_predictors import dag_gene_embeddings, pca_gene_embeddings, random_gene_embeddings
+from ...bench.baselines import run_annotation_baselines, run_clustering_baselines, run_perturbation_benchmark
+from ...tasks.perturbation_predictors import dag_gene_embeddings, pca_gene_embeddings, random_gene_embeddings
+from ._data import dataset_keys, dataset_name, load_dataset, perturbation_data
 
 TASKS = ("annotation", "clustering", "perturbation")
 
 
-def register(commands, bench) -> None:
+def register(bench) -> None:
     p = bench.add_parser("baselines", help="task baselines: LR-on-PCA, PCA/ComBat/Harmony/Scanorama + k-means, "
                                            "no-change/additive/embedding perturbation predictors")
     p.add_argument("--task", choices=TASKS, required=True)
@@ -25,35 +26,16 @@ def register(commands, bench) -> None:
     p.set_defaults(func=run)
 
 
-def _load(name: str, task: str):
-    from .. import data
-
-    if name == "simulated":
-        if task != "perturbation":
-            from .._errors import CapeInputError
-
-            raise CapeInputError("dataset 'simulated' is the perturbation simulation; use --task perturbation")
-        return None
-    if name.endswith(".h5ad") or Path(name).exists():
-        return data.read(name, expect_counts=False)
-    return data.load(name)
-
-
-def _keys(adata, args) -> tuple[str | None, str | None]:
-    keys = adata.uns.get("cape", {}).get("dataset", {}).get("keys", {})
-    return args.label_key or keys.get("labels"), args.batch_key or keys.get("batch")
-
-
 def run(args: argparse.Namespace) -> int:
-    from .._errors import CapeInputError
-    from .._io import write_json, write_text
-    from .._tables import mean_sd_table
+    from ..._errors import CapeInputError
+    from ..._io import write_json, write_text
+    from ..._tables import mean_sd_table
 
     seeds = args.seeds[:1] if args.quick else args.seeds
-    name = Path(args.dataset).stem if args.dataset.endswith(".h5ad") else args.dataset
-    adata = _load(args.dataset, args.task)
+    name = dataset_name(args.dataset)
+    adata = load_dataset(args.dataset, args.task)
     if args.task in ("annotation", "clustering"):
-        label_key, batch_key = _keys(adata, args)
+        label_key, batch_key = dataset_keys(adata, args)
         if label_key is None:
             raise CapeInputError(f"dataset {name} has no label key in its manifest; pass --label-key")
         if args.task == "annotation":
@@ -74,15 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _perturbation(adata, name: str, seeds, quick: bool) -> list[dict]:
-    from ..data.perturbation import sachs_interventions, simulate_perturbation
-
-    if adata is None:
-        adata = simulate_perturbation(n_genes=50, n_edges=100, n_control=300, n_cells_per_perturbation=40,
-                                      n_single=20, n_double=30, seed=0) if quick else \
-            simulate_perturbation(n_genes=100, n_edges=200, n_control=1000, n_cells_per_perturbation=100,
-                                  n_single=40, n_double=60, seed=0)
-    elif "observational" in adata.obs and "target" in adata.obs:  # Sachs 2005
-        adata = sachs_interventions(adata)
+    adata = perturbation_data("simulated", quick, adata)
     d = min(16, adata.n_vars - 1)
     embeddings = {f"pca{d}_control": pca_gene_embeddings(adata, d), f"random{d}": random_gene_embeddings(
         adata.n_vars, d, seed=0)}
@@ -101,7 +75,7 @@ def _plot(records: list[dict], task: str, name: str, path: Path) -> None:
     import numpy as np
     import pandas as pd
 
-    from .._io import save_figure
+    from ..._io import save_figure
 
     frame = pd.DataFrame(records).dropna(subset=["value"])
     group = "subgroup" if task == "perturbation" else "metric"

@@ -1,0 +1,48 @@
+"""The data of ``cape bench`` commands: a registered dataset, an ``.h5ad`` path or the perturbation simulation, and the
+label/batch keys from the dataset's manifest."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import anndata as ad
+
+from ... import data
+from ..._errors import CapeInputError
+from ...data.perturbation import BENCHMARK_SIMULATIONS, sachs_interventions, simulate_perturbation
+from ...tasks.labels import manifest_key
+
+
+def dataset_name(dataset: str) -> str:
+    """The name records and output files carry: the file stem of an ``.h5ad``, else the dataset name."""
+    return Path(dataset).stem if dataset.endswith(".h5ad") else dataset
+
+
+def load_dataset(name: str, task: str) -> ad.AnnData | None:
+    """A registered dataset or an ``.h5ad`` file; ``None`` for ``"simulated"`` (perturbation only)."""
+    if name == "simulated":
+        if task != "perturbation":
+            raise CapeInputError("dataset 'simulated' is the perturbation simulation; use --task perturbation")
+        return None
+    if name.endswith(".h5ad") or Path(name).exists():
+        return data.read(name, expect_counts=False)
+    return data.load(name)
+
+
+def dataset_keys(adata: ad.AnnData, args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--label-key`` / ``--batch-key``, else the dataset manifest's."""
+    return (args.label_key or manifest_key(adata, "labels"),
+            getattr(args, "batch_key", None) or manifest_key(adata, "batch"))
+
+
+def perturbation_data(name: str, quick: bool, adata: ad.AnnData | None = None) -> ad.AnnData:
+    """GEARS-format perturbation data: the benchmark simulation (quick or full) for ``"simulated"``, else the dataset
+    (Sachs 2005 turned into its interventions)."""
+    if adata is None:
+        if name == "simulated":
+            return simulate_perturbation(**BENCHMARK_SIMULATIONS["quick" if quick else "full"])
+        adata = load_dataset(name, "perturbation")
+    if "observational" in adata.obs and "target" in adata.obs:  # Sachs 2005
+        adata = sachs_interventions(adata)
+    return adata
