@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ._errors import CapeInputError
 
@@ -97,7 +98,6 @@ def set_threads(n: int) -> None:
         logger.debug("threadpoolctl not installed: BLAS threads limited through the environment only")
     else:
         threadpool_limits(limits=n)  # applies now, to every loaded library (not used as a context manager)
-    import torch
 
     torch.set_num_threads(n)
 
@@ -176,7 +176,6 @@ def available_cpus(root: str | os.PathLike = "/sys/fs/cgroup",
 def default_threads() -> int:
     """Threads the CLI uses without ``--threads``: :func:`available_cpus`, lowered to torch's own default when that
     is smaller (``OMP_NUM_THREADS`` set by the user or a scheduler, or a caller that already limited torch)."""
-    import torch
 
     return max(1, min(available_cpus(), torch.get_num_threads()))
 
@@ -190,7 +189,6 @@ def resolve_device(device: str | None = "auto"):
 
     ``"auto"`` picks CUDA when available, else CPU. Asking for CUDA on a machine without it is a user error.
     """
-    import torch
 
     if device is None or device == "auto":
         device = settings.device
@@ -212,7 +210,6 @@ def resolve_seed(seed: int | None) -> int:
 
 def seed_everything(seed: int | None) -> int:
     """Seed Python, NumPy and torch (CPU and CUDA); returns the seed used."""
-    import torch
 
     s = resolve_seed(seed)
     random.seed(s)

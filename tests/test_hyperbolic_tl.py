@@ -141,7 +141,7 @@ def test_cape_runs_steps_one_to_three_in_order(monkeypatch):
     # Step I itself is tested with its own module; here a fast stand-in records the call and writes a DAG.
     import importlib
 
-    step1 = importlib.import_module("cape.tl.causal_graph")  # the module (cape.tl.causal_graph is the function)
+    pipeline = importlib.import_module("cape.tl.pipeline")  # where cape.tl.cape looks Step I up
 
     calls = {}
 
@@ -149,7 +149,7 @@ def test_cape_runs_steps_one_to_three_in_order(monkeypatch):
         calls.update(kwargs)
         adata.varp["cape_dag"] = barabasi_albert_dag(adata.n_vars, 2, seed=1)
 
-    monkeypatch.setattr(step1, "causal_graph", fake_causal_graph)
+    monkeypatch.setattr(pipeline, "causal_graph", fake_causal_graph)
     adata = make_adata()
     del adata.varp["cape_dag"]
     out = cape.tl.cape(adata, dim=4, epochs=10, seed=5, causal_kwargs={"epochs": 3}, copy=True)

@@ -33,8 +33,9 @@ SMALL = {"d_model": 8, "n_layers": 1, "n_heads": 2, "max_len": 16}
 
 
 def test_annotate_sets_split_predictions_and_metrics(labelled):
-    metrics = cape.tl.annotate(labelled, "cell_type", encoding="trainable_absolute", model_kwargs=SMALL,
-                               pretrain_epochs=1, epochs=1, seed=0, device="cpu")
+    assert cape.tl.annotate(labelled, "cell_type", encoding="trainable_absolute", model_kwargs=SMALL,
+                            pretrain_epochs=1, epochs=1, seed=0, device="cpu") is None  # scanpy style: in place
+    metrics = labelled.uns["cape"]["annotate"]["metrics"]
     split = labelled.obs["cape_split"].astype(str)
     assert (split == "fine_tune").sum() == 18 and (split == "test").sum() == 42
     assert set(labelled.obs["cape_prediction"].astype(str)) <= {"a", "b"}
@@ -42,13 +43,14 @@ def test_annotate_sets_split_predictions_and_metrics(labelled):
     expected = np.mean(labelled.obs["cape_prediction"].astype(str)[test] == labelled.obs["cell_type"].astype(str)[test])
     assert metrics["accuracy"] == pytest.approx(expected)
     assert metrics["n_test"] == 42
-    assert labelled.uns["cape"]["annotate"]["metrics"]["accuracy"] == metrics["accuracy"]
+    assert metrics["n_fine_tune"] == 18
 
 
 def test_annotate_copy_leaves_input_alone(labelled):
     out = cape.tl.annotate(labelled, "cell_type", encoding="none", model_kwargs=SMALL, pretrain_epochs=0, epochs=1,
                            seed=0, device="cpu", copy=True)
     assert "cape_prediction" in out.obs and "cape_prediction" not in labelled.obs
+    assert "accuracy" in out.uns["cape"]["annotate"]["metrics"]
 
 
 def test_annotate_bad_labels(labelled):
@@ -63,13 +65,15 @@ def test_annotate_bad_labels(labelled):
 def test_cluster_matches_the_bench_metrics(labelled):
     rng = np.random.default_rng(0)
     labelled.obsm["X_cape"] = rng.normal(size=(60, 4)) + 3.0 * (labelled.obs["cell_type"] == "b").to_numpy()[:, None]
-    metrics = cape.tl.cluster(labelled, "cell_type", seed=0)
+    assert cape.tl.cluster(labelled, "cell_type", seed=0) is None
+    metrics = labelled.uns["cape"]["cluster"]["metrics"]
     clusters = labelled.obs["cape_cluster"].astype(int).to_numpy()
     ref = clustering_metrics(labelled.obsm["X_cape"], labelled.obs["cell_type"].to_numpy(), clusters)
     assert metrics == {"k": 2, **ref}
     assert metrics["ARI"] > 0.9  # well-separated groups are found
-    only_k = cape.tl.cluster(labelled, n_clusters=3, key_added="k3", seed=0)
-    assert only_k == {"k": 3} and labelled.obs["k3"].nunique() == 3
+    only_k = cape.tl.cluster(labelled, n_clusters=3, key_added="k3", seed=0, copy=True)
+    assert only_k.uns["cape"]["cluster"]["metrics"] == {"k": 3} and only_k.obs["k3"].nunique() == 3
+    assert "k3" not in labelled.obs
 
 
 def test_cluster_bad_input(labelled):
@@ -84,8 +88,10 @@ def test_predict_perturbation_writes_predictions_and_baselines(tmp_path):
     adata = simulate_perturbation(n_genes=16, n_edges=24, n_control=60, n_cells_per_perturbation=8, n_single=10,
                                   n_double=10, seed=0)
     adata.varm["cape_gene_embedding"] = pca_gene_embeddings(adata, 4)
-    metrics = cape.tl.predict_perturbation(adata, seed=0, predictor_kwargs={"epochs": 5})
+    assert cape.tl.predict_perturbation(adata, seed=0, predictor_kwargs={"epochs": 5}) is None
     out = adata.uns["cape_perturbation"]
+    metrics = out["metrics"]
+    assert adata.uns["cape"]["predict_perturbation"]["metrics"] == metrics
     assert list(out["predicted_mean"].index) == out["split"]["test"]
     assert list(out["predicted_mean"].columns) == list(adata.var_names)
     assert metrics["mse_overall"] == pytest.approx(np.mean(list(out["top_de_mse"].values())))

@@ -25,13 +25,17 @@ import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import encodings as enc_registry
+from .._io import save_figure, write_json, write_text
 from .._progress import progress
 from .._settings import resolve_device
+from .._tables import mean_sd_table
 from ..encodings import GenePositions, PositionalEncoding
 
 logger = logging.getLogger("cape")
@@ -295,13 +299,8 @@ def summarise(records: list[dict]) -> dict[str, float]:
 
 def write_report(records: list[dict], out: str | Path, name: str = "attention") -> dict[str, Path]:
     """``<out>/<name>.json`` (records), ``.md`` (mean ± sd table), ``.png`` (time ratio, peak memory)."""
-    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .._io import save_figure, write_json, write_text
-    from .._tables import mean_sd_table
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,11 +26,19 @@ import logging
 import time
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from .. import data
+from .._errors import CapeInputError
 from .._io import save_figure, write_json, write_text
 from .._tables import mean_sd_table
+from ..causal import fit_variational_notears, make_dag
 from ..causal.metrics import dag_metrics
+from ..data.simulate import simulate_sem
 from .peers import PEERS, run_peer
 
 __all__ = ["CAPE_METHODS", "INPUTS", "SETTINGS", "run_causal_benchmark", "standardized"]
@@ -69,12 +77,10 @@ def _low_rank(n_nodes: int) -> int:
 def _dataset(setting: str, seed: int, n_samples: int | None):
     spec = SETTINGS[setting]
     if spec["kind"] == "sem":
-        from ..data.simulate import simulate_sem
 
         n = n_samples or spec["n_samples"]
         a = simulate_sem(spec["n_nodes"], 2 * spec["n_nodes"], n, graph="scale_free", sem="mlp", seed=seed)
         return np.asarray(a.X, dtype=np.float64), a.varp["true_dag"].toarray()
-    from .. import data
 
     a = data.load("sachs2005")
     if spec["cells"] == "observational":
@@ -91,8 +97,6 @@ def standardized(X: np.ndarray) -> np.ndarray:
 
 
 def _run_cape(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
-    from ..causal import fit_variational_notears, make_dag
-
     options = dict(CAPE_METHODS[method])
     if options["rank"] == "low":
         options["rank"] = _low_rank(X.shape[1])
@@ -110,7 +114,6 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
 
     ``inputs``: any of :data:`INPUTS` (default ``["raw"]``); ``seed_offset``: first seed.
     """
-    from .._errors import CapeInputError
 
     settings = settings or (QUICK["settings"] if quick else list(SETTINGS))
     methods = methods or (QUICK["methods"] if quick else [*CAPE_METHODS, *PEERS])
@@ -169,7 +172,6 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
 
 def _median_table(records: list[dict], metrics: tuple[str, ...] = ("shd", "f1", "seconds")) -> str:
     """Markdown table of the median over seeds of ``metrics`` per setting, input and method (finished runs)."""
-    import pandas as pd
 
     frame = pd.DataFrame([r for r in records if r["metric"] in metrics and r.get("status", "ok") == "ok"])
     if frame.empty:
@@ -185,12 +187,7 @@ def _median_table(records: list[dict], metrics: tuple[str, ...] = ("shd", "f1", 
 
 
 def _figure(records: list[dict]):
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     if len({r.get("input", "raw") for r in records}) > 1:
         # One bar group per setting and input.

@@ -20,10 +20,15 @@ import logging
 import time
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+import torch
 
 from .._io import save_figure, write_json, write_text
 from .._tables import mean_sd_table
+from ..causal import LinearisedAcyclicity, acyclicity_dense, acyclicity_low_rank, fit_variational_notears
+from ..causal.trainer import AUTO_H_EVERY, EXACT_ACYCLICITY_MAX
 
 __all__ = ["run_causal_scale"]
 
@@ -36,8 +41,6 @@ QUICK = {"N": [2_000, 5_000, 10_000], "M": [50, 100, 200, 400], "dense_max_M": 4
 
 
 def _epoch_seconds(n_cells: int, n_genes: int, rank: int | None, device: str, seed: int = 0) -> float:
-    from ..causal import fit_variational_notears
-
     X = np.random.default_rng(seed).normal(size=(n_cells, n_genes)).astype(np.float32)
     fit = fit_variational_notears(X, rank=rank, epochs=1, device=device, seed=seed,
                                   progress_desc=f"N={n_cells} M={n_genes}")
@@ -45,10 +48,6 @@ def _epoch_seconds(n_cells: int, n_genes: int, rank: int | None, device: str, se
 
 
 def _h_seconds(n_genes: int, method: str, device: str, rank: int = 40, repeats: int = 3) -> float:
-    import torch
-
-    from ..causal import LinearisedAcyclicity, acyclicity_dense, acyclicity_low_rank
-
     gen = torch.Generator().manual_seed(0)
     U = (torch.randn(n_genes, rank, generator=gen) * 0.05).to(device).requires_grad_()
     V = (torch.randn(n_genes, rank, generator=gen) * 0.05).to(device).requires_grad_()
@@ -70,7 +69,6 @@ def _h_seconds(n_genes: int, method: str, device: str, rank: int = 40, repeats: 
 
 def run_causal_scale(out: str | Path = "results/bench", quick: bool = False) -> list[dict]:
     """Run the sweeps on CPU (and CUDA when available); write ``causal_scale.*``; return the records."""
-    import torch
 
     grid = QUICK if quick else FULL
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -102,7 +100,6 @@ def run_causal_scale(out: str | Path = "results/bench", quick: bool = False) -> 
     for sweep, key in (("N", "n_cells"), ("M", "n_genes"), ("h", "n_genes")):
         sub = [r for r in records if r["sweep"] == sweep]
         tables.append(f"## sweep {sweep}\n\n" + mean_sd_table(sub, rows=["device", key], columns=["method"]))
-    from ..causal.trainer import AUTO_H_EVERY, EXACT_ACYCLICITY_MAX
 
     write_text(f"# Step I scaling{' (quick)' if quick else ''}\n\nseconds per epoch (N, M sweeps; batch 128; "
                f"default h_every: exact acyclicity every step while min(M, k) ≤ {EXACT_ACYCLICITY_MAX}, else "
@@ -114,10 +111,7 @@ def run_causal_scale(out: str | Path = "results/bench", quick: bool = False) -> 
 
 
 def _figure(records: list[dict]):
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, (sweep, key, ylabel) in zip(axes, [("N", "n_cells", "s / epoch"), ("M", "n_genes", "s / epoch"),

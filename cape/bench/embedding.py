@@ -20,11 +20,21 @@ import logging
 import time
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import networkx as nx
 import numpy as np
+import pandas as pd
 import scipy.sparse as sp
+import torch
 from scipy.stats import spearmanr
 from sklearn.metrics import average_precision_score
+
+from .._io import save_figure, write_json, write_text
+from .._tables import mean_sd_table
+from ..hyperbolic import embed_dag
+from ..hyperbolic.embedding import DEFAULT_LR, DEFAULT_NEGATIVES, DEFAULT_TEMPERATURE
+from ..hyperbolic.geometry import GEOMETRIES
 
 logger = logging.getLogger("cape")
 
@@ -111,9 +121,6 @@ def embedding_fidelity(points: np.ndarray, poincare: np.ndarray, adjacency: sp.s
     dict
         ``map``, ``spearman`` and (``with_oracle``) ``oracle_map``, ``oracle_map_pessimistic``.
     """
-    import torch
-
-    from ..hyperbolic.geometry import GEOMETRIES
 
     x = torch.as_tensor(points, dtype=torch.float64)
     dist = GEOMETRIES[geometry].dist_matrix(x, x).numpy()
@@ -126,8 +133,6 @@ def embedding_fidelity(points: np.ndarray, poincare: np.ndarray, adjacency: sp.s
 
 
 def _fidelity_records(dims, seeds, epochs: int, n_nodes: int) -> list[dict]:
-    from ..hyperbolic import embed_dag
-
     records: list[dict] = []
     for seed in seeds:
         adjacency = barabasi_albert_dag(n_nodes, 2, seed=seed)
@@ -156,11 +161,6 @@ def _scaling_records(quick: bool, out: Path, seed: int = 0) -> list[dict]:
     """Time against M for the exact and the sampled loss, MAP of both where both run, and the full
     2,000-gene, d = 32, 1,000-epoch embedding. Records are written to ``out`` after every run, so an
     interrupted benchmark still leaves what it measured."""
-    import torch
-
-    from .._io import write_json
-    from ..hyperbolic import embed_dag
-    from ..hyperbolic.embedding import DEFAULT_NEGATIVES
 
     # K = DEFAULT_NEGATIVES ≥ M would be the exact loss, so the fidelity comparison at a size where the exact
     # loss also runs samples fewer negatives (K = 256 of M = 300): a stress test of sampling.
@@ -239,15 +239,12 @@ def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, dim
     ``"scaling"``: time against M for the exact and the sampled loss, MAP of both at 300 genes, and the time
     of a 2,000-gene, d = 32, 1,000-epoch embedding → ``embedding_scaling.json``, ``.md``, ``.png``.
     """
-    from .._io import write_json, write_text
-    from .._tables import mean_sd_table
 
     if quick:
         dims, seeds, epochs, n_nodes = (2, 8), (0,), min(epochs, 150), 40
     out = Path(out)
     records: list[dict] = []
     if "fidelity" in sections:
-        from ..hyperbolic.embedding import DEFAULT_LR, DEFAULT_TEMPERATURE
 
         start = time.perf_counter()
         fidelity = _fidelity_records(list(dims), list(seeds), epochs, n_nodes)
@@ -268,7 +265,6 @@ def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, dim
         start = time.perf_counter()
         scaling = _scaling_records(quick, out)
         records += scaling
-        import torch
 
         lines = ["# Step II: time against M, exact against sampled loss (d = 32, BA DAGs, 2 edges per node)", "",
                  f"torch threads: {torch.get_num_threads()}. seconds = wall clock; cpu seconds = CPU time of the "
@@ -300,13 +296,7 @@ def _per_seed_table(records: list[dict]) -> str:
 
 
 def _plot(records: list[dict], path: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import pandas as pd
-
-    from .._io import save_figure
 
     frame = pd.DataFrame(records)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -330,13 +320,7 @@ def _plot(records: list[dict], path: Path) -> None:
 
 
 def _plot_scaling(records: list[dict], path: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import pandas as pd
-
-    from .._io import save_figure
 
     frame = pd.DataFrame(records)
     timing = frame[frame.part == "time vs M"]

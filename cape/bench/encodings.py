@@ -30,10 +30,12 @@ default encoding (scGPT: ``trainable_absolute``, scBERT: ``static_absolute``).
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import os
 import platform
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +43,12 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+import torch
 
 from .._errors import CapeInputError
 from .._io import write_json, write_text
+from .._progress import progress
+from .._settings import settings as cape_settings
 from ..tasks.annotation import annotation_split, logistic_regression_pca
 from ..tasks.clustering import clustering_metrics, kmeans_clusters, pca_embedding
 from ..tasks.labels import checked_labels
@@ -88,8 +93,6 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
     ``jobs`` > 1 trains that many models at once in worker processes (each with ``threads`` threads; Steps I–III
     and the baselines still run once, here); every model is seeded, so the records do not depend on ``jobs``.
     """
-    import torch
-
 
     if task not in TASKS:
         raise CapeInputError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
@@ -224,10 +227,6 @@ _WORKER_CONTEXT: _RunContext | None = None
 
 
 def _worker_init(context: _RunContext) -> None:
-    import torch
-
-    from .._settings import settings as cape_settings
-
     global _WORKER_CONTEXT
     _WORKER_CONTEXT = context
     if context.threads:
@@ -246,10 +245,6 @@ def _run_models(context: _RunContext, unique: dict[tuple, tuple[str, Variant, in
     """Outcome of every distinct model, in this process (``jobs`` = 1) or in a pool of worker processes."""
     if jobs == 1 or len(unique) <= 1:
         return {key: _model_outcome(context, *job) for key, job in unique.items()}
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from .._progress import progress
 
     # "spawn": a forked child would inherit torch's thread pools and locks from this process.
     with ProcessPoolExecutor(max_workers=min(jobs, len(unique)), mp_context=mp.get_context("spawn"),

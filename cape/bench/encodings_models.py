@@ -13,10 +13,12 @@ from pathlib import Path
 import anndata as ad
 import numpy as np
 import pandas as pd
+import scanpy as sc
 import scipy.sparse as sp
 
-from .. import encodings
+from .. import encodings, tl
 from .._errors import CapeInputError
+from ..models import CellTransformer
 from ..tasks.annotation import annotation_metrics, fine_tune_cells, roles
 from ..tasks.clustering import cluster_embedding
 from ..tasks.perturbation import PerturbationTask
@@ -134,7 +136,6 @@ def prepare_expression(adata: ad.AnnData, n_genes: int) -> ad.AnnData:
     Small negative values (krumsiek11's simulation noise) are clipped to 0 with a log line: the backbones bin
     non-negative log expression.
     """
-    import scanpy as sc
 
     out = adata.copy()
     x = out.X
@@ -193,7 +194,6 @@ def position_sets(adata: ad.AnnData, needed: Sequence[str], settings: BenchSetti
 
     Returns ``{set name: AnnData with the set's var/varm/varp keys}`` and timing records.
     """
-    from .. import tl
 
     needed = [s for s in POSITION_SETS if s in set(needed)]
     out: dict[str, ad.AnnData] = {}
@@ -248,7 +248,6 @@ def position_sets(adata: ad.AnnData, needed: Sequence[str], settings: BenchSetti
 def build_model(data: ad.AnnData, backbone: str, variant: Variant, settings: BenchSettings, seed: int,
                 device: str | None = None):
     """A :class:`~cape.models.CellTransformer` for ``variant`` on ``data`` (which carries the position keys)."""
-    from ..models import CellTransformer
 
     return CellTransformer(data, backbone, variant.encoding, d_model=settings.d_model, n_layers=settings.n_layers,
                            n_heads=settings.n_heads, max_len=settings.max_len, dropout=settings.dropout, seed=seed,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from .._errors import CapeInputError
@@ -108,10 +110,8 @@ def _task_note(task: str, s: BenchSettings) -> str:
 
 def plot_results(records: Sequence[dict], task: str, dataset: str, path: str | Path) -> Path:
     """Bars per encoding (mean ± sd over seeds), one panel per backbone × headline metric; baselines as lines."""
-    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     stats = summary_frame(records)
     measured = set(stats.loc[stats["mean"].notna(), "metric"])  # e.g. no doubles in Sachs 2005

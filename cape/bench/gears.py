@@ -5,16 +5,23 @@ The adapter itself is :mod:`cape.tasks.gears`."""
 from __future__ import annotations
 
 import logging
+import os
+import platform
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import anndata as ad
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+import torch
 
+from .. import tl
 from .._errors import CapeInputError
+from .._io import save_figure, write_json, write_text
 from ..tasks.gears import mse_excluding_targets, run_gears
 from ..tasks.gears_inputs import _import_gears
 from ..tasks.perturbation import (
@@ -26,6 +33,7 @@ from ..tasks.perturbation_predictors import (
     pca_gene_embeddings,
     random_gene_embeddings,
 )
+from .encodings_models import BenchSettings, position_sets, prepare_expression
 
 logger = logging.getLogger("cape")
 
@@ -80,10 +88,6 @@ def run_gears_benchmark(adata: ad.AnnData, *, dataset: str = "data", arms: Seque
     settings as ``cape bench encodings``, quick or full, changed by ``settings_overrides``, e.g. ``causal_tau``),
     once, shared by every seed. Returns ``{"records", "seconds", "cpu_seconds", "paths"}``.
     """
-    import torch
-
-    from .._io import write_json, write_text
-    from .encodings_models import BenchSettings, position_sets, prepare_expression
 
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
@@ -145,8 +149,6 @@ def run_gears_benchmark(adata: ad.AnnData, *, dataset: str = "data", arms: Seque
     seconds = time.perf_counter() - start
     result = {"records": records, "seconds": seconds, "cpu_seconds": time.process_time() - cpu_start, "paths": {}}
     if out is not None:
-        import os
-        import platform
 
         stem = Path(out) / (name or f"gears_{dataset}")
         stem.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +164,6 @@ def run_gears_benchmark(adata: ad.AnnData, *, dataset: str = "data", arms: Seque
 
 def _oracle_positions(data: ad.AnnData, control: ad.AnnData, settings, seed: int, device) -> np.ndarray:
     """Poincaré positions of Steps II–III on the data's known DAG (``varp["true_dag"]`` / ``["true_graph"]``)."""
-    from .. import tl
 
     key = next((k for k in KNOWN_GRAPH_KEYS if k in data.varp), None)
     if key is None:
@@ -238,12 +239,8 @@ def gears_markdown(result: dict, dataset: str, info: dict) -> str:
 def plot_gears(records: Sequence[dict], dataset: str, path: str | Path) -> Path:
     """Bars per arm (mean ± sd over seeds) for overall / single / double MSE and the overall MSE without the
     perturbed genes themselves; baselines as dashed lines."""
-    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .._io import save_figure
 
     frame = pd.DataFrame([r for r in records if r.get("kind") in ("gears", "baseline")])
     frame["value"] = frame["value"].astype(float)

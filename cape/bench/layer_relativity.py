@@ -4,10 +4,19 @@ masked-value pretraining (the measurement itself is :func:`cape.tasks.attention.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import anndata as ad
+import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
 
+from .. import encodings as registry
 from .._errors import CapeInputError
+from .._io import save_figure, write_json, write_text
+from .._tables import mean_sd_table
+from ..models import CellTransformer
 from ..tasks.attention import layer_non_relativity
 
 logger = logging.getLogger("cape")
@@ -26,14 +35,6 @@ def run_benchmark(adata: ad.AnnData, out, *, dataset: str = "data", encodings: l
     e.g. ``results/<dataset>/encoded.h5ad`` of the workflow), so that every model is also measured against the
     same causal geometry (key ``cape_poincare``).
     """
-    from pathlib import Path
-
-    import torch
-
-    from .. import encodings as registry
-    from .._io import write_json, write_text
-    from .._tables import mean_sd_table
-    from ..models import CellTransformer
 
     missing = [k for k, slot in (("cape_poincare", adata.varm), ("cape_angles", adata.varm),
                                  ("cape_dag", adata.varp)) if k not in slot]
@@ -85,13 +86,7 @@ def run_benchmark(adata: ad.AnnData, out, *, dataset: str = "data", encodings: l
 
 
 def _plot(records: list[dict], path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import pandas as pd
-
-    from .._io import save_figure
 
     frame = pd.DataFrame(records)
     keys = list(dict.fromkeys(frame["key"]))

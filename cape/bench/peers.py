@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 __all__ = ["PEERS", "PeerResult", "run_peer"]
 
@@ -49,9 +51,6 @@ class PeerResult:
 
 def _fit(method: str, X: np.ndarray, seed: int) -> np.ndarray:
     """Run one peer on X in this (child) process and return its weighted adjacency."""
-    import random
-
-    import torch
 
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002 (the peers draw from NumPy's global generator)
@@ -59,13 +58,14 @@ def _fit(method: str, X: np.ndarray, seed: int) -> np.ndarray:
     d = X.shape[1]
     if method.startswith("dagma"):
         if method == "dagma_linear":
-            from dagma.linear import DagmaLinear
+            from dagma.linear import DagmaLinear  # optional dependency (extra `peers`)
 
             return np.asarray(DagmaLinear(loss_type="l2").fit(X, lambda1=0.02))
-        from dagma.nonlinear import DagmaMLP, DagmaNonlinear
+        from dagma.nonlinear import DagmaMLP, DagmaNonlinear  # optional dependency (extra `peers`)
 
         model = DagmaMLP(dims=[d, 10, 1], bias=True, dtype=torch.double)
         return np.asarray(DagmaNonlinear(model, dtype=torch.double).fit(X, lambda1=0.02, lambda2=0.005))
+    # Only in the child process: importing castle.algorithms sets torch's default dtype and the root logger.
     import castle.algorithms as algorithms
 
     if method == "notears":

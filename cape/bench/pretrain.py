@@ -17,12 +17,17 @@ import os
 import platform
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
+import torch
 
-from .. import encodings
+from .. import data, encodings
 from .._errors import CapeInputError
 from .._io import save_figure, write_json, write_text
 from .._tables import mean_sd_table
+from ..models import CellTransformer, GeneVocab, gene_positions, random_positions
 
 logger = logging.getLogger("cape")
 
@@ -31,7 +36,6 @@ DEFAULT_ENCODINGS = ["none", "trainable_absolute", "rope", "cape"]
 
 def _positions_for(adata, model_vocab_genes, encoding: str, seed: int):
     """Positions from the AnnData when it has what ``encoding`` needs, else random stand-ins."""
-    from ..models import GeneVocab, gene_positions, random_positions
 
     vocab = GeneVocab.from_genes(model_vocab_genes)
     try:
@@ -48,10 +52,6 @@ def run_benchmark(out: str | Path, *, quick: bool = False, input_path: str | Non
                   d_model: int = 64, n_layers: int = 2, n_heads: int = 4, max_len: int = 256,
                   batch_size: int = 32) -> list[dict]:
     """Run the benchmark and write its JSON, markdown and PNG; returns the records."""
-    import torch
-
-    from .. import data
-    from ..models import CellTransformer
 
     out = Path(out)
     architectures = architectures or ["scgpt", "scbert"]
@@ -112,11 +112,7 @@ def run_benchmark(out: str | Path, *, quick: bool = False, input_path: str | Non
 
 
 def _plot(curves: dict, records: list[dict], path: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     archs = sorted({k[0] for k in curves})
     fig, axes = plt.subplots(1, len(archs) + 1, figsize=(4.2 * (len(archs) + 1), 3.6))

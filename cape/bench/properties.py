@@ -23,10 +23,22 @@ import math
 import time
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+import scipy.sparse as sp
 import torch
+from scipy.stats import spearmanr
 
 from .._arrays import dense
+from .._io import save_figure, write_json, write_text
+from ..data.simulate import simulate_sem
+from ..encodings.rotary import apply_rotary
+from ..hyperbolic import khop_positives
+from ..hyperbolic.poincare import poincare_distance
+from ..pl.poincare import generality, poincare
+from ..tl.causal_graph import causal_graph
+from ..tl.hyperbolic import hyperbolic_embedding
 
 logger = logging.getLogger("cape")
 
@@ -58,7 +70,6 @@ def alpha_beta(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 def attention_score(q: torch.Tensor, k: torch.Tensor, e_m: torch.Tensor, e_n: torch.Tensor,
                     scale: float = C_SCALE) -> torch.Tensor:
     """A = (R(φ_m) q)ᵀ (R(φ_n) k) = qᵀR(φ_n − φ_m)k with φ = c·e (Eq. 25)."""
-    from ..encodings.rotary import apply_rotary
 
     return (apply_rotary(q, scale * e_m) * apply_rotary(k, scale * e_n)).sum(-1)
 
@@ -215,20 +226,12 @@ def fig_s3(seed: int = 0, d_model: int = 128, sigmas=(0.1, 0.2, 0.3), n_max: int
 def fig_3c(seed: int = 0, quick: bool = False, step1_epochs: int | None = None):
     """Learn the 10-node BA DAG with Step I from simulated data (gcastle MLP SEM), then embed the learned and
     the true DAG in P³ (Step II). Returns records and the two AnnData objects (learned, true)."""
-    from ..data.simulate import simulate_sem
-    from ..tl.hyperbolic import hyperbolic_embedding
 
     n_samples = 1000 if quick else 5000
     epochs = step1_epochs if step1_epochs is not None else (20 if quick else 100)
     adata = simulate_sem(10, 20, n_samples, graph="scale_free", sem="mlp", seed=seed)
     source = f"Step I (cape.tl.causal_graph, {n_samples} samples, {epochs} epochs)"
-    try:
-        from ..tl.causal_graph import causal_graph
-
-        causal_graph(adata, rank=None, epochs=epochs, seed=seed, use_genes=None)
-    except ImportError:  # pragma: no cover - Step I ships with cape
-        adata.varp["cape_dag"] = adata.varp["true_dag"]
-        source = "true simulated DAG (Step I unavailable)"
+    causal_graph(adata, rank=None, epochs=epochs, seed=seed, use_genes=None)
     if sp_nnz(adata.varp["cape_dag"]) == 0:
         logger.warning("Step I learned no edge on the Fig. 3c data; embedding the true DAG instead")
         adata.varp["cape_dag"] = adata.varp["true_dag"]
@@ -249,10 +252,6 @@ def fig_3c(seed: int = 0, quick: bool = False, step1_epochs: int | None = None):
 
 
 def _embedding_summary(adata, label: str) -> list[dict]:
-    from scipy.stats import spearmanr
-
-    from ..hyperbolic import khop_positives
-
     keep = adata.var["cape_embedded"].to_numpy(dtype=bool)
     norms = np.linalg.norm(adata.varm["cape_poincare"], axis=1)
     pi = adata.var["cape_generality"].to_numpy(dtype=float)
@@ -276,14 +275,10 @@ def _embedding_summary(adata, label: str) -> list[dict]:
 
 
 def sp_nnz(matrix) -> int:
-    import scipy.sparse as sp
-
     return int(sp.csr_matrix(matrix).count_nonzero())
 
 
 def _poincare_dist_matrix(e: np.ndarray) -> np.ndarray:
-    from ..hyperbolic.poincare import poincare_distance
-
     t = torch.from_numpy(np.asarray(e, dtype=np.float64))
     return poincare_distance(t[:, None], t[None]).numpy()
 
@@ -293,7 +288,6 @@ def _poincare_dist_matrix(e: np.ndarray) -> np.ndarray:
 def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, seed: int = 0,
                   step1_epochs: int | None = None) -> list[dict]:
     """Run the three parts and write ``properties.json``, ``properties.md`` and three PNGs under ``out``."""
-    from .._io import write_json, write_text
 
     out = Path(out)
     start = time.perf_counter()
@@ -338,12 +332,7 @@ def _row(record: dict) -> str:
 
 
 def _plot_s2(s2: dict, path: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .._io import save_figure
 
     fig = plt.figure(figsize=(13, 4))
     ax = fig.add_subplot(131, projection="3d")
@@ -376,12 +365,7 @@ def _plot_s2(s2: dict, path: Path) -> None:
 
 
 def _plot_s3(s3: dict, path: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .._io import save_figure
 
     sigmas = list(s3["xi"])
     fig, axes = plt.subplots(1, len(sigmas), figsize=(4.2 * len(sigmas), 3.4), sharey=True)
@@ -403,13 +387,7 @@ def _plot_s3(s3: dict, path: Path) -> None:
 
 
 def _plot_3c(adata, truth, path: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .._io import save_figure
-    from ..pl.poincare import generality, poincare
 
     fig = plt.figure(figsize=(16, 4.8))
     ax1 = fig.add_subplot(131, projection="3d")

@@ -35,6 +35,7 @@ The per-gene MLPs dominate the cost at large M; on CPU they are run through ``to
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -122,7 +123,6 @@ def _enable_compiled_mlps(model: VariationalNotears, *batches: torch.Tensor) -> 
     One trial per batch size met in training, so that compiling (and the recompile for a second shape)
     happens here and not inside the timed epochs.
     """
-    import copy
 
     trial = copy.deepcopy(model)
     for mlp in (trial.encoder_mlp, trial.decoder_mlp):

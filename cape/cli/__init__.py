@@ -14,8 +14,9 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+from .. import __version__
 from .._errors import CapeInputError
-from .._settings import settings
+from .._settings import default_threads, resolve_device, settings
 from . import bench, causal, data, embed, encode, encodings, evaluate, preprocess, train
 from ._io import positive_int
 
@@ -31,8 +32,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
-
     parser = _Parser(prog="cape", description="Causality-aware positional encodings for single-cell data.")
     parser.add_argument("--version", action="version", version=f"cape {__version__}")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: cape.settings.seed = 0)")
@@ -93,11 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.seed is not None:
             settings.seed = args.seed
         if args.command != "data":  # every other command computes; `cape data` need not import torch
-            from .._settings import default_threads
 
             settings.n_threads = args.global_threads if args.global_threads is not None else default_threads()
         if args.device is not None:
-            from .._settings import resolve_device
 
             resolve_device(args.device)  # validate early: one line if CUDA is missing
             settings.device = args.device

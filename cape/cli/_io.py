@@ -6,10 +6,12 @@ import argparse
 import os
 from pathlib import Path
 
+from .. import data
+from .._errors import CapeInputError
+
 
 def read_input(spec: str, *, expect_counts: bool | None = None):
     """Read ``spec``: a file path (validated by :func:`cape.data.read`), or ``dataset:NAME`` for a named dataset."""
-    from .. import data
 
     if spec.startswith("dataset:"):
         return data.load(spec.split(":", 1)[1])
@@ -30,7 +32,6 @@ def check_output(path: str, *inputs: str | None, suffix: str | None = ".h5ad", o
     Outputs are written atomically over the target, so an output equal to an input would silently replace the
     user's file; ``dataset:NAME`` inputs and ``None`` are skipped.
     """
-    from .._errors import CapeInputError
 
     out = Path(path)
     if suffix is not None and out.suffix != suffix:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from ._io import positive_int
+from .._errors import CapeInputError
+from .._io import write_h5ad
+from ..pp.preprocess import detect_scale
+from ..tl.causal_graph import causal_graph
+from ._io import check_output, positive_int, read_input
 
 
 def _rank(value: str) -> int | None:
@@ -57,15 +61,9 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._io import write_h5ad
-    from ..tl.causal_graph import causal_graph
-    from ._io import check_output, read_input
-
     out = check_output(args.output, args.input)
     adata = read_input(args.input)
     if args.use_genes == "cape_used" and "cape_used" not in adata.var:
-        from .._errors import CapeInputError
-        from ..pp.preprocess import detect_scale
 
         if detect_scale(adata) == "counts":  # raw counts of every gene: Step I would run on all of them
             raise CapeInputError(f"{args.input} holds raw counts and no var['cape_used']: run `cape preprocess` "

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from .. import data
+from .._io import write_h5ad
+from ..data import manifests, simulate_expression
+from ._io import check_output
+
 
 def register(commands) -> None:
     parser = commands.add_parser("data", help="list and fetch the named datasets of data_manifests/")
@@ -30,8 +35,6 @@ def register(commands) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from ..data import manifests
-
     for name, m in manifests().items():
         summary = textwrap.shorten(m.description, width=90, placeholder=" …")
         print(f"{name:<18} {m.source['type']:<10} {summary}")
@@ -39,10 +42,6 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from .. import data
-    from .._io import write_h5ad
-    from ._io import check_output
-
     if args.output is not None:
         check_output(args.output)
     files = data.fetch(args.name)
@@ -55,10 +54,6 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from .._io import write_h5ad
-    from ..data import simulate_expression
-    from ._io import check_output
-
     out = check_output(args.output)
     adata = simulate_expression(args.cells, args.genes, kind=args.kind, n_cell_types=args.cell_types,
                                 n_regulated=args.regulated, seed=args.seed)

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .._errors import CapeInputError
+from .._io import write_h5ad
+from ..tl.hyperbolic import hyperbolic_embedding
 from ._io import check_output, read_input
 
 
@@ -44,9 +52,6 @@ def register(commands) -> None:
 
 
 def run_embed(args: argparse.Namespace) -> int:
-    from .._io import write_h5ad
-    from ..tl.hyperbolic import hyperbolic_embedding
-
     out = check_output(args.output, args.input, getattr(args, "adjacency", None))
     adata = read_input(args.input, expect_counts=False)
     adjacency = None if args.adjacency is None else read_adjacency(args.adjacency, adata.var_names)
@@ -62,13 +67,6 @@ def run_embed(args: argparse.Namespace) -> int:
 def read_adjacency(path: str, var_names):
     """A user's gene × gene adjacency: ``.npy``/``.npz`` (dense or scipy sparse, rows = var_names) or ``.csv``
     (header and index = gene names, reordered to var_names; genes absent from the file get no edges)."""
-    from pathlib import Path
-
-    import numpy as np
-    import pandas as pd
-    import scipy.sparse as sp
-
-    from .._errors import CapeInputError
 
     p = Path(path)
     if not p.is_file():

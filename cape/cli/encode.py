@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from .._io import write_h5ad
+from ..tl.rotary import rotary_encoding
 from ._io import check_output, read_input
 
 
@@ -17,9 +19,6 @@ def register(commands) -> None:
 
 
 def run_encode(args: argparse.Namespace) -> int:
-    from .._io import write_h5ad
-    from ..tl.hyperbolic import rotary_encoding
-
     out = check_output(args.output, args.input)
     adata = read_input(args.input, expect_counts=False)
     rotary_encoding(adata, scale=args.scale)

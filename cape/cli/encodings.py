@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from .. import encodings
+from ..encodings.base import POSITION_SOURCES
+
 
 def register(commands) -> None:
     lister = commands.add_parser("encodings", help="list the positional encodings and what each needs")
@@ -11,9 +14,6 @@ def register(commands) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from .. import encodings
-    from ..encodings.base import POSITION_SOURCES
-
     for name in encodings.available():
         cls = encodings.get_class(name)
         needs = "nothing" if cls.requires is None else POSITION_SOURCES[cls.requires].split(" missing")[0]

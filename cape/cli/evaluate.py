@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from .. import data
+from .._errors import CapeInputError
+from .._settings import resolve_seed
+from ..report import attention_records, evaluate_run, figures_dir, write_figures, write_metrics, write_report
+from ..report.resources import own_resources, resource_records, stage_resources
+from ..tasks.labels import resolve_label_key
+from ._io import check_output
+
 
 def register(commands) -> None:
     parser = commands.add_parser("evaluate", help="metrics of a trained run (annotation, clustering) and a report")
@@ -25,14 +33,6 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import data
-    from .._errors import CapeInputError
-    from .._settings import resolve_seed
-    from ..report import evaluate_run, figures_dir, write_figures, write_metrics, write_report
-    from ..report.resources import own_resources, resource_records, stage_resources
-    from ..tasks.labels import resolve_label_key
-    from ._io import check_output
-
     check_output(args.metrics, args.input, args.model, suffix=".json", option="--metrics")
     check_output(args.report, args.input, args.model, args.metrics, suffix=".md", option="--report")
     adata = data.read(args.input, expect_counts=False)
@@ -45,7 +45,6 @@ def run(args: argparse.Namespace) -> int:
     seed = resolve_seed(None)
     records = evaluate_run(adata, label_key, dataset=name, seed=seed)
     if args.model is not None:
-        from ..report import attention_records
 
         records += attention_records(adata, args.model, dataset=name, seed=seed)
     figures = write_figures(adata, figures_dir(args.report), label_key=label_key)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from .._io import write_h5ad
+from ..pp import preprocess
+from ._io import check_output, read_input
+
 
 def register(commands) -> None:
     parser = commands.add_parser("preprocess", help="QC, normalise, log1p and select genes (paper Supp. F.1.1)")
@@ -20,10 +24,6 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._io import write_h5ad
-    from ..pp import preprocess
-    from ._io import check_output, read_input
-
     out = check_output(args.output, args.input)
     adata = read_input(args.input)
     preprocess(adata, min_genes=args.min_genes, target_sum=args.target_sum, log1p=args.log1p,

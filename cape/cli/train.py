@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import shutil
+from pathlib import Path
 
 from .._errors import CapeInputError
+from .._io import write_h5ad
 from .._settings import resolve_seed
+from ..models import CellTransformer, distributed
 from ..tasks.annotation import fine_tune_cells, record_split, split_roles
 from ..tasks.labels import checked_labels, resolve_label_key
+from ._io import check_output, read_input
 
 
 def _option(value: str) -> tuple[str, object]:
@@ -87,14 +93,6 @@ def register(commands) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import logging
-    import shutil
-    from pathlib import Path
-
-    from .._io import write_h5ad
-    from ..models import CellTransformer, distributed
-    from ._io import check_output, read_input
-
     out = check_output(args.output, args.input)
     model_dir = Path(args.model_dir) if args.model_dir else out.with_name(out.stem + "_model")
     check_output(str(model_dir), args.input, args.output, args.checkpoint, suffix=None, option="--model-dir")
@@ -143,11 +141,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _from_checkpoint(args: argparse.Namespace, adata):
     """A CellTransformer on the scGPT checkpoint in ``args.checkpoint``, with ``args.encoding`` swapped in."""
-    import logging
-    from pathlib import Path
-
-    from .._errors import CapeInputError
-    from ..models import CellTransformer
 
     folder = Path(args.checkpoint)
     if not folder.is_dir():

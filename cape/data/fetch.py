@@ -23,8 +23,11 @@ import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath
 
+import platformdirs
+
 from .._errors import CapeInputError
 from .._io import atomic_path
+from .._progress import progress
 from .manifest import Manifest
 
 logger = logging.getLogger("cape")
@@ -35,7 +38,6 @@ def cache_dir() -> Path:
     env = os.environ.get("CAPE_CACHE_DIR")
     if env:
         return Path(env)
-    import platformdirs
 
     return Path(platformdirs.user_cache_dir("cape"))
 
@@ -149,8 +151,6 @@ def _extract_from_wheel(manifest: Manifest, member: str, dest: Path) -> None:
 
 
 def _download(url: str, member: str | None, dest: Path) -> None:
-    from .._progress import progress
-
     logger.info("downloading %s", url)
     with tempfile.TemporaryDirectory(prefix="cape-dl-") as tmp:
         raw = Path(tmp) / "download"

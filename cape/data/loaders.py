@@ -10,6 +10,7 @@ from pathlib import Path
 import anndata as ad
 import numpy as np
 import pandas as pd
+import scanpy as sc
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
@@ -95,8 +96,6 @@ def parse_krumsiek11_network(path: Path) -> pd.DataFrame:
 
 @loader("krumsiek11", nonnegative=False)  # simulated values dip slightly below 0
 def _krumsiek11(files: dict[str, Path], manifest: Manifest) -> ad.AnnData:
-    import scanpy as sc
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # scanpy warns about its duplicated cell names
         adata = sc.read_text(files["data"], first_column_names=True)

@@ -14,6 +14,8 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+from scipy.io import mmread
+from sklearn.impute import KNNImputer
 
 from .._errors import CapeInputError
 from .loaders import loader
@@ -31,7 +33,6 @@ def tenx_mtx_annotated(files: dict[str, Path], manifest: Manifest) -> ad.AnnData
     table (``labels`` role: tab-separated with a ``barcodes`` column and a ``celltype`` column, as in Zheng et al.'s
     ``68k_pbmc_barcodes_annotation.tsv``). Gene symbols become the var names (``var["gene_ids"]`` keeps Ensembl);
     ``obs["cell_type"]`` holds the labels; cells without a label are dropped (logged)."""
-    from scipy.io import mmread
 
     for role in ("data", "genes", "barcodes", "labels"):
         if role not in files:
@@ -154,7 +155,6 @@ def scp_csv(files: dict[str, Path], manifest: Manifest) -> ad.AnnData:
     and the remaining gaps are filled by KNN imputation (k = 3), following the SCoPE2 pipeline (Supp. F.1.2). The
     fraction of observed values is stored in ``uns["scp"]``; ``layers["observed"]`` marks measured entries.
     """
-    from sklearn.impute import KNNImputer
 
     table = pd.read_csv(files["data"], low_memory=False)
     numeric = [c for c in table.columns if pd.api.types.is_numeric_dtype(table[c])]

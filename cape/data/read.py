@@ -8,6 +8,8 @@ from pathlib import Path
 
 import anndata as ad
 import numpy as np
+import pandas as pd
+import scanpy as sc
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
@@ -68,8 +70,6 @@ def read(path: str | os.PathLike, *, expect_counts: bool | None = None, validate
 
 
 def _read_by_suffix(p: Path, suffix: str) -> ad.AnnData:
-    import scanpy as sc
-
     if suffix == ".h5ad":
         return ad.read_h5ad(p)
     if suffix == ".h5":
@@ -93,7 +93,6 @@ def _read_csv(p: Path) -> ad.AnnData:
     """Cells are rows, genes are columns, the first column holds cell names. Read in chunks of
     :data:`CSV_CHUNK_ROWS` cells, each stored sparse, so memory follows the non-zeros; a mostly non-zero matrix
     (density above :data:`CSV_SPARSE_MAX_DENSITY`) is returned dense float32."""
-    import pandas as pd
 
     blocks, names, columns = [], [], None
     for frame in pd.read_csv(p, index_col=0, chunksize=CSV_CHUNK_ROWS):

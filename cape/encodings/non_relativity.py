@@ -17,8 +17,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from .._errors import CapeInputError
+from ..hyperbolic.poincare import pairwise_poincare_distance
 
 if TYPE_CHECKING:  # torch is imported inside the functions: `import cape.bench` stays light
     from torch import Tensor
@@ -31,7 +33,6 @@ def relative_keys(positions: Tensor | np.ndarray, metric: str = "auto") -> Tenso
     (‖e_j − e_i‖, default for vectors) or ``"poincare"`` (d_P); an (L, L) matrix is returned as is when
     ``metric="pairwise"``.
     """
-    import torch
 
     p = torch.as_tensor(positions).detach().to(torch.float64)
     if metric == "pairwise":
@@ -47,7 +48,6 @@ def relative_keys(positions: Tensor | np.ndarray, metric: str = "auto") -> Tenso
     if metric in ("auto", "euclidean"):
         return torch.cdist(p, p)
     if metric == "poincare":
-        from ..hyperbolic.poincare import pairwise_poincare_distance
 
         return pairwise_poincare_distance(p, p)
     raise CapeInputError(f"unknown metric '{metric}' (use 'offset', 'euclidean', 'poincare' or 'pairwise')")
@@ -55,7 +55,6 @@ def relative_keys(positions: Tensor | np.ndarray, metric: str = "auto") -> Tenso
 
 def _bin(keys: Tensor, bins: int | None) -> Tensor:
     """Integer bin per pair: exact values when few are distinct (integer offsets), else quantile bins."""
-    import torch
 
     flat = keys.flatten()
     distinct = torch.unique(flat)
@@ -74,7 +73,6 @@ def non_relativity_residual(logits: Tensor | np.ndarray, positions: Tensor | np.
     ``logits``: (..., L, L), averaged over the leading axes (cells, heads) first. ``mask``: (L, L) bool of
     pairs to include (default: all). Excluded pairs get residual NaN.
     """
-    import torch
 
     s = torch.as_tensor(logits).detach().to(torch.float64)
     if s.ndim < 2 or s.shape[-1] != s.shape[-2]:
@@ -115,7 +113,6 @@ def non_relativity(logits: Tensor | np.ndarray, positions: Tensor | np.ndarray, 
     mask
         (L, L) bool pairs to include (e.g. exclude ``<cls>``, or the diagonal).
     """
-    import torch
 
     residual, _ = non_relativity_residual(logits, positions, metric=metric, bins=bins, mask=mask)
     s = torch.as_tensor(logits).detach().to(torch.float64)

@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.sparse as sp
 import torch
+from scipy.sparse.linalg import LinearOperator, eigsh
+from sklearn.utils.extmath import randomized_svd
 from torch import Tensor
 
 from .._errors import CapeInputError
@@ -92,7 +94,6 @@ def co_expression_vectors(X, dim: int = 64, seed: int = 0) -> np.ndarray:
     eigenvectors are found by Lanczos iteration on the product corr·v = D⁻¹(Xᵀ X D⁻¹v / n − μ μᵀD⁻¹v), with a log
     line. Both give the same vectors up to sign and the randomised SVD's approximation.
     """
-    from sklearn.utils.extmath import randomized_svd
 
     n_cells, n_genes = X.shape
     if dim < 1 or dim > n_genes:
@@ -120,7 +121,6 @@ def co_expression_vectors(X, dim: int = 64, seed: int = 0) -> np.ndarray:
 
 def _implicit_co_expression_vectors(X, dim: int, seed: int) -> np.ndarray:
     """:func:`co_expression_vectors` without the genes × genes matrix (Lanczos on the implicit correlation)."""
-    from scipy.sparse.linalg import LinearOperator, eigsh
 
     n_cells, n_genes = X.shape
     logger.info("co-expression vectors of %d genes: over %d genes, the correlation is not formed "

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+import geoopt
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -264,7 +265,6 @@ def _optimise(pairs: PositivePairs, generality: np.ndarray, *, dim: int, geom, l
               lr: float, optimizer: str, n_sampled: int | None, max_radius: float, init_scale: float,
               temperature: float, device: torch.device, seed: int,
               show_progress: bool) -> tuple[np.ndarray, list[float]]:
-    import geoopt
 
     dtype = torch.float64
     m = pairs.n_nodes

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .._errors import CapeInputError
+
 
 class ExprDecoder(nn.Module):
     """Per-token masked value prediction: MLP ``d → d → d → n_outputs`` with LeakyReLU (scGPT's ``ExprDecoder``).
@@ -60,7 +62,6 @@ def pooled_width(d_model: int, pooling: str) -> int:
 
 def check_pooling(pooling: str) -> str:
     if pooling not in POOLINGS:
-        from .._errors import CapeInputError
 
         raise CapeInputError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
     return pooling

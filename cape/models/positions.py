@@ -21,10 +21,15 @@ import logging
 import numpy as np
 import scipy.sparse as sp
 import torch
+from scipy.sparse.csgraph import shortest_path
 
 from .. import encodings
 from .._errors import CapeInputError
-from ..encodings import GenePositions, static_absolute
+from ..encodings import (
+    GenePositions,
+    ordering,  # the encodings helper owns the ordering rule
+    static_absolute,
+)
 from ..encodings.base import POSITION_SOURCES
 from .tokenize import GeneVocab
 
@@ -80,7 +85,6 @@ def _dag(adata, encoding: str):
 
 def order_from_dag(adata, vocab: GeneVocab, encoding: str = "?") -> np.ndarray:
     """(V,) topological rank of each gene in ``varp["cape_dag"]`` (ties: ``var["cape_generality"]``), NaN = none."""
-    from ..encodings import ordering  # the encodings helper owns the ordering rule
 
     dag = _dag(adata, encoding)
     generality = (np.asarray(adata.var["cape_generality"], dtype=np.float64)
@@ -98,7 +102,6 @@ def graph_distance_from_dag(adata, vocab: GeneVocab, encoding: str = "?") -> np.
     the other genes are unreachable from every gene. The table is dense, so the vocabulary may hold at most
     :data:`GRAPH_DISTANCE_MAX_TOKENS` tokens (a one-line error otherwise).
     """
-    from scipy.sparse.csgraph import shortest_path
 
     if len(vocab) > GRAPH_DISTANCE_MAX_TOKENS:
         raise CapeInputError(f"encoding '{encoding}' with a graph distance needs a (V, V) table, and the vocabulary "

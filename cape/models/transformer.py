@@ -30,6 +30,7 @@ from .._errors import CapeInputError
 from .._progress import progress
 from .._settings import resolve_device, resolve_seed, seed_everything
 from ..encodings import GenePositions
+from ..encodings.static_absolute import read_gene2vec
 from . import distributed
 from .heads import ClsDecoder, ExprDecoder, check_pooling, pool_cells, pooled_width
 from .objectives import ClassifierTask, MaskedValueTask
@@ -122,7 +123,6 @@ class CellTransformer:
         encoding_options = dict(encoding_options or {})
         if encoding == "static_absolute" and encoding_options.get("gene2vec_path") is not None and positions is None:
             # Read the gene2vec file once here: its vectors then travel in positions.pt, not as a path.
-            from ..encodings.static_absolute import read_gene2vec
 
             positions = read_gene2vec(encoding_options.pop("gene2vec_path"), self.vocab.tokens)
         if positions is None:
@@ -219,7 +219,6 @@ class CellTransformer:
 
     def _to_device(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         return self.runtime.to_device(batch)
-
 
     def pretrain(self, adata, epochs: int = 10, mask_ratio: float = 0.15, *, batch_size: int = 32,
                  lr: float = 1e-3, weight_decay: float = 0.01, grad_clip: float | None = 1.0,
@@ -445,7 +444,6 @@ class CellTransformer:
         scale = getattr(self, "value_scale", None)
         return float(scale) if scale else float(n_value_levels(self.tokenizer.binning, self.tokenizer.n_bins) - 1)
 
-
     def save(self, directory: str | Path, *, overwrite: bool = False) -> Path:
         """Write the model to ``directory`` (:func:`~cape.models.persistence.save_model`): ``config.json``,
         ``vocab.json``, ``model.pt`` and ``positions.pt``, atomically; an existing model directory is replaced only
@@ -456,7 +454,6 @@ class CellTransformer:
     def load(cls, directory: str | Path, adata=None, *, device: str = "auto") -> CellTransformer:
         """Load a model written by :meth:`save`; with ``adata``, check that its genes match the vocabulary."""
         return load_model(cls, directory, adata, device=device)
-
 
     @classmethod
     def from_scgpt(cls, directory: str | Path, adata, **kwargs: Any) -> CellTransformer:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import matplotlib.pyplot as plt
+import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 
@@ -54,8 +56,6 @@ def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titl
     show, return_fig
         As in scanpy: show the figure (default when not returning it), or return it.
     """
-    import matplotlib.pyplot as plt
-    import networkx as nx
 
     labels = [str(x) for x in labels] if labels is not None else None
     if true.shape[0] > MAX_NODES:

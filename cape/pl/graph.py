@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
+import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 
@@ -26,8 +28,6 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
     ax, show, return_fig, title
         scanpy conventions.
     """
-    import matplotlib.pyplot as plt
-    import networkx as nx
 
     if key not in adata.varp:
         raise CapeInputError(f"varp[{key!r}] not found: run cape.tl.causal_graph (`cape causal`) first")

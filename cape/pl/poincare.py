@@ -6,8 +6,10 @@ import logging
 from collections.abc import Sequence
 
 import anndata as ad
+import matplotlib.pyplot as plt
 import numpy as np
 import scipy.sparse as sp
+from scipy.stats import spearmanr
 
 from .._errors import CapeInputError
 
@@ -56,7 +58,6 @@ def poincare(adata: ad.AnnData, color: str | None = "cape_generality", *, edges:
     show, return_fig
         Show the figure / return it (scanpy conventions).
     """
-    import matplotlib.pyplot as plt
 
     pos = _positions(adata, basis)
     d = pos.shape[1]
@@ -128,8 +129,6 @@ def generality(adata: ad.AnnData, *, basis: str = "cape_poincare", key: str = "c
     General genes (high π) should sit near the origin; the title gives Spearman(π, −‖e‖). The ``labels``
     genes with the highest π are named.
     """
-    import matplotlib.pyplot as plt
-    from scipy.stats import spearmanr
 
     pos = _positions(adata, basis)
     if key not in adata.var:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import anndata as ad
 import numpy as np
+import scanpy as sc
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
 from ..data.read import validate_adata
+from ..tl.causal_graph import MIN_CELLS as STEP1_MIN_CELLS
 
 logger = logging.getLogger("cape")
 
@@ -94,9 +97,6 @@ def preprocess(
                    "min_cells": min_cells, "hvg_flavor": hvg_flavor},
         "n_obs_in": adata.n_obs, "n_vars_in": adata.n_vars,
     }
-    import time
-
-    import scanpy as sc
 
     start = time.perf_counter()
     if min_genes > 0:
@@ -114,7 +114,6 @@ def preprocess(
         sc.pp.filter_genes(adata, min_cells=min_cells)
         if adata.n_vars == 0:
             raise CapeInputError(f"no gene is detected in at least min_cells={min_cells} cells")
-    from ..tl.causal_graph import MIN_CELLS as STEP1_MIN_CELLS
 
     if adata.n_obs < STEP1_MIN_CELLS:
         qc = adata.n_obs < record["n_obs_in"]

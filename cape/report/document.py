@@ -8,7 +8,16 @@ import os
 from pathlib import Path
 
 import anndata as ad
+import matplotlib.pyplot as plt
 import numpy as np
+from sklearn.decomposition import PCA
+
+from .. import pl
+from .._io import save_figure, write_json, write_text
+from .._tables import html_page, html_table, markdown_table, mean_sd_table, parse_markdown_table
+from .resources import resources_from_records
+from .statistics import N_BOOTSTRAP
+from .verdict import verdict, verdict_html, verdict_markdown
 
 #: Tasks the verdict shows itself, left out of the metrics tables.
 _VERDICT_TASKS = ("resources",)
@@ -16,8 +25,6 @@ _VERDICT_TASKS = ("resources",)
 
 def _metric_tables(records: list[dict]) -> list[tuple[str, str, list[str], list[list[str]]]]:
     """(task, note, header, rows) per task, values as ``mean ± sd`` over seeds."""
-    from .._tables import mean_sd_table, parse_markdown_table
-    from .statistics import N_BOOTSTRAP
 
     notes = {"attention": "Behind-RoPE non-relativity index of the mean attention logits per layer: 0 = a function "
                           "of the relative position only, ~1 = unrelated to it.",
@@ -34,8 +41,6 @@ def _metric_tables(records: list[dict]) -> list[tuple[str, str, list[str], list[
 
 
 def _metrics_table(records: list[dict]) -> str:
-    from .._tables import markdown_table
-
     return "\n\n".join(f"### {task}\n\n" + (f"{note}\n\n" if note else "") + markdown_table(header, rows)
                         for task, note, header, rows in _metric_tables(records))
 
@@ -54,10 +59,6 @@ FIGURES = {"dag.png": ("Causal gene graph (Step I)", "DAG"),
 
 def write_figures(adata: ad.AnnData, fig_dir: str | os.PathLike, *, label_key: str | None = None) -> list[str]:
     """Draw the DAG (when it has edges), the Poincaré disk and the cell embedding into ``fig_dir``; their names."""
-    import matplotlib.pyplot as plt
-
-    from .. import pl
-    from .._io import save_figure
 
     fig_dir = Path(fig_dir)
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -95,10 +96,6 @@ def write_report(adata: ad.AnnData, records: list[dict], output: str | os.PathLi
     ``metrics.html``, the verdict and the metric tables as HTML pages for Snakemake's report. ``resources`` are the
     per-stage rows of :func:`cape.report.stage_resources` (default: those in ``records``, task "resources").
     """
-    from .._io import write_text
-    from .._tables import html_page, html_table
-    from .resources import resources_from_records
-    from .verdict import verdict, verdict_html, verdict_markdown
 
     out = Path(output)
     fig_dir = figures_dir(out)
@@ -144,9 +141,6 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
 
 
 def _embedding_figure(adata: ad.AnnData, label_key: str | None):
-    import matplotlib.pyplot as plt
-    from sklearn.decomposition import PCA
-
     emb = np.asarray(adata.obsm["X_cape"], dtype=float)
     xy = PCA(n_components=2, random_state=0).fit_transform(emb) if emb.shape[1] > 2 else emb
     fig, ax = plt.subplots(figsize=(7, 5.5))
@@ -165,8 +159,6 @@ def _embedding_figure(adata: ad.AnnData, label_key: str | None):
 
 
 def write_metrics(records: list[dict], path: str | os.PathLike) -> Path:
-    from .._io import write_json
-
     return write_json(records, path)
 
 

@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import pandas as pd
+
 logger = logging.getLogger("cape")
 
 #: Snakemake rules whose ``benchmarks/<run>/<stage>.tsv`` the report reads, in workflow order.
@@ -24,7 +26,6 @@ def read_benchmark(path: str | os.PathLike) -> dict | None:
     Repeated measurements (``--benchmark-repeats``) give the mean time and the largest peak. ``None`` when the
     file is missing or unreadable; a column Snakemake wrote as ``NA`` (a job too short to sample) gives ``None``.
     """
-    import pandas as pd
 
     path = Path(path)
     if not path.is_file():
@@ -63,7 +64,7 @@ def own_peak_rss_mb() -> float:
 def process_seconds() -> float | None:
     """Wall seconds since this process started (imports included); ``None`` where unknown."""
     try:
-        import psutil
+        import psutil  # optional dependency (installed with snakemake, not required by cape)
     except ImportError:
         return None
     return time.time() - psutil.Process().create_time()

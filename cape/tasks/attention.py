@@ -23,18 +23,17 @@ never the whole vocabulary.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+import anndata as ad
 import numpy as np
+import scipy.sparse as sp
+import torch
+from torch.utils.data import DataLoader
 
 from .._errors import CapeInputError
 from ..encodings.non_relativity import non_relativity
-
-if TYPE_CHECKING:
-    import anndata as ad
-    import torch
-
-    from ..models import CellTransformer
+from ..models import CellTransformer
+from ..models.tokenize import CellCollator
 
 __all__ = ["MAX_GENES", "layer_mean_logits", "layer_non_relativity"]
 
@@ -76,10 +75,6 @@ def layer_mean_logits(model: CellTransformer, adata: ad.AnnData, *, n_cells: int
     ``genes``. ``n_cells`` cells are drawn at random (seeded; None = all). The tables take 8·G² bytes each per
     layer: without ``genes`` the vocabulary may hold at most :data:`MAX_GENES` tokens (else an error).
     """
-    import torch
-    from torch.utils.data import DataLoader
-
-    from ..models.tokenize import CellCollator
 
     adata = _sample_cells(adata, n_cells, seed)
     attn_modules = _layer_attention_modules(model)
@@ -136,7 +131,6 @@ def layer_mean_logits(model: CellTransformer, adata: ad.AnnData, *, n_cells: int
 
 def _most_detected(model: CellTransformer, adata: ad.AnnData, candidates: np.ndarray, max_genes: int) -> np.ndarray:
     """The ``max_genes`` vocabulary indices of ``candidates`` expressed in the most cells of ``adata`` (sorted)."""
-    import scipy.sparse as sp
 
     X, names = model._expression(adata)
     ids = model.vocab.lookup(list(names))

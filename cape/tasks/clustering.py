@@ -19,6 +19,13 @@ from collections.abc import Callable, Sequence
 
 import anndata as ad
 import numpy as np
+import pandas as pd
+import scanpy as sc
+import scipy.sparse as sp
+from sklearn.cluster import KMeans
+from sklearn.decomposition import PCA
+from sklearn.impute import KNNImputer
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, silhouette_score
 
 from .._errors import CapeInputError
 from .labels import checked_labels
@@ -28,7 +35,6 @@ logger = logging.getLogger("cape")
 
 def clustering_metrics(embedding: np.ndarray, labels: Sequence[str], clusters: Sequence[int]) -> dict[str, float]:
     """ARI and NMI of ``clusters`` against ``labels``; ASW of ``embedding`` under ``labels``."""
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, silhouette_score
 
     y = np.asarray(labels).astype(str)
     return {"ARI": float(adjusted_rand_score(y, clusters)),
@@ -38,7 +44,6 @@ def clustering_metrics(embedding: np.ndarray, labels: Sequence[str], clusters: S
 
 def kmeans_clusters(embedding: np.ndarray, n_clusters: int, *, seed: int = 0) -> np.ndarray:
     """k-means (scikit-learn, 10 restarts) seeded by ``seed``."""
-    from sklearn.cluster import KMeans
 
     return KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(embedding)
 
@@ -71,8 +76,6 @@ def pca_embedding(x, n_comps: int = 50, *, seed: int = 0) -> np.ndarray:
     """PCA scores of ``x``. A scipy sparse ``x`` of more than :data:`DENSE_PCA_MAX_ENTRIES` entries is centred
     implicitly by ARPACK (exact PCA, never densified); smaller ones are densified and take scikit-learn's default
     solver, as dense input does."""
-    import scipy.sparse as sp
-    from sklearn.decomposition import PCA
 
     k = min(n_comps, x.shape[0] - 1, x.shape[1])
     if sp.issparse(x) and k < min(x.shape) and x.shape[0] * x.shape[1] > DENSE_PCA_MAX_ENTRIES:
@@ -85,8 +88,6 @@ def pca_embedding(x, n_comps: int = 50, *, seed: int = 0) -> np.ndarray:
 
 def knn_impute(x: np.ndarray, n_neighbors: int = 5) -> np.ndarray:
     """Fill missing values (NaN) from the cell's nearest neighbours (scikit-learn ``KNNImputer``)."""
-    import scipy.sparse as sp
-    from sklearn.impute import KNNImputer
 
     if sp.issparse(x) and not np.isnan(x.data).any():
         return x
@@ -102,8 +103,6 @@ def _pca(x, batches, seed, n_comps):
 
 
 def _knn_combat(x, batches, seed, n_comps):
-    import scanpy as sc
-
     tmp = ad.AnnData(knn_impute(x).astype(np.float64))
     tmp.obs["batch"] = np.asarray(batches).astype(str)
     sc.pp.combat(tmp, key="batch")
@@ -111,8 +110,7 @@ def _knn_combat(x, batches, seed, n_comps):
 
 
 def _harmony(x, batches, seed, n_comps):
-    import harmonypy
-    import pandas as pd
+    import harmonypy  # optional dependency (extra `baselines`)
 
     pcs = pca_embedding(x, n_comps, seed=seed)
     meta = pd.DataFrame({"batch": np.asarray(batches).astype(str)})
@@ -122,7 +120,7 @@ def _harmony(x, batches, seed, n_comps):
 
 
 def _scanorama(x, batches, seed, n_comps):
-    import scanorama
+    import scanorama  # optional dependency (extra `baselines`)
 
     b = np.asarray(batches).astype(str)
     names = list(dict.fromkeys(b))
@@ -138,7 +136,7 @@ def _scanorama(x, batches, seed, n_comps):
 
 
 def _magic(x, batches, seed, n_comps):
-    import magic
+    import magic  # optional dependency (magic-impute, not installed by default)
 
     smoothed = magic.MAGIC(random_state=seed, verbose=0).fit_transform(x)
     return pca_embedding(np.asarray(smoothed), n_comps, seed=seed)

@@ -44,19 +44,23 @@ import contextlib
 import logging
 import pickle
 import random
+import re
 import shutil
 import tempfile
 import time
 import warnings
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import anndata as ad
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+import torch
 
 from .._errors import CapeInputError
+from .._settings import resolve_device
 from .gears_inputs import (
     DAG_GO_NOTE,
     GENE2GO_FILE,
@@ -174,7 +178,6 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
     ``gears.GEARS`` object; its files in ``workdir`` are gone when ``workdir`` was temporary), ``seconds`` and
     ``params``.
     """
-    from .._settings import resolve_device
 
     conditions = validate_perturbation_data(adata, condition_key=condition_key, control=control)
     genes = [str(g) for g in adata.var_names]
@@ -241,9 +244,8 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
 def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFrame, embeddings, genes, *,
                        workdir: Path, split_seed: int, epochs: int, hidden_size: int, batch_size: int, lr: float,
                        weight_decay: float, trainable: bool, k: int, device: str, seed: int) -> dict:
-    import torch
-    from gears.inference import evaluate
-    from gears.utils import GeneSimNetwork, get_similarity_network
+    from gears.inference import evaluate  # optional dependency (extra `gears`)
+    from gears.utils import GeneSimNetwork, get_similarity_network  # optional dependency (extra `gears`)
 
     # GEARS' data_path: a folder of ours, rebuilt on every call, because GEARS reuses any split or co-expression
     # graph it finds there by file name, even when the data changed (a downloaded gene2go cache stays in workdir)
@@ -328,15 +330,12 @@ def mse_excluding_targets(predicted: pd.DataFrame, task) -> float:
 
 def _best_val(log: str) -> float:
     """Lowest validation top-20-DE MSE GEARS printed (the epoch it kept); NaN when none was printed."""
-    import re
 
     values = [float(v) for v in re.findall(r"Validation Top 20 DE MSE: ([-+]?\d+\.\d+|nan)", log)]
     return min(values) if values else float("nan")
 
 
 def _gears_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("cell-gears")
     except PackageNotFoundError:

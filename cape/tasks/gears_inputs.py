@@ -17,7 +17,9 @@ from pathlib import Path
 import anndata as ad
 import numpy as np
 import pandas as pd
+import scanpy as sc
 import scipy.sparse as sp
+import torch
 
 from .._errors import CapeInputError
 
@@ -138,7 +140,7 @@ def _read_go_graph(go_graph, adata: ad.AnnData, dag_key: str, workdir: Path, all
 
 def _download_gene2go(target: Path) -> None:
     """GEARS' own downloader (Harvard Dataverse), only when the caller allowed it."""
-    from gears.utils import dataverse_download
+    from gears.utils import dataverse_download  # optional dependency (extra `gears`)
 
     try:
         with _gears_side_effects_contained(), _gears_output_to_log():
@@ -203,8 +205,6 @@ def gears_available() -> bool:
 @contextlib.contextmanager
 def _gears_side_effects_contained():
     """Restore warnings filters, scanpy's verbosity and the Python/NumPy/torch random states on exit."""
-    import scanpy as sc
-    import torch
 
     verbosity = sc.settings.verbosity
     # GEARS draws from NumPy's legacy global generator, so that is the state to save
@@ -234,9 +234,9 @@ def _gears_output_to_log():
 def _import_gears():
     try:
         with _gears_side_effects_contained():
-            import gears
-            import gears.inference
-            import gears.utils
+            import gears  # optional dependency (extra `gears`)
+            import gears.inference  # optional dependency (extra `gears`)
+            import gears.utils  # optional dependency (extra `gears`)
     except ImportError as err:
         raise CapeInputError(f"GEARS is not installed ({err}); pip install 'cape[gears]' "
                              "(cell-gears and torch_geometric)") from None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import anndata as ad
 import numpy as np
 import pandas as pd
+import scanpy as sc
 
 from .._arrays import dense
 from .._errors import CapeInputError
@@ -190,7 +191,6 @@ def top_de_genes(adata: ad.AnnData, conditions: Sequence[str] | None = None, *, 
     As GEARS: scanpy ``rank_genes_groups(groupby=condition, reference=control, rankby_abs=True)`` with the t-test,
     on the expression in ``X`` (log-normalised). The input AnnData is not modified.
     """
-    import scanpy as sc
 
     labels = adata.obs[condition_key].astype(str)
     groups = sorted(set(labels) - {control}) if conditions is None else [str(c) for c in conditions]

@@ -10,9 +10,13 @@ import time
 from collections.abc import Sequence
 
 import anndata as ad
+import networkx as nx
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+import torch
+from sklearn.decomposition import PCA
+from torch import nn
 
 from .._arrays import dense
 from .._errors import CapeInputError
@@ -112,7 +116,6 @@ class EmbeddingPerturbationPredictor(NoChangePredictor):
 
     def fit(self, adata: ad.AnnData, train: Sequence[str], *, condition_key: str = "condition",
             control: str = CONTROL) -> EmbeddingPerturbationPredictor:
-        import torch
 
         super().fit(adata, train, condition_key=condition_key, control=control)
         if self.gene_embeddings.shape[0] != adata.n_vars:
@@ -142,8 +145,6 @@ class EmbeddingPerturbationPredictor(NoChangePredictor):
         return self
 
     def predict(self, conditions: Sequence[str]) -> pd.DataFrame:
-        import torch
-
         ind = torch.as_tensor(self._indicator(conditions), device=self.device)
         with _torch_threads(self.num_threads), torch.no_grad():
             shift = self.model_(self.z_, ind).cpu().numpy().astype(np.float64)
@@ -153,7 +154,6 @@ class EmbeddingPerturbationPredictor(NoChangePredictor):
 @contextlib.contextmanager
 def _torch_threads(n: int | None):
     """Temporarily set torch's intra-op thread count (``None``: leave it)."""
-    import torch
 
     if n is None:
         yield
@@ -167,9 +167,6 @@ def _torch_threads(n: int | None):
 
 
 def _shift_model_class():
-    import torch
-    from torch import nn
-
     class ShiftModel(nn.Module):
         def __init__(self, d: int, hidden: int) -> None:
             super().__init__()
@@ -199,7 +196,6 @@ def _build_shift_model(d: int, hidden: int):
 def pca_gene_embeddings(adata: ad.AnnData, n_comps: int = 16, *, condition_key: str = "condition",
                         control: str = CONTROL, seed: int = 0) -> np.ndarray:
     """Gene embeddings from unperturbed cells only: PCA loadings (genes × n_comps) scaled by the singular values."""
-    from sklearn.decomposition import PCA
 
     x = dense(adata.X[(adata.obs[condition_key].astype(str) == control).to_numpy()])
     k = min(n_comps, x.shape[0] - 1, x.shape[1])
@@ -215,7 +211,6 @@ def dag_gene_embeddings(adjacency, d: int = 16) -> np.ndarray:
     causal positional encoding aims to carry. Used as an upper reference for the embedding predictor on simulated
     data, where the true DAG is known.
     """
-    import networkx as nx
 
     a = adjacency.toarray() if sp.issparse(adjacency) else np.asarray(adjacency)
     graph = nx.from_numpy_array(a != 0, create_using=nx.DiGraph)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
-from .causal_graph import causal_graph  # noqa: F401  (Step I; torch imported on call)
-from .hyperbolic import cape, hyperbolic_embedding, rotary_encoding  # noqa: F401  (Steps II-III)
+from .causal_graph import causal_graph  # noqa: F401  (Step I)
+from .hyperbolic import hyperbolic_embedding  # noqa: F401  (Step II)
+from .pipeline import cape  # noqa: F401  (Steps I-III)
+from .rotary import rotary_encoding  # noqa: F401  (Step III)
 from .tasks import annotate, cluster, predict_perturbation  # noqa: F401  (downstream tasks)

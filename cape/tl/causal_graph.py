@@ -9,9 +9,13 @@ from collections.abc import Sequence
 import anndata as ad
 import numpy as np
 import scipy.sparse as sp
+import torch
 
+from .. import __version__
 from .._errors import CapeInputError
 from .._settings import resolve_device, resolve_seed, seed_everything
+from ..causal import fit_variational_notears, make_dag, positioned_genes, tau_positioning
+from ..causal.trainer import gene_moments
 
 __all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "MIN_CELLS", "SCAN_TAUS", "causal_graph"]
 
@@ -85,7 +89,6 @@ def _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every=
 
 def _threshold_scan(A: np.ndarray, taus) -> dict[str, np.ndarray]:
     """Edges kept by :func:`~cape.causal.make_dag` and genes positioned at each τ (descending)."""
-    from ..causal import make_dag, positioned_genes
 
     taus = np.array(sorted({float(t) for t in taus}, reverse=True))
     edges = np.array([int(np.count_nonzero(make_dag(A, t)[0])) for t in taus])
@@ -101,7 +104,6 @@ def _format_scan(scan: dict[str, np.ndarray]) -> str:
 
 def _choose_tau(A: np.ndarray, tau: float | str, min_positioned: float) -> tuple[float, str]:
     """The threshold to use and how it was chosen (``"fixed"``, ``"auto: paper"``, ``"auto: positioning"``)."""
-    from ..causal import positioned_genes, tau_positioning
 
     if tau != "auto":
         return float(tau), "fixed"
@@ -188,8 +190,6 @@ def causal_graph(
         usable genes, invalid parameters, or (``tau="auto"``) fewer than ``min_positioned`` of the genes
         positioned by weights above :data:`AUTO_TAU_FLOOR`. Fewer cells than genes only warns.
     """
-    from ..causal import fit_variational_notears, make_dag
-    from ..causal.trainer import gene_moments
 
     start = time.perf_counter()
     _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every, min_positioned)
@@ -256,7 +256,6 @@ def causal_graph(
                 "edges (positioned genes) by tau: %s", rows.size, n_positioned, n_genes, tau_used, tau_rule,
                 max_weight, _format_scan(scan))
     if n_positioned < min_positioned * n_genes:
-        from ..causal import tau_positioning
 
         needed = tau_positioning(fit.adjacency, min_positioned)
         reason = (f"Step I kept {rows.size} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) at "
@@ -274,9 +273,6 @@ def causal_graph(
                          shape=(adata.n_vars, adata.n_vars))
     adata.varp[key_added] = full
     adata.var["cape_used"] = adata.var_names.isin(genes)
-    import torch
-
-    from .. import __version__
 
     record = {
         "params": {"rank": "dense" if rank is None else int(rank), "tau": tau,

@@ -1,22 +1,13 @@
-"""Steps II and III on AnnData: hyperbolic embedding of ``varp["cape_dag"]`` and the rotary angles.
+"""Step II on AnnData: hyperbolic embedding of ``varp["cape_dag"]`` (CAPE Sec. 3.4).
 
-Fields set
-----------
-``hyperbolic_embedding``
-    ``varm["cape_lorentz"]`` (n_vars, d+1) hyperboloid points (hyperbolic geometry only; removed for the
-    Euclidean ablation), ``varm["cape_poincare"]`` (n_vars, d) Poincaré-ball positions,
-    ``var["cape_generality"]`` PageRank π, ``var["cape_embedded"]`` (gene has an edge; others sit at the
-    origin), ``uns["cape"]["hyperbolic_embedding"]``.
-``rotary_encoding``
-    ``varm["cape_angles"]`` = c · ``varm["cape_poincare"]``, ``uns["cape"]["rotary_encoding"]``.
-"""
+Fields set: ``varm["cape_lorentz"]`` (n_vars, d+1) hyperboloid points (hyperbolic geometry only; removed for the
+Euclidean ablation), ``varm["cape_poincare"]`` (n_vars, d) Poincaré-ball positions, ``var["cape_generality"]``
+PageRank π, ``var["cape_embedded"]`` (gene has an edge; others sit at the origin),
+``uns["cape"]["hyperbolic_embedding"]``."""
 
 from __future__ import annotations
 
 import logging
-import math
-import platform
-import time
 from typing import Literal
 
 import anndata as ad
@@ -24,37 +15,17 @@ import numpy as np
 
 from .._errors import CapeInputError
 from .._settings import resolve_seed
+from ..hyperbolic.adjacency import as_sparse_adjacency
+from ..hyperbolic.embedding import embed_dag
+from ._uns import record_step
 
 logger = logging.getLogger("cape")
+
 
 DAG_KEY = "cape_dag"
 
 
-def _record(adata: ad.AnnData, step: str, entry: dict) -> None:
-    import geoopt
-    import torch
-
-    from .. import __version__
-
-    cape_uns = adata.uns.setdefault("cape", {})
-    entry = _h5ad_safe({**entry, "versions": {"cape": __version__, "torch": str(torch.__version__),
-                                   "geoopt": str(getattr(geoopt, "__version__", "unknown")),
-                                   "python": platform.python_version()}})
-    cape_uns[step] = entry
-
-
-def _h5ad_safe(obj):
-    """h5ad cannot store None: write it as the string "none" (e.g. ``negatives=None`` = exact loss)."""
-    if isinstance(obj, dict):
-        return {str(k): _h5ad_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_h5ad_safe(v) for v in obj]
-    return "none" if obj is None else obj
-
-
 def _adjacency_from(adata: ad.AnnData, adjacency, dag_key: str):
-    from ..hyperbolic.adjacency import as_sparse_adjacency
-
     if adjacency is None:
         if dag_key not in adata.varp:
             raise CapeInputError(
@@ -124,7 +95,6 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
     ``None``, or the copy when ``copy=True``. Sets ``varm["cape_lorentz"]``, ``varm["cape_poincare"]``,
     ``var["cape_generality"]``, ``var["cape_embedded"]`` and ``uns["cape"]["hyperbolic_embedding"]``.
     """
-    from ..hyperbolic.embedding import embed_dag
 
     adata = adata.copy() if copy else adata
     matrix, source = _adjacency_from(adata, adjacency, dag_key)
@@ -153,7 +123,7 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
     adata.var["cape_generality"] = generality
     adata.var["cape_embedded"] = result.embedded
     losses = result.losses
-    _record(adata, "hyperbolic_embedding", {
+    record_step(adata, "hyperbolic_embedding", {
         "params": {"device": str(device), **result.params, "source": source},
         "seed": seed,
         "n_genes_embedded": int(result.embedded.sum()),
@@ -164,72 +134,4 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
     })
     logger.info("Step II: embedded %d genes (%d positive pairs) in %s space, d=%d, %.1f s",
                 int(result.embedded.sum()), result.n_positive_pairs, geometry, dim, result.seconds)
-    return adata if copy else None
-
-
-def rotary_encoding(adata: ad.AnnData, scale: float = math.pi / 4, *, key: str = "cape_poincare",
-                    key_added: str = "cape_angles", copy: bool = False) -> ad.AnnData | None:
-    """Rotary angles φ_v = c·e_v of every gene (CAPE Step III, Sec. 3.5, Eq. 26).
-
-    Parameters
-    ----------
-    adata
-        AnnData with Poincaré positions in ``varm[key]`` (from :func:`hyperbolic_embedding`).
-    scale
-        c; the paper's π/4 keeps every angle within ±π/4 since ‖e‖ < 1.
-    key, key_added
-        Input and output ``varm`` keys.
-    copy
-        Return a modified copy instead of writing into ``adata``.
-
-    Returns
-    -------
-    ``None`` or the copy. Sets ``varm[key_added]`` (n_vars, d) and ``uns["cape"]["rotary_encoding"]``.
-    """
-    import torch
-
-    from ..encodings.cape import cape_angles
-
-    if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
-        raise CapeInputError(f"scale must be a positive finite number, got {scale!r}")
-    if key not in adata.varm:
-        raise CapeInputError(f"varm[{key!r}] not found: embed the causal graph first with `cape embed` "
-                             "(cape.tl.hyperbolic_embedding)")
-    adata = adata.copy() if copy else adata
-    positions = np.asarray(adata.varm[key], dtype=np.float64)
-    angles = cape_angles(torch.from_numpy(positions), float(scale)).numpy()
-    adata.varm[key_added] = angles
-    _record(adata, "rotary_encoding", {"params": {"scale": float(scale), "key": key, "key_added": key_added},
-                                       "max_abs_angle": float(np.abs(angles).max()) if angles.size else 0.0})
-    return adata if copy else None
-
-
-def cape(adata: ad.AnnData, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1, restart: float = 0.15,
-         epochs: int = 1000, optimizer: Literal["rsgd", "radam"] = "rsgd",
-         geometry: Literal["hyperbolic", "euclidean"] = "hyperbolic", scale: float = math.pi / 4,
-         causal_kwargs: dict | None = None, embed_kwargs: dict | None = None, device: str | None = "auto",
-         seed: int | None = 0, copy: bool = False) -> ad.AnnData | None:
-    """Run CAPE Steps I–III in one call: causal graph → hyperbolic embedding → rotary angles.
-
-    Step I is :func:`cape.tl.causal_graph` with ``causal_kwargs`` (plus ``device`` and ``seed``); Step II is
-    :func:`hyperbolic_embedding` with the arguments above and ``embed_kwargs``; Step III is
-    :func:`rotary_encoding` with ``scale``. Sets every field the three steps set (``varp["cape_dag"]``,
-    ``varm["cape_lorentz"]``, ``varm["cape_poincare"]``, ``var["cape_generality"]``, ``varm["cape_angles"]``,
-    ``uns["cape"]``).
-    """
-    try:
-        from .causal_graph import causal_graph
-    except ImportError as err:  # pragma: no cover - Step I ships in the same package
-        raise CapeInputError("Step I (cape.tl.causal_graph) is not available in this installation") from err
-
-    adata = adata.copy() if copy else adata
-    seed = resolve_seed(seed)
-    start = time.perf_counter()
-    causal_graph(adata, **{"device": device, "seed": seed, **(causal_kwargs or {})})
-    hyperbolic_embedding(adata, dim=dim, k_hop=k_hop, lambda_g=lambda_g, restart=restart, epochs=epochs,
-                         optimizer=optimizer, geometry=geometry, device=device, seed=seed,
-                         **(embed_kwargs or {}))
-    rotary_encoding(adata, scale=scale)
-    adata.uns["cape"]["pipeline"] = {"steps": ["causal_graph", "hyperbolic_embedding", "rotary_encoding"],
-                                     "seed": seed, "seconds": time.perf_counter() - start}
     return adata if copy else None

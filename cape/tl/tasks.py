@@ -4,6 +4,8 @@ Thin wrappers: the models live in :mod:`cape.models`, splits, recipes and metric
 
 Fields set
 ----------
+Each tool returns ``None`` (the AnnData copy with ``copy=True``); metrics go to ``uns``, never the return value.
+
 ``annotate``
     ``obs[key_added]`` predicted labels of every cell, ``obs["cape_split"]`` (``fine_tune`` / ``test`` /
     ``unused``), ``uns["cape"]["annotate"]`` (parameters, seed, metrics on the test cells, seconds).
@@ -77,8 +79,8 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
 
     Returns
     -------
-    The metrics ``{"accuracy", "macro_f1", "n_fine_tune", "n_test"}`` on the test cells, or the copy when
-    ``copy=True`` (metrics in ``uns["cape"]["annotate"]``).
+    ``None`` (the copy when ``copy=True``). The metrics ``{"accuracy", "macro_f1", "n_fine_tune", "n_test"}`` on
+    the test cells are in ``uns["cape"]["annotate"]["metrics"]``.
     """
     if not 0 < fine_tune_fraction < 1:
         raise CapeInputError(f"fine_tune_fraction must be in (0, 1), got {fine_tune_fraction}")
@@ -105,7 +107,7 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
                                 "seed": int(seed), "metrics": metrics, "seconds": time.perf_counter() - start})
     logger.info("annotation: accuracy %.3f, macro-F1 %.3f on %d test cells", metrics["accuracy"],
                 metrics["macro_f1"], metrics["n_test"])
-    return adata if copy else metrics
+    return adata if copy else None
 
 
 def cluster(adata: ad.AnnData, label_key: str | None = None, *, obsm_key: str = "X_cape",
@@ -130,7 +132,8 @@ def cluster(adata: ad.AnnData, label_key: str | None = None, *, obsm_key: str = 
 
     Returns
     -------
-    ``{"ARI", "NMI", "ASW", "k"}`` (only ``k`` without labels), or the copy when ``copy=True``.
+    ``None`` (the copy when ``copy=True``). The metrics ``{"ARI", "NMI", "ASW", "k"}`` (only ``k`` without labels)
+    are in ``uns["cape"]["cluster"]["metrics"]``.
     """
     if obsm_key not in adata.obsm:
         raise CapeInputError(f"embedding obsm[{obsm_key!r}] not found; obsm keys: "
@@ -155,7 +158,7 @@ def cluster(adata: ad.AnnData, label_key: str | None = None, *, obsm_key: str = 
         metrics |= clustering_metrics(emb[rows], labels.to_numpy(), clusters[rows])
     _record(adata, "cluster", {"params": {"obsm_key": obsm_key, "label_key": label_key or "none",
                                           "key_added": key_added}, "seed": int(seed), "metrics": metrics})
-    return adata if copy else metrics
+    return adata if copy else None
 
 
 def predict_perturbation(adata: ad.AnnData, *, gene_embedding_key: str = "cape_gene_embedding",
@@ -172,8 +175,9 @@ def predict_perturbation(adata: ad.AnnData, *, gene_embedding_key: str = "cape_g
 
     Returns
     -------
-    Metrics of the embedding predictor (``mse_single``, ``mse_double``, ``mse_combo_seen0/1/2``, ``mse_overall``),
-    or the copy when ``copy=True``. See the module docstring for the fields set.
+    ``None`` (the copy when ``copy=True``). The metrics of the embedding predictor (``mse_single``,
+    ``mse_double``, ``mse_combo_seen0/1/2``, ``mse_overall``) are in ``uns[key_added]["metrics"]`` and
+    ``uns["cape"]["predict_perturbation"]["metrics"]``; see the module docstring for the other fields.
     """
     if gene_embedding_key not in adata.varm:
         raise CapeInputError(f"gene embeddings varm[{gene_embedding_key!r}] not found: run "
@@ -198,4 +202,4 @@ def predict_perturbation(adata: ad.AnnData, *, gene_embedding_key: str = "cape_g
         "params": {"gene_embedding_key": gene_embedding_key, "condition_key": condition_key, "control": control,
                    "split_seed": int(split_seed), "n_de": int(n_de), "key_added": key_added},
         "seed": int(seed), "metrics": metrics})
-    return adata if copy else metrics
+    return adata if copy else None

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..._errors import CapeInputError
+from ..._settings import resolve_seed, settings
+from ...bench import attention
+
 
 def register(bench) -> None:
     parser = bench.add_parser(
@@ -22,10 +26,6 @@ def register(bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..._errors import CapeInputError
-    from ..._settings import resolve_seed, settings
-    from ...bench import attention
-
     names = None
     if args.encodings:
         names = [n.strip() for n in args.encodings.split(",") if n.strip()]

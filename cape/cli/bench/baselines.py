@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ..._errors import CapeInputError
+from ..._io import save_figure, write_json, write_text
+from ..._tables import mean_sd_table
 from ...bench.baselines import run_annotation_baselines, run_clustering_baselines, run_perturbation_benchmark
 from ...tasks.perturbation_predictors import dag_gene_embeddings, pca_gene_embeddings, random_gene_embeddings
 from ._data import dataset_keys, dataset_name, load_dataset, perturbation_data
@@ -27,10 +35,6 @@ def register(bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..._errors import CapeInputError
-    from ..._io import write_json, write_text
-    from ..._tables import mean_sd_table
-
     seeds = args.seeds[:1] if args.quick else args.seeds
     name = dataset_name(args.dataset)
     adata = load_dataset(args.dataset, args.task)
@@ -68,14 +72,7 @@ def _perturbation(adata, name: str, seeds, quick: bool) -> list[dict]:
 
 
 def _plot(records: list[dict], task: str, name: str, path: Path) -> None:
-    import matplotlib
-
     matplotlib.use("agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    import pandas as pd
-
-    from ..._io import save_figure
 
     frame = pd.DataFrame(records).dropna(subset=["value"])
     group = "subgroup" if task == "perturbation" else "metric"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ...bench.causal import run_causal_benchmark
+
 
 def register(bench) -> None:
     b = bench.add_parser("causal", help="causal discovery: cape vs gcastle and DAGMA peers (synthetic, Sachs)")
@@ -23,8 +25,6 @@ def register(bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...bench.causal import run_causal_benchmark
-
     def split(value: str | None) -> list[str] | None:
         return [x.strip() for x in value.split(",") if x.strip()] if value else None
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ...bench.causal_scale import run_causal_scale
+
 
 def register(bench) -> None:
     s = bench.add_parser("causal-scale", help="time per epoch of Step I against cells N and genes M")
@@ -13,7 +15,5 @@ def register(bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...bench.causal_scale import run_causal_scale
-
     run_causal_scale(out=args.out, quick=args.quick)
     return 0

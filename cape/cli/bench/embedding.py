@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ...bench.embedding import run_benchmark
+
 
 def register(bench) -> None:
     emb = bench.add_parser("embedding", help="Step II fidelity: MAP and Spearman, hyperbolic vs Euclidean")
@@ -18,8 +20,6 @@ def register(bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...bench.embedding import run_benchmark
-
     run_benchmark(args.out, quick=args.quick, dims=args.dims, seeds=args.seeds, epochs=args.epochs,
                   sections=args.sections)
     return 0

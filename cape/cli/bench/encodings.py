@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ..._errors import CapeInputError
+from ..._settings import settings as cape_settings
+from ...bench.encodings import run_encodings_benchmark
+from ...bench.encodings_models import BACKBONES, TASKS, BenchSettings, variants
 from ._data import dataset_keys, dataset_name, load_dataset, perturbation_data
 
 
 def _mode_note() -> str:
     """The two presets in words, read from :class:`BenchSettings` so that the help cannot drift from the code."""
-    from ...bench.encodings_models import BenchSettings
 
     def words(s) -> str:
         return (f"{s.n_genes} genes, d_model {s.d_model} / {s.n_heads} heads, ≤ {s.max_len} tokens/cell, "
@@ -25,8 +28,6 @@ def _mode_note() -> str:
 
 
 def register(bench) -> None:
-    from ...bench.encodings_models import BACKBONES, TASKS
-
     mode_note = _mode_note()
     p = bench.add_parser("encodings", help="every positional encoding × scGPT/scBERT × seeds on a task, with CAPE "
                                            "ablations and baselines (paper Tables 2, 3, S1, S2)",
@@ -60,11 +61,6 @@ def register(bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..._errors import CapeInputError
-    from ..._settings import settings as cape_settings
-    from ...bench.encodings import run_encodings_benchmark
-    from ...bench.encodings_models import BenchSettings, variants
-
     variants(args.encodings)  # unknown names fail before any data is loaded
     name = dataset_name(args.dataset)
     label_key = None

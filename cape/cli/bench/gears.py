@@ -7,6 +7,9 @@ import argparse
 import logging
 from pathlib import Path
 
+from ..._errors import CapeInputError
+from ..._settings import settings as cape_settings
+from ...bench.gears import ARMS, DEFAULT_ARMS, run_gears_benchmark
 from ._data import dataset_name, perturbation_data
 
 QUICK_NOTE = ("--quick: the small simulation of `cape bench encodings --quick` (50 genes), 5 GEARS epochs, Steps "
@@ -15,8 +18,6 @@ QUICK_NOTE = ("--quick: the small simulation of `cape bench encodings --quick` (
 
 
 def register(bench) -> None:
-    from ...bench.gears import ARMS, DEFAULT_ARMS
-
     p = bench.add_parser("gears", help="GEARS plain vs GEARS fed CAPE gene positions vs control embeddings "
                                        "(needs the 'gears' extra)",
                          description="Writes <out>/gears_<dataset>.{json,md,png}. " + QUICK_NOTE + ". Needs "
@@ -46,10 +47,6 @@ def register(bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..._errors import CapeInputError
-    from ..._settings import settings as cape_settings
-    from ...bench.gears import run_gears_benchmark
-
     if args.epochs is not None and args.epochs < 1:
         raise CapeInputError("--epochs must be at least 1")
     if args.go_graph.endswith((".pkl", ".csv")) and not Path(args.go_graph).is_file():

@@ -4,6 +4,10 @@ before and after pretraining."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from ...bench.layer_relativity import run_benchmark
+from .._io import read_input
 
 
 def register(bench) -> None:
@@ -25,11 +29,6 @@ def register(bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from ...bench.layer_relativity import run_benchmark
-    from .._io import read_input
-
     adata = read_input(args.input, expect_counts=False)
     if args.quick:
         adata = adata[: min(adata.n_obs, 200)].copy()

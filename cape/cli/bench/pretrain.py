@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ...bench.pretrain import run_benchmark
+
 
 def register(bench) -> None:
     pre = bench.add_parser("pretrain", help="pretraining cells/s and loss per backbone × encoding (pbmc68k_reduced)")
@@ -19,8 +21,6 @@ def register(bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...bench.pretrain import run_benchmark
-
     run_benchmark(args.out, quick=args.quick, input_path=args.input, architectures=args.architectures,
                   encoding_names=args.encodings, epochs=args.epochs, seeds=args.seeds, threads=args.threads)
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ...bench.properties import run_benchmark
+
 
 def register(bench) -> None:
     props = bench.add_parser("properties", help="paper Sec. 4: Fig. 3c, Props 4.1/4.2 (Fig. S2), 4.3 (Fig. S3)")
@@ -15,7 +17,5 @@ def register(bench) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...bench.properties import run_benchmark
-
     run_benchmark(args.out, quick=args.quick, step1_epochs=args.step1_epochs)
     return 0
