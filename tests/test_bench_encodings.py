@@ -336,6 +336,7 @@ def test_identical_models_run_once(labelled, monkeypatch):
     assert {r.get("same_run_as") for r in models if r["encoding"] == "cape_null"} == {"none"}
 
 
+@pytest.mark.slow  # an end-to-end benchmark run (records, table, plot): `pytest -m slow`
 def test_worker_processes_give_the_same_records(labelled):
     kw = dict(label_key="cell_type", settings=TINY, seeds=[0, 1], backbones=["scgpt"],
               encoding_names=["cape", "none", "cape_null"], out=None)

@@ -26,6 +26,7 @@ def tiny():
 
 
 
+@pytest.mark.slow  # an end-to-end benchmark run (records, table, plot): `pytest -m slow`
 def test_bench_cli_writes_records(tiny, tmp_path):
     path = tmp_path / "tiny.h5ad"
     tiny.write_h5ad(path)

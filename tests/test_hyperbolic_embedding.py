@@ -243,6 +243,7 @@ def test_ba_dag_map_beats_graph_distance_oracle_every_seed(seed):
     assert fid["spearman"] >= 0.6
 
 
+@pytest.mark.slow  # an end-to-end benchmark run (records, table, plot): `pytest -m slow`
 def test_scaling_benchmark_writes_records_table_and_plot(tmp_path):
     import json
 

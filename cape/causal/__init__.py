@@ -17,9 +17,10 @@ from .acyclicity import (
 )
 from .model import ElementwiseMLP, VariationalNotears
 from .postprocess import is_dag, make_dag, positioned_genes, tau_positioning, threshold
-from .trainer import CausalFit, fit_variational_notears, gene_moments
+from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
 
 __all__ = [
+    "MIN_CELLS",
     "CausalFit",
     "ElementwiseMLP",
     "LinearisedAcyclicity",

@@ -50,10 +50,13 @@ from .._settings import resolve_device
 from .acyclicity import LinearisedAcyclicity
 from .model import VariationalNotears
 
-__all__ = ["CausalFit", "fit_variational_notears", "gene_moments"]
+__all__ = ["MIN_CELLS", "CausalFit", "fit_variational_notears", "gene_moments"]
 
 logger = logging.getLogger("cape")
 
+#: Fewest cells a causal graph is fitted on (cape.tl.causal_graph refuses fewer; cape.pp.preprocess checks it
+#: after QC). Fewer cells than genes only warns.
+MIN_CELLS = 10
 #: Price of one unit of |A_ij| in the loss per λs (see ``lambda_sparse`` in :func:`fit_variational_notears`).
 L1_UNIT = 0.1
 

@@ -12,8 +12,8 @@ import scanpy as sc
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
+from ..causal import MIN_CELLS as STEP1_MIN_CELLS
 from ..data.read import validate_adata
-from ..tl.causal_graph import MIN_CELLS as STEP1_MIN_CELLS
 
 logger = logging.getLogger("cape")
 

@@ -14,15 +14,13 @@ import torch
 from .. import __version__
 from .._errors import CapeInputError
 from .._settings import resolve_device, resolve_seed, seed_everything
-from ..causal import fit_variational_notears, make_dag, positioned_genes, tau_positioning
+from ..causal import MIN_CELLS, fit_variational_notears, make_dag, positioned_genes, tau_positioning
 from ..causal.trainer import gene_moments
 
 __all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "MIN_CELLS", "SCAN_TAUS", "causal_graph"]
 
 logger = logging.getLogger("cape")
 
-#: Refuse to fit a graph on fewer cells than this (fewer cells than genes only warns).
-MIN_CELLS = 10
 #: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
 AUTO_TAU_MAX = 0.2
 #: ``tau="auto"`` never goes below this: Adam moves every weight by about lr (3e-3) per step, so weights

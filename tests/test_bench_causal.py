@@ -33,6 +33,7 @@ def test_peer_over_budget_is_stopped() -> None:
     assert result.status == "timeout" and result.adjacency is None and result.seconds < 30
 
 
+@pytest.mark.slow  # an end-to-end benchmark run (records, table, plot): `pytest -m slow`
 def test_benchmark_writes_records_table_and_plot(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny", {"kind": "sem", "n_nodes": 4, "n_samples": 200})
     records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape_dense"],
@@ -45,6 +46,7 @@ def test_benchmark_writes_records_table_and_plot(tmp_path, monkeypatch) -> None:
     assert (tmp_path / "causal.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # an end-to-end benchmark run (records, table, plot): `pytest -m slow`
 def test_scale_benchmark_tiny_grid(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(causal_scale.QUICK, "N", [300])
     monkeypatch.setitem(causal_scale.QUICK, "M", [45])
