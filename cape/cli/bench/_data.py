@@ -1,5 +1,5 @@
-"""The data of ``cape bench`` commands: a registered dataset, an ``.h5ad`` path or the perturbation simulation, and the
-label/batch keys from the dataset's manifest."""
+"""What ``cape bench`` commands share: the ``--quick``/``--out`` options, and their data (a registered dataset, an
+``.h5ad`` path or the perturbation simulation, with the label/batch keys from the dataset's manifest)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,15 @@ from ... import data
 from ..._errors import CapeInputError
 from ...data.perturbation import BENCHMARK_SIMULATIONS, sachs_interventions, simulate_perturbation
 from ...tasks.labels import manifest_key
+
+#: Where every benchmark writes ``<name>.{json,md,png}`` unless ``--out`` says otherwise.
+DEFAULT_OUT = "results/bench"
+
+
+def add_run_options(parser: argparse.ArgumentParser, quick_help: str) -> None:
+    """``--quick`` (a small smoke run, described by ``quick_help``) and ``--out`` (the output folder)."""
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder ({DEFAULT_OUT})")
 
 
 def dataset_name(dataset: str) -> str:

@@ -7,6 +7,7 @@ import argparse
 from ..._errors import CapeInputError
 from ..._settings import resolve_seed, settings
 from ...bench import attention
+from ._data import add_run_options
 
 
 def register(bench) -> None:
@@ -17,8 +18,7 @@ def register(bench) -> None:
         "D=512, 8 heads; --quick: batch 2, 256 genes, D=128, 4 heads) for every positional encoding, "
         "against plain scaled_dot_product_attention. Writes <out>/attention.{json,md,png}.",
     )
-    parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
-    parser.add_argument("--out", default="results/bench", help="output folder (default: results/bench)")
+    add_run_options(parser, "small shapes (a smoke run)")
     parser.add_argument("--encodings", default=None,
                         help="comma-separated encodings to include (default: all; see 'cape encodings')")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5; quick 10)")

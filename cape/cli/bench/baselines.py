@@ -15,7 +15,7 @@ from ..._io import save_figure, write_json, write_text
 from ..._tables import mean_sd_table
 from ...bench.baselines import run_annotation_baselines, run_clustering_baselines, run_perturbation_benchmark
 from ...tasks.perturbation_predictors import dag_gene_embeddings, pca_gene_embeddings, random_gene_embeddings
-from ._data import dataset_keys, dataset_name, load_dataset, perturbation_data
+from ._data import add_run_options, dataset_keys, dataset_name, load_dataset, perturbation_data
 
 TASKS = ("annotation", "clustering", "perturbation")
 
@@ -29,8 +29,7 @@ def register(bench) -> None:
     p.add_argument("--label-key", default=None, help="obs column with labels (default: the dataset manifest's)")
     p.add_argument("--batch-key", default=None, help="obs column with batches (clustering; default: manifest's)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--quick", action="store_true", help="one seed, a smaller simulation, fewer epochs")
-    p.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    add_run_options(p, "one seed, a smaller simulation, fewer epochs")
     p.set_defaults(func=run)
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 from ...bench.causal import run_causal_benchmark
+from ._data import add_run_options
 
 
 def register(bench) -> None:
     b = bench.add_parser("causal", help="causal discovery: cape vs gcastle and DAGMA peers (synthetic, Sachs)")
-    b.add_argument("--quick", action="store_true", help="small settings, few seeds and peers (minutes)")
-    b.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    add_run_options(b, "small settings, few seeds and peers (minutes)")
     b.add_argument("--settings", default=None,
                    help="comma-separated subset of settings (fig3,m20,m50,m100,sachs_obs,sachs_all)")
     b.add_argument("--methods", default=None, help="comma-separated subset of methods")

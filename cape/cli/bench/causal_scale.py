@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 from ...bench.causal_scale import run_causal_scale
+from ._data import add_run_options
 
 
 def register(bench) -> None:
     s = bench.add_parser("causal-scale", help="time per epoch of Step I against cells N and genes M")
-    s.add_argument("--quick", action="store_true", help="fewer, smaller sizes")
-    s.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    add_run_options(s, "fewer, smaller sizes")
     s.set_defaults(func=run)
 
 

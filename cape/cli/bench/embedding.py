@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 from ...bench.embedding import run_benchmark
+from ._data import add_run_options
 
 
 def register(bench) -> None:
     emb = bench.add_parser("embedding", help="Step II fidelity: MAP and Spearman, hyperbolic vs Euclidean")
-    emb.add_argument("--quick", action="store_true", help="small run for smoke tests")
-    emb.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    add_run_options(emb, "small run for smoke tests")
     emb.add_argument("--dims", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     emb.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     emb.add_argument("--epochs", type=int, default=1000)

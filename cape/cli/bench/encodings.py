@@ -10,7 +10,7 @@ from ..._errors import CapeInputError
 from ..._settings import settings as cape_settings
 from ...bench.encodings import run_encodings_benchmark
 from ...bench.encodings_models import BACKBONES, TASKS, BenchSettings, variants
-from ._data import dataset_keys, dataset_name, load_dataset, perturbation_data
+from ._data import add_run_options, dataset_keys, dataset_name, load_dataset, perturbation_data
 
 
 def _mode_note() -> str:
@@ -41,8 +41,7 @@ def register(bench) -> None:
                    help="encodings and ablations (default: all of `cape encodings` + cape_null, cape_wo_csl, "
                         "cape_wo_hyperbolic, cape_wo_rotary)")
     p.add_argument("--backbones", nargs="+", default=list(BACKBONES), help="scgpt and/or scbert (both)")
-    p.add_argument("--quick", action="store_true", help=mode_note)
-    p.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    add_run_options(p, mode_note)
     p.add_argument("--name", default=None, help="output file stem (default <task>_<dataset>)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1; fastest on a shared CPU)")
     p.add_argument("--jobs", type=int, default=1,

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..._errors import CapeInputError
 from ..._settings import settings as cape_settings
 from ...bench.gears import ARMS, DEFAULT_ARMS, run_gears_benchmark
-from ._data import dataset_name, perturbation_data
+from ._data import add_run_options, dataset_name, perturbation_data
 
 QUICK_NOTE = ("--quick: the small simulation of `cape bench encodings --quick` (50 genes), 5 GEARS epochs, Steps "
               "I-III at the encodings benchmark's quick settings; full: the larger simulation (100 genes), 20 "
@@ -35,8 +35,7 @@ def register(bench) -> None:
                         "(source,target,importance). Graphs from a DAG replace GO: not the paper's GEARS")
     p.add_argument("--trainable-embeddings", action="store_true",
                    help="let GEARS fine-tune the given embeddings (default: frozen, as representations to evaluate)")
-    p.add_argument("--quick", action="store_true", help=QUICK_NOTE)
-    p.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    add_run_options(p, QUICK_NOTE)
     p.add_argument("--name", default=None, help="output file stem (default gears_<dataset>)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
     p.add_argument("--positions-seed", type=int, default=0, help="seed of Steps I-III (0)")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ...bench.layer_relativity import run_benchmark
 from .._io import read_input
+from ._data import add_run_options
 
 
 def register(bench) -> None:
@@ -23,8 +24,7 @@ def register(bench) -> None:
     nri.add_argument("--architecture", default="scgpt", choices=["scgpt", "scbert"])
     nri.add_argument("--epochs", type=int, default=None, help="pretraining epochs (default 5; quick 1)")
     nri.add_argument("--seeds", type=int, nargs="+", default=[0])
-    nri.add_argument("--quick", action="store_true", help="200 cells, 1 epoch, 128 tokens per cell")
-    nri.add_argument("--out", default="results/bench", help="output folder (default: results/bench)")
+    add_run_options(nri, "200 cells, 1 epoch, 128 tokens per cell")
     nri.set_defaults(func=run)
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 from ...bench.pretrain import run_benchmark
+from ._data import add_run_options
 
 
 def register(bench) -> None:
     pre = bench.add_parser("pretrain", help="pretraining cells/s and loss per backbone × encoding (pbmc68k_reduced)")
-    pre.add_argument("--quick", action="store_true", help="200 cells, 2 epochs, encodings none and cape")
-    pre.add_argument("--out", default="results/bench", help="output folder (results/bench)")
+    add_run_options(pre, "200 cells, 2 epochs, encodings none and cape")
     pre.add_argument("--input", default=None, help=".h5ad to use instead of pbmc68k_reduced (CAPE keys used)")
     pre.add_argument("--architectures", nargs="+", choices=["scgpt", "scbert"], default=None)
     pre.add_argument("--encodings", nargs="+", default=None, help="default: none trainable_absolute rope cape")
