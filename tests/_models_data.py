@@ -40,6 +40,20 @@ def cape_adata(n_cells: int = 48, n_genes: int = 24, seed: int = 0, dim: int = 4
     return adata
 
 
+def with_unused_genes(adata, n_extra: int = 30):
+    """``adata`` plus ``n_extra`` expressed genes outside var["cape_used"] (a raw matrix's other genes)."""
+    rng = np.random.default_rng(5)
+    extra = sp.csr_matrix(np.log1p(rng.poisson(2.0, size=(adata.n_obs, n_extra))).astype(np.float32))
+    wide = ad.AnnData(sp.hstack([adata.X, extra]).tocsr(), obs=adata.obs.copy())
+    wide.var_names = [*adata.var_names, *(f"OTHER{i}" for i in range(n_extra))]
+    wide.var["cape_used"] = np.r_[adata.var["cape_used"].to_numpy(), np.zeros(n_extra, dtype=bool)]
+    for key, value in adata.varm.items():
+        wide.varm[key] = np.r_[value, np.full((n_extra, value.shape[1]), np.nan)]
+    wide.var["cape_generality"] = np.r_[adata.var["cape_generality"].to_numpy(), np.zeros(n_extra)]
+    wide.varp["cape_dag"] = sp.block_diag([adata.varp["cape_dag"], sp.csr_matrix((n_extra, n_extra))]).tocsr()
+    return wide
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread: the test machine's 2 cores are shared, and OpenMP spinning with 2 threads on a

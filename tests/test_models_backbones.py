@@ -213,40 +213,11 @@ def test_scbert_refuses_logit_encodings(adata, encoding):
                        positions=gene_positions(adata, GeneVocab.from_genes(adata.var_names), encoding))
 
 
-def test_vocabulary_mismatch_on_load_says_how_many(adata, tmp_path):
-    model = CellTransformer(adata, "scgpt", "none", vocabulary="all", **SMALL)
-    model.save(tmp_path / "m")
-    other = adata[:, 3:].copy()
-    other.var_names = [*other.var_names[:-2], "NEW1", "NEW2"]
-    with pytest.raises(CapeInputError, match="2 of the AnnData's 21 genes are not in.*5 of the model's 24"):
-        CellTransformer.load(tmp_path / "m", other)
-    with pytest.raises(CapeInputError, match="vocabulary mismatch"):
-        model.embed(other)
-    with pytest.raises(CapeInputError, match="not a cape model directory"):
-        CellTransformer.load(tmp_path / "nothing")
-
-
 def test_scaled_expression_is_refused(adata):
     bad = adata.copy()
     bad.X = bad.X.toarray() - 1.0
     with pytest.raises(CapeInputError, match="negative"):
         CellTransformer(bad, "scgpt", "none", **SMALL)
-
-
-def test_static_absolute_from_gene2vec_file_survives_save_load(adata, tmp_path):
-    path = tmp_path / "gene2vec.txt"
-    rng = np.random.default_rng(0)
-    path.write_text("".join(f"{g} " + " ".join(f"{v:.4f}" for v in rng.normal(size=6)) + "\n"
-                            for g in adata.var_names[:20]))
-    model = CellTransformer(adata, "scbert", "static_absolute", encoding_options={"gene2vec_path": str(path)},
-                            **SMALL)
-    table = model.backbone.encoding.table
-    assert (table[model.vocab.lookup(adata.var_names[20:])] == 0).all()   # genes absent from the file
-    assert (table[model.vocab.lookup(adata.var_names[:20])] != 0).any()
-    model.save(tmp_path / "m")
-    path.unlink()                                            # the saved model no longer needs the file
-    loaded = CellTransformer.load(tmp_path / "m", adata)
-    assert torch.equal(loaded.backbone.encoding.table, table)
 
 
 def test_scgpt_attention_dropout_is_separate_and_saved():

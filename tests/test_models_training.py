@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from cape import CapeInputError
 from cape.models import CellTransformer
 from cape.models.heads import ClsDecoder, pool_cells, pooled_width
-from cape.models.training import balanced_class_weights, lr_factor
+from cape.models.objectives import balanced_class_weights
+from cape.models.training import lr_factor
 
 SMALL = dict(d_model=32, n_heads=4, n_layers=1, max_len=32, dropout=0.0)
 
@@ -71,28 +72,9 @@ def test_balanced_class_weights_match_scikit_learn_and_equalise_classes(codes):
     np.testing.assert_allclose(totals, totals[0])
 
 
-@given(st.integers(1, 200), st.floats(0.0, 0.9), st.sampled_from(["constant", "cosine"]))
-@settings(max_examples=60, deadline=None)
-def test_lr_factor_warms_up_then_decays(total, warmup, schedule):
-    f = [lr_factor(s, total, schedule, warmup) for s in range(total)]
-    n_warmup = round(warmup * total)
-    assert all(0.0 <= x <= 1.0 for x in f)
-    assert f[:n_warmup] == sorted(f[:n_warmup]) and (n_warmup == 0 or f[n_warmup - 1] == 1.0)
-    after = f[n_warmup:]
-    assert after == sorted(after, reverse=True)
-    if schedule == "constant":
-        assert all(x == 1.0 for x in after)
-    elif after:
-        assert after[0] == 1.0
-        mid = n_warmup + (total - n_warmup) // 2
-        if (total - n_warmup) % 2 == 0 and mid < total:
-            assert f[mid] == pytest.approx(0.5)                              # half-way down the cosine
-    assert lr_factor(total, total, "cosine", warmup) == pytest.approx(0.0, abs=1e-12) or n_warmup >= total
-
-
-# ------------------------------------------------------------------------------------------------ fit
+# ------------------------------------------------------------------------------------------------ train
 def _val_cells(model: CellTransformer, adata, validation_fraction: float):
-    """The validation cells fit() carved out (same seeded, stratified split)."""
+    """The validation cells train() carved out (same seeded, stratified split)."""
     codes = np.searchsorted(model.labels, adata.obs["cell_type"].astype(str).to_numpy())
     _, val = model._split(adata.n_obs, validation_fraction, stratify=codes)
     return adata[val].copy()
@@ -159,12 +141,12 @@ def test_pooling_option_trains_predicts_and_round_trips(adata, tmp_path, pooling
     assert loaded.pooling == pooling
     np.testing.assert_array_equal(model.predict(adata, return_probabilities=True),
                                   loaded.predict(adata, return_probabilities=True))
-    # Fitting again with another pooling rebuilds the head at the new width.
+    # Training again with another pooling rebuilds the head at the new width.
     model.train(adata, "cell_type", epochs=1, batch_size=16, validation_fraction=0.0, pooling="cls")
     assert model.pooling == "cls" and model.cls_head._decoder[0].in_features == 32
 
 
-def test_fit_option_errors(adata):
+def test_train_option_errors(adata):
     model = CellTransformer(adata, "scgpt", "none", **SMALL)
     for kwargs, match in [({"pooling": "max"}, "unknown pooling"), ({"class_weight": "inverse"}, "class_weight"),
                           ({"lr_schedule": "step"}, "lr schedule"), ({"warmup_fraction": 1.0}, "warmup_fraction"),

@@ -1,4 +1,5 @@
-"""CellTransformer training: pretraining, annotation, embeddings, early stopping, seeding and DDP on gloo."""
+"""CellTransformer training (cape.models.training): pretraining, annotation, embeddings, early stopping, the
+learning-rate schedule, seeding, the grouped constructor options and DDP on gloo."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import os
 import numpy as np
 import pytest
 import torch
-from _models_data import cape_adata, one_thread  # noqa: F401  (fixture)
+from _models_data import cape_adata, one_thread, with_unused_genes  # noqa: F401  (fixture)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cape import CapeInputError
-from cape.models import CellTransformer
+from cape.models import CellTransformer, NetworkConfig, TokenizerConfig
+from cape.models.training import lr_factor
 
 SMALL = dict(d_model=32, n_heads=4, n_layers=2, max_len=32, dropout=0.0)
 
@@ -33,7 +37,7 @@ def test_pretraining_lowers_the_masked_loss(adata, architecture):
     assert min(h["val_loss"] for h in history) < history[0]["val_loss"]
 
 
-def test_fit_predict_embed(adata):
+def test_train_predict_embed(adata):
     model = CellTransformer(adata, "scgpt", "rope", **SMALL, seed=0)
     model.train(adata, "cell_type", epochs=12, batch_size=16, lr=3e-3, validation_fraction=0.0)
     labels = model.predict(adata, key_added="pred")
@@ -53,18 +57,47 @@ def test_fit_predict_embed(adata):
     assert (n_cells[~used] == 0).all() and not out.varm["cape_gene_embedding"][~used].any()
     assert out.uns["cape"]["model"]["architecture"] == "scgpt" and out.uns["cape"]["model"]["vocabulary"] == "used"
     assert "X_cape" not in adata.obsm                        # copy=True leaves the input alone
+    # get_latent_representation: the same numbers embed writes, for the trained pooling and any other.
+    np.testing.assert_array_equal(model.get_latent_representation(adata), out.obsm["X_cape"])
+    cls = model.embed(adata, copy=True, pooling="cls", gene_key=None).obsm["X_cape"]
+    np.testing.assert_array_equal(model.get_latent_representation(adata, pooling="cls"), cls)
+    assert model.get_latent_representation(adata).dtype == np.float32
     table = model.gene_embedding_table()
     assert table.shape == (used.sum(), 32) and list(table.index) == list(adata.var_names[used])
 
 
-def test_fit_roundtrip_keeps_the_classifier(adata, tmp_path):
-    model = CellTransformer(adata, "scbert", "tape", **SMALL, seed=0)
-    model.train(adata, "cell_type", epochs=1, batch_size=16)
-    model.save(tmp_path / "m")
-    loaded = CellTransformer.load(tmp_path / "m", adata, device="cpu")
-    np.testing.assert_array_equal(model.predict(adata, return_probabilities=True),
-                                  loaded.predict(adata, return_probabilities=True))
-    assert loaded.labels == model.labels and loaded.history["fit"] == model.history["fit"]
+@given(st.integers(1, 200), st.floats(0.0, 0.9), st.sampled_from(["constant", "cosine"]))
+@settings(max_examples=60, deadline=None)
+def test_lr_factor_warms_up_then_decays(total, warmup, schedule):
+    f = [lr_factor(s, total, schedule, warmup) for s in range(total)]
+    n_warmup = round(warmup * total)
+    assert all(0.0 <= x <= 1.0 for x in f)
+    assert f[:n_warmup] == sorted(f[:n_warmup]) and (n_warmup == 0 or f[n_warmup - 1] == 1.0)
+    after = f[n_warmup:]
+    assert after == sorted(after, reverse=True)
+    if schedule == "constant":
+        assert all(x == 1.0 for x in after)
+    elif after:
+        assert after[0] == 1.0
+        mid = n_warmup + (total - n_warmup) // 2
+        if (total - n_warmup) % 2 == 0 and mid < total:
+            assert f[mid] == pytest.approx(0.5)                              # half-way down the cosine
+    assert lr_factor(total, total, "cosine", warmup) == pytest.approx(0.0, abs=1e-12) or n_warmup >= total
+
+
+def test_grouped_options_equal_the_keywords(adata):
+    flat = CellTransformer(adata, "scbert", "cape", d_model=32, n_heads=4, n_layers=1, dropout=0.0, max_len=16,
+                           n_bins=7, gene_embedding=True, n_cls_layers=2, seed=3)
+    grouped = CellTransformer(adata, "scbert", "cape", network=NetworkConfig(d_model=32, n_layers=1, dropout=0.0,
+                                                                            gene_embedding=True, n_cls_layers=2),
+                              tokenizer=TokenizerConfig(binning="log2", n_bins=7, max_len=16), seed=3)
+    assert grouped.tokenizer == flat.tokenizer == TokenizerConfig("log2", 7, 16, False)
+    assert grouped._config() == flat._config()
+    state = flat.module.state_dict()
+    assert all(torch.equal(v, state[k]) for k, v in grouped.module.state_dict().items())
+    # A keyword overrides its group; the default tokenizer is the architecture's binning.
+    mixed = CellTransformer(adata, "scgpt", "none", network=NetworkConfig(d_model=32), d_model=16, max_len=8)
+    assert mixed.backbone.d_model == 16 and mixed.tokenizer == TokenizerConfig("quantile", 51, 8, False)
 
 
 def test_same_seed_same_model(adata):
@@ -101,25 +134,8 @@ def test_training_bad_input(adata):
 
 
 # ------------------------------------------------------------------------------------------------ vocabulary
-def _with_unused_genes(adata, n_extra: int = 30):
-    """``adata`` plus ``n_extra`` expressed genes outside var["cape_used"] (a raw matrix's other genes)."""
-    import anndata as ad
-    import scipy.sparse as sp
-
-    rng = np.random.default_rng(5)
-    extra = sp.csr_matrix(np.log1p(rng.poisson(2.0, size=(adata.n_obs, n_extra))).astype(np.float32))
-    wide = ad.AnnData(sp.hstack([adata.X, extra]).tocsr(), obs=adata.obs.copy())
-    wide.var_names = [*adata.var_names, *(f"OTHER{i}" for i in range(n_extra))]
-    wide.var["cape_used"] = np.r_[adata.var["cape_used"].to_numpy(), np.zeros(n_extra, dtype=bool)]
-    for key, value in adata.varm.items():
-        wide.varm[key] = np.r_[value, np.full((n_extra, value.shape[1]), np.nan)]
-    wide.var["cape_generality"] = np.r_[adata.var["cape_generality"].to_numpy(), np.zeros(n_extra)]
-    wide.varp["cape_dag"] = sp.block_diag([adata.varp["cape_dag"], sp.csr_matrix((n_extra, n_extra))]).tocsr()
-    return wide
-
-
 def test_vocabulary_is_the_used_genes_by_default(adata, caplog):
-    wide = _with_unused_genes(adata)
+    wide = with_unused_genes(adata)
     used = list(wide.var_names[wide.var["cape_used"].to_numpy()])
     model = CellTransformer(wide, "scgpt", "cape", **SMALL, seed=0)
     assert model.vocabulary == "used" and model.vocab.genes == used
@@ -142,34 +158,6 @@ def test_vocabulary_is_the_used_genes_by_default(adata, caplog):
         CellTransformer(none_used, "scgpt", "none", **SMALL)
     with pytest.raises(CapeInputError, match="unknown vocabulary"):
         CellTransformer(wide, "scgpt", "none", vocabulary="hvg")
-
-
-def test_used_vocabulary_survives_save_load_and_other_genes(adata, tmp_path):
-    import json
-
-    wide = _with_unused_genes(adata)
-    model = CellTransformer(wide, "scgpt", "cape", **SMALL, seed=0)
-    model.train(wide, "cell_type", epochs=2, batch_size=16, validation_fraction=0.0)
-    model.save(tmp_path / "m")
-    assert json.loads((tmp_path / "m" / "config.json").read_text())["vocabulary"] == "used"
-    loaded = CellTransformer.load(tmp_path / "m", wide, device="cpu")
-    assert loaded.vocabulary == "used" and loaded.vocab == model.vocab
-    expected = model.predict(wide, return_probabilities=True)
-    np.testing.assert_array_equal(loaded.predict(wide, return_probabilities=True), expected)
-    # Genes outside the vocabulary change nothing: the same cells over the used genes alone predict the same.
-    np.testing.assert_allclose(loaded.predict(adata[:, adata.var["cape_used"].to_numpy()].copy(),
-                                              return_probabilities=True), expected, rtol=1e-6, atol=1e-7)
-    out = loaded.embed(wide, copy=True)
-    assert out.obsm["X_cape"].shape == (wide.n_obs, 32)
-    # A vocabulary gene missing from the AnnData is still a mismatch.
-    with pytest.raises(CapeInputError, match="1 of the model's 22 genes.*missing"):
-        CellTransformer.load(tmp_path / "m", wide[:, 1:].copy())
-    # Models saved before the option recorded it kept every gene and stay strict.
-    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
-    del cfg["vocabulary"]
-    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CapeInputError, match="vocabulary mismatch: 32 of the AnnData's"):
-        CellTransformer.load(tmp_path / "m", wide)
 
 
 # ------------------------------------------------------------------------------------------------ DDP
@@ -210,20 +198,3 @@ def test_ddp_on_two_cpu_processes_matches_single_process(tmp_path):
                        .abs().sum()) if key.endswith("in_proj.weight") else 0.0
     assert moved > 0                                         # training did change the weights
     assert os.path.exists(out)
-
-
-def test_latent_representation_is_what_embed_writes(adata):
-    model = CellTransformer(adata, "scgpt", "cape", **SMALL, seed=0)
-    cells = model.get_latent_representation(adata)
-    copy = model.embed(adata, copy=True)
-    np.testing.assert_array_equal(cells, copy.obsm["X_cape"])
-    assert cells.dtype == np.float32 and cells.shape == (adata.n_obs, SMALL["d_model"])
-
-
-def test_save_refuses_an_existing_directory_unless_overwrite(adata, tmp_path):
-    model = CellTransformer(adata, "scgpt", "cape", **SMALL, seed=0)
-    model.save(tmp_path / "m")
-    with pytest.raises(CapeInputError, match="exists"):
-        model.save(tmp_path / "m")
-    model.save(tmp_path / "m", overwrite=True)
-    assert CellTransformer.load(tmp_path / "m", adata).seed == 0

@@ -1,15 +1,19 @@
 """Transformer backbones for single cells with pluggable positional encodings.
 
-* :class:`CellTransformer` — the user-facing model (pretrain, fit, predict, embed, save/load);
+* :class:`CellTransformer` — the user-facing model (pretrain, train, predict, get_latent_representation, embed,
+  save/load), with its options grouped in :class:`NetworkConfig` and :class:`TokenizerConfig`;
 * :class:`ScGPTBackbone`, :class:`ScBERTBackbone` — the torch cores (tensors in, hidden states out);
 * :mod:`~cape.models.tokenize` — gene vocabulary, binning, gene sampling, collators;
 * :mod:`~cape.models.positions` — :class:`~cape.encodings.GenePositions` from AnnData keys;
+* :mod:`~cape.models.training` — the training engine; :mod:`~cape.models.objectives` — its losses;
+* :mod:`~cape.models.persistence` — model directories;
 * :mod:`~cape.models.distributed` — DDP under torchrun;
 * :func:`load_scgpt_checkpoint` — import a published scGPT checkpoint directory.
 """
 
 from __future__ import annotations
 
+from .config import NetworkConfig
 from .heads import ClsDecoder, ExprDecoder
 from .positions import gene_positions, random_positions
 from .scbert import ScBERTBackbone
@@ -24,6 +28,7 @@ __all__ = [
     "ClsDecoder",
     "ExprDecoder",
     "GeneVocab",
+    "NetworkConfig",
     "ScBERTBackbone",
     "ScGPTBackbone",
     "TokenizerConfig",

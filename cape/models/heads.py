@@ -62,7 +62,6 @@ def pooled_width(d_model: int, pooling: str) -> int:
 
 def check_pooling(pooling: str) -> str:
     if pooling not in POOLINGS:
-
         raise CapeInputError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
     return pooling
 

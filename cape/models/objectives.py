@@ -1,11 +1,30 @@
-"""Training objectives: a backbone plus a head as one ``nn.Module`` whose forward returns the loss (masked value
-prediction) or the logits (cell classification), so that DDP wraps a single module."""
+"""Training objectives of :class:`~cape.models.CellTransformer`: torch modules that turn a batch into a loss.
+
+* :class:`MaskedValueTask` — pretraining: predict the hidden values of masked gene tokens;
+* :class:`ClassifierTask` and :func:`classifier_objective` — annotation: cell-type logits, their (class-weighted)
+  cross-entropy and the validation scores that pick the best epoch;
+* :func:`balanced_class_weights` — scikit-learn's ``"balanced"`` class weights.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import torch
 from torch import Tensor, nn
 
+from .._errors import CapeInputError
 from .heads import ClsDecoder, ExprDecoder, pool_cells
+
+#: ``class_weight=`` choices of :meth:`~cape.models.CellTransformer.train`.
+CLASS_WEIGHTS = (None, "balanced")
+#: ``early_stopping_metric=`` choices of :meth:`~cape.models.CellTransformer.train`.
+MONITORS = ("val_loss", "val_accuracy", "val_balanced_accuracy")
+
+LossFn = Callable[[nn.Module, dict[str, Tensor]], Tensor]
+ScoreFn = Callable[[nn.Module, dict[str, Tensor]], dict[str, float]]
 
 
 class MaskedValueTask(nn.Module):
@@ -40,8 +59,13 @@ class MaskedValueTask(nn.Module):
         return per_cell.mean()
 
 
+def masked_value_loss(task: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """The loss of a :class:`MaskedValueTask` (possibly DDP-wrapped) is its output."""
+    return task(batch)
+
+
 class ClassifierTask(nn.Module):
-    """Backbone + pooled cell embedding + classification head → class logits."""
+    """Backbone + annotation head → class logits of the pooled cell embedding."""
 
     def __init__(self, backbone: nn.Module, head: ClsDecoder, pooling: str = "cls") -> None:
         super().__init__()
@@ -52,3 +76,63 @@ class ClassifierTask(nn.Module):
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         hidden = self.backbone(batch["gene_ids"], batch["values"], batch["padding_mask"])
         return self.head(pool_cells(hidden, batch["padding_mask"], self.pooling))
+
+
+def encode_labels(labels: pd.Series, label_key: str) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Positions of the labelled cells, the sorted classes (as strings) and every cell's class code (-1: none)."""
+    keep = np.flatnonzero(labels.notna().to_numpy())
+    if keep.size < 2:
+        raise CapeInputError(f"obs['{label_key}'] has fewer than two labelled cells")
+    classes = sorted(pd.unique(labels.iloc[keep].astype(str)))
+    if len(classes) < 2:
+        raise CapeInputError(f"obs['{label_key}'] has a single class ({classes[0]!r}); need at least two")
+    codes = np.full(len(labels), -1, dtype=np.int64)
+    codes[keep] = pd.Categorical(labels.iloc[keep].astype(str), categories=classes).codes
+    return keep, classes, codes
+
+
+def check_classifier_options(class_weight: str | None, early_stopping_metric: str, label_smoothing: float) -> None:
+    """Refuse unknown ``class_weight`` / ``early_stopping_metric`` values and a label smoothing outside [0, 1)."""
+    if class_weight not in CLASS_WEIGHTS:
+        raise CapeInputError(f"class_weight must be None or 'balanced', got {class_weight!r}")
+    if early_stopping_metric not in MONITORS:
+        raise CapeInputError(f"early_stopping_metric must be one of {', '.join(MONITORS)}, "
+                             f"got {early_stopping_metric!r}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise CapeInputError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+
+
+def balanced_class_weights(codes: np.ndarray, n_classes: int) -> np.ndarray:
+    """``n / (k · n_c)`` per class over the classes present (scikit-learn's "balanced"); absent classes get 1."""
+    counts = np.bincount(np.asarray(codes, dtype=np.int64), minlength=n_classes).astype(np.float64)
+    present = counts > 0
+    weights = np.ones(n_classes)
+    weights[present] = counts.sum() / (present.sum() * counts[present])
+    return weights
+
+
+def classifier_objective(weight: Tensor | None, label_smoothing: float, val_codes: np.ndarray, n_classes: int,
+                         device: torch.device) -> tuple[LossFn, ScoreFn]:
+    """Training loss and validation scores of a :class:`ClassifierTask`.
+
+    The loss is the cross-entropy with class ``weight`` and ``label_smoothing``. The scores are batch sums: the
+    loss as trained, plain accuracy, and per-class hits for the balanced accuracy over the validation cells
+    (whose classes are ``val_codes``).
+    """
+
+    def loss_fn(m, batch):
+        return nn.functional.cross_entropy(m(batch).float(), batch["label"], weight=weight,
+                                           label_smoothing=label_smoothing)
+
+    def score_fn(m, batch):
+        logits = m(batch).float()
+        y = batch["label"]
+        loss = nn.functional.cross_entropy(logits, y, weight=weight, label_smoothing=label_smoothing)
+        hits = (logits.argmax(-1) == y).float()
+        return {"val_loss": float(loss) * y.shape[0], "val_accuracy": float(hits.sum()),
+                "val_balanced_accuracy": float((hits / val_class_counts[y]).sum()) * n_val / n_val_classes}
+
+    val_class_counts = torch.as_tensor(np.bincount(val_codes, minlength=n_classes).clip(min=1),
+                                       dtype=torch.float32, device=device)
+    n_val, n_val_classes = len(val_codes), max(len(np.unique(val_codes)), 1)
+    return loss_fn, score_fn

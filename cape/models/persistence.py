@@ -1,5 +1,10 @@
-"""A :class:`~cape.models.CellTransformer` on disk: ``config.json``, ``vocab.json``, ``model.pt`` (state dict) and
-``positions.pt`` in one directory, written atomically; and the record of a model that ``.h5ad`` files can store."""
+"""Save and load a :class:`~cape.models.CellTransformer` model directory.
+
+A model directory holds ``config.json`` (architecture, backbone and tokenizer options, labels, pooling, seed,
+training history), ``vocab.json`` (the gene vocabulary), ``model.pt`` (the state dict) and, when the encoding
+uses them, ``positions.pt`` (the gene positions). Keys added over time are read with the defaults that the
+models saved before them had, so every model directory written by an earlier cape still loads.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,13 +25,16 @@ from ..encodings import GenePositions
 from . import distributed
 from .tokenize import GeneVocab, TokenizerConfig
 
+if TYPE_CHECKING:
+    from .transformer import CellTransformer
+
 CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, POSITIONS_FILE = "config.json", "model.pt", "vocab.json", "positions.pt"
+_POSITION_FIELDS = ("vectors", "order", "has_position", "graph_distance", "vectors_are_angles", "source")
 
 
-def model_config(model) -> dict[str, Any]:
-    """What ``config.json`` holds: everything but the weights, the vocabulary and the positions."""
-    kwargs = {k: v for k, v in model._backbone_kwargs.items()}
-    return {"cape_version": __version__, "architecture": model.architecture, "backbone": kwargs,
+def model_config(model: CellTransformer) -> dict[str, Any]:
+    """The content of ``config.json``."""
+    return {"cape_version": __version__, "architecture": model.architecture, "backbone": dict(model._backbone_kwargs),
             "tokenizer": asdict(model.tokenizer), "layer": model.layer, "use_raw": model.use_raw,
             "vocabulary": getattr(model, "vocabulary", "all"),
             "labels": model.labels, "label_key": model.label_key, "n_cls_layers": model.n_cls_layers,
@@ -35,31 +43,41 @@ def model_config(model) -> dict[str, Any]:
             "value_scale": model._value_scale()}
 
 
-def model_record(model) -> dict[str, Any]:
+def model_record(model: CellTransformer) -> dict[str, Any]:
     """Parameters, seed and training history in a form ``.h5ad`` can store (no None, histories columnar)."""
     cfg = model_config(model)
     cfg["n_parameters"] = int(sum(p.numel() for p in model.module.parameters()))
     cfg["device"] = str(model.device)
     cfg["history"] = {task: {key: [r.get(key, np.nan) for r in rows] for key in rows[0]}
                       for task, rows in model.history.items() if rows}
-    return _h5_safe(json.loads(json.dumps(cfg, default=str)))
+    return h5_safe(json.loads(json.dumps(cfg, default=str)))
 
 
-def save_model(model, directory: str | Path, *, overwrite: bool = False) -> Path:
-    """Write ``config.json``, ``vocab.json``, ``model.pt`` (state dict) and ``positions.pt`` to ``directory``;
-    an existing model directory is replaced only with ``overwrite``.
+def h5_safe(value):
+    """Drop None (h5py cannot store it) and turn lists of strings/numbers into arrays, recursively."""
+    if isinstance(value, dict):
+        return {k: h5_safe(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        if all(isinstance(v, str) for v in value):
+            return np.asarray(value, dtype=object) if value else np.zeros(0)
+        return np.asarray([np.nan if v is None else v for v in value], dtype=float)
+    return value
 
-    Written to a temporary folder first and renamed, so a failure leaves no partial model behind. Only the
-    main process writes under DDP.
-    """
+
+def save_model(model: CellTransformer, directory: str | Path, *, overwrite: bool = False) -> Path:
+    """Write ``model`` to ``directory`` (see :meth:`CellTransformer.save <cape.models.CellTransformer.save>`)."""
     target = Path(directory)
     if not distributed.is_main_process():
         return target
     if target.exists():
-        if not overwrite:
-            raise CapeInputError(f"model directory {target} exists (overwrite=False)")
-        if any(target.iterdir()) and not (target / CONFIG_FILE).exists():
-            raise CapeInputError(f"{target} exists and is not a cape model directory; refusing to overwrite")
+        if not target.is_dir():
+            raise CapeInputError(f"{target} exists and is not a directory; choose another model directory")
+        if any(target.iterdir()):
+            if not overwrite:
+                raise CapeInputError(f"model directory {target} already exists and is not empty; pass "
+                                     "overwrite=True to replace it, or choose another directory")
+            if not (target / CONFIG_FILE).exists():
+                raise CapeInputError(f"{target} exists and is not a cape model directory; refusing to overwrite")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -68,9 +86,7 @@ def save_model(model, directory: str | Path, *, overwrite: bool = False) -> Path
         state = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
         torch.save(state, tmp / WEIGHTS_FILE)
         if model.positions is not None:
-            torch.save({k: getattr(model.positions, k) for k in
-                        ("vectors", "order", "has_position", "graph_distance", "vectors_are_angles",
-                         "source")}, tmp / POSITIONS_FILE)
+            torch.save({k: getattr(model.positions, k) for k in _POSITION_FIELDS}, tmp / POSITIONS_FILE)
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
@@ -80,14 +96,14 @@ def save_model(model, directory: str | Path, *, overwrite: bool = False) -> Path
     return target
 
 
-def load_model(cls, directory: str | Path, adata=None, *, device: str = "auto"):
-    """An instance of ``cls`` from a directory written by :func:`save_model`; with ``adata``, check that its genes
-    match the vocabulary."""
+def load_model(cls: type[CellTransformer], directory: str | Path, adata=None, *,
+               device: str = "auto") -> CellTransformer:
+    """Read a model directory (see :meth:`CellTransformer.load <cape.models.CellTransformer.load>`)."""
     directory = Path(directory)
     if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
         raise CapeInputError(f"{directory} is not a cape model directory (no {CONFIG_FILE} / {WEIGHTS_FILE})")
     try:
-        self = _load(cls, directory, device)
+        model = _restore(cls, directory, device)
     except (CapeInputError, MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as err:  # a damaged config/weights file surfaces as many exception types
@@ -95,43 +111,32 @@ def load_model(cls, directory: str | Path, adata=None, *, device: str = "auto"):
         raise CapeInputError(f"{directory} is a damaged cape model directory ({type(err).__name__}: {first}); "
                              "train it again") from err
     if adata is not None:
-        self._gene_ids(self._expression(adata)[1])
-    return self
+        model._gene_ids(model._expression(adata)[1])
+    return model
 
 
-def _load(cls, directory: Path, device: str):
+def _restore(cls: type[CellTransformer], directory: Path, device: str) -> CellTransformer:
     cfg = json.loads((directory / CONFIG_FILE).read_text())
-    self = cls.__new__(cls)
-    self.architecture = cfg["architecture"]
-    self.seed = int(cfg["seed"])
-    self.layer, self.use_raw = cfg["layer"], bool(cfg["use_raw"])
-    self.vocabulary = cfg.get("vocabulary", "all")  # models saved before the option kept every gene
-    self.vocab = GeneVocab.from_json(directory / VOCAB_FILE)
-    self.tokenizer = TokenizerConfig(**cfg["tokenizer"])
-    self.labels, self.label_key = cfg["labels"], cfg["label_key"]
-    self.n_cls_layers = int(cfg["n_cls_layers"])
-    self.pooling = cfg.get("pooling", "cls")
-    self.history = cfg.get("history", {})
-    self.strict_genes = bool(cfg.get("strict_genes", True))
-    self.value_scale = cfg.get("value_scale")
-    self._backbone_kwargs = cfg["backbone"]
-    self.positions = None
+    model = cls.__new__(cls)
+    model.architecture = cfg["architecture"]
+    model.seed = int(cfg["seed"])
+    model.layer, model.use_raw = cfg["layer"], bool(cfg["use_raw"])
+    model.vocabulary = cfg.get("vocabulary", "all")  # models saved before the option kept every gene
+    model.vocab = GeneVocab.from_json(directory / VOCAB_FILE)
+    model.tokenizer = TokenizerConfig(**cfg["tokenizer"])
+    model.labels, model.label_key = cfg["labels"], cfg["label_key"]
+    model.n_cls_layers = int(cfg["n_cls_layers"])
+    model.pooling = cfg.get("pooling", "cls")
+    model.history = cfg.get("history", {})
+    model.strict_genes = bool(cfg.get("strict_genes", True))
+    model.value_scale = cfg.get("value_scale")
+    model._backbone_kwargs = cfg["backbone"]
+    model.positions = None
     if (directory / POSITIONS_FILE).is_file():
-        self.positions = GenePositions(**torch.load(directory / POSITIONS_FILE, weights_only=True))
-    self.device = distributed.device_for_rank(resolve_device(device))
-    self.amp = self.device.type == "cuda"
-    self._build()
-    state = torch.load(directory / WEIGHTS_FILE, map_location=self.device, weights_only=True)
-    self.module.load_state_dict(state)
-    return self
-
-
-def _h5_safe(value):
-    """Drop None (h5py cannot store it) and turn lists of strings/numbers into arrays, recursively."""
-    if isinstance(value, dict):
-        return {k: _h5_safe(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        if all(isinstance(v, str) for v in value):
-            return np.asarray(value, dtype=object) if value else np.zeros(0)
-        return np.asarray([np.nan if v is None else v for v in value], dtype=float)
-    return value
+        model.positions = GenePositions(**torch.load(directory / POSITIONS_FILE, weights_only=True))
+    model.device = distributed.device_for_rank(resolve_device(device))
+    model.amp = model.device.type == "cuda"
+    model._build()
+    state = torch.load(directory / WEIGHTS_FILE, map_location=model.device, weights_only=True)
+    model.module.load_state_dict(state)
+    return model

@@ -6,7 +6,8 @@ A scGPT model directory (e.g. ``scGPT_human``) holds ``args.json`` (``embsize``,
 and flash-attention's packed ``self_attn.Wqkv.weight``/``Wqkv.bias`` (rows ``[q; k; v]`` in both, so the import
 is a renaming). The positional encoding is new (scGPT has none): choose it with ``encoding=``; the imported
 weights are those of ``encoder`` (gene embedding), ``value_encoder``, the transformer layers and, when present,
-the expression ``decoder``.
+the expression ``decoder``. :func:`cell_transformer_from_scgpt` (``CellTransformer.from_scgpt``) wraps the
+import in a :class:`~cape.models.CellTransformer`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +29,9 @@ from .heads import ExprDecoder
 from .positions import gene_positions
 from .scgpt import ScGPTBackbone
 from .tokenize import GeneVocab, TokenizerConfig
+
+if TYPE_CHECKING:
+    from .transformer import CellTransformer
 
 logger = logging.getLogger("cape")
 
@@ -189,17 +193,15 @@ def load_scgpt_checkpoint(directory: str | Path, *, encoding: str = "none",
     return ScGPTImport(backbone=backbone, vocab=vocab, decoder=decoder, args=args, layout=layout, unused=unused)
 
 
-def transformer_from_scgpt(cls, directory: str | Path, adata, *, encoding: str = "none",
-                           encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
-                           layer: str | None = None, use_raw: bool = False, max_len: int = 1200,
-                           include_zero_genes: bool = False, dropout: float | None = None, device: str = "auto",
-                           amp: bool | str = "auto", seed: int | None = None):
-    """An instance of ``cls`` (a :class:`~cape.models.CellTransformer`) around a published scGPT checkpoint
-    (:func:`load_scgpt_checkpoint`).
+def cell_transformer_from_scgpt(cls: type[CellTransformer], directory: str | Path, adata, *, encoding: str = "none",
+                                encoding_options: dict[str, Any] | None = None,
+                                positions: GenePositions | None = None, layer: str | None = None,
+                                use_raw: bool = False, max_len: int = 1200, include_zero_genes: bool = False,
+                                dropout: float | None = None, device: str = "auto", amp: bool | str = "auto",
+                                seed: int | None = None) -> CellTransformer:
+    """A ``cls`` (:class:`~cape.models.CellTransformer`) around a published scGPT checkpoint.
 
-    The gene vocabulary is the checkpoint's; genes of ``adata`` outside it are left out (as scGPT does), and
-    positions for ``encoding`` are read from ``adata`` for the genes it shares with the vocabulary. Continue
-    with :meth:`pretrain` / :meth:`fit` / :meth:`embed`.
+    See :meth:`CellTransformer.from_scgpt <cape.models.CellTransformer.from_scgpt>`.
     """
     if not Path(directory).is_dir():
         raise CapeInputError(f"scGPT checkpoint directory not found: {directory}")
@@ -218,19 +220,19 @@ def transformer_from_scgpt(cls, directory: str | Path, adata, *, encoding: str =
     encoding_options = dict(encoding_options or {})
     if positions is None:
         positions = gene_positions(self._position_source(adata), self.vocab, encoding,
-                                               encoding_options=encoding_options, expression=X)
+                                   encoding_options=encoding_options, expression=X)
     imported = load_scgpt_checkpoint(directory, encoding=encoding, encoding_options=encoding_options,
-                                                 positions=positions, dropout=dropout)
+                                     positions=positions, dropout=dropout)
     args = imported.args
     self.tokenizer = TokenizerConfig(binning="quantile", n_bins=int(args.get("n_bins", 51)), max_len=max_len,
-                                                 include_zero_genes=include_zero_genes)
+                                     include_zero_genes=include_zero_genes)
     self.positions = positions
     self.n_cls_layers = int(args.get("n_layers_cls", 3))
     self.pooling = "cls"
     self.labels, self.label_key, self.history = None, None, {}
     bb = imported.backbone
     self._backbone_kwargs = dict(d_model=bb.d_model, n_heads=bb.n_heads, n_layers=bb.n_layers, d_ff=bb.d_ff,
-                                             dropout=bb.dropout_p, encoding=encoding, encoding_options=encoding_options)
+                                 dropout=bb.dropout_p, encoding=encoding, encoding_options=encoding_options)
     self.device = distributed.device_for_rank(resolve_device(device))
     self.amp = (self.device.type == "cuda") if amp == "auto" else bool(amp)
     self._build()

@@ -15,19 +15,15 @@ which batch it lands in (this is what makes DDP match single-process training).
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import scipy.sparse as sp
 import torch
 
 from .._errors import CapeInputError
-
-logger = logging.getLogger("cape")
 
 PAD_TOKEN = "<pad>"
 CLS_TOKEN = "<cls>"
@@ -318,51 +314,3 @@ class CellCollator:
 
     def __call__(self, batch: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         return collate_cells(batch, pad_id=self.pad_id)
-
-
-def vocabulary_genes(adata, var_names: pd.Index, vocabulary: str) -> pd.Index:
-    """The genes of a model's vocabulary, in the AnnData's order: ``"all"`` of ``var_names``, or ``"used"``: those
-    of ``var["cape_used"]`` (all genes, with a log line, when the column is missing)."""
-    if vocabulary == "all":
-        return var_names
-    if "cape_used" not in adata.var:
-        logger.info("var['cape_used'] not found: the vocabulary is all %d genes", len(var_names))
-        return var_names
-    used = adata.var_names[np.asarray(adata.var["cape_used"], dtype=bool)]
-    genes = var_names[var_names.isin(used)]
-    if len(genes) == 0:
-        raise CapeInputError("var['cape_used'] marks none of the expression matrix's genes; run cape preprocess "
-                             "or use vocabulary='all'")
-    logger.info("vocabulary: the %d genes of var['cape_used'] (of %d; vocabulary='all' keeps every gene)",
-                len(genes), len(var_names))
-    return genes
-
-
-def gene_ids(vocab: GeneVocab, var_names, *, strict: bool = True, vocabulary: str = "all") -> np.ndarray:
-    """Vocabulary ids of ``var_names`` (-1: not in the vocabulary), after checking that the genes match: every
-    vocabulary gene present (``vocabulary="used"``), or the same genes (``"all"``); an imported vocabulary
-    (``strict=False``) keeps the genes it knows."""
-    n_unknown, n_absent = vocab.difference(var_names)
-    if not strict:
-        # Imported foundation-model vocabularies: keep the AnnData's genes that the vocabulary knows.
-        if n_unknown == len(var_names):
-            raise CapeInputError("none of the AnnData's genes is in the model's gene vocabulary")
-        if n_unknown:
-            logger.info("%d of %d genes are not in the model's vocabulary and are left out",
-                        n_unknown, len(var_names))
-        return vocab.lookup(var_names)
-    if vocabulary == "used":
-        # A vocabulary of the used genes is a subset of the AnnData's genes: the others are not tokenised.
-        if n_absent:
-            raise CapeInputError(
-                f"gene vocabulary mismatch: {n_absent} of the model's {len(vocab.genes)} genes (its "
-                "vocabulary: the genes of var['cape_used']) are missing from the AnnData"
-            )
-        return vocab.lookup(var_names)
-    if n_unknown or n_absent:
-        raise CapeInputError(
-            f"gene vocabulary mismatch: {n_unknown} of the AnnData's {len(var_names)} genes are not in the "
-            f"model's vocabulary and {n_absent} of the model's {len(vocab.genes)} genes are missing "
-            "from the AnnData"
-        )
-    return vocab.lookup(var_names)

@@ -1,9 +1,10 @@
-"""The training engine of :class:`~cape.models.CellTransformer`: one loop for every objective.
+"""The training engine of :class:`~cape.models.CellTransformer`: train a torch task module on cell datasets.
 
-:func:`train_objective` trains a module whose forward returns the loss on cell batches: seeded shuffling (the
-single-process twin of ``DistributedSampler``), AdamW with a learning-rate schedule (:func:`lr_factor`), gradient
-clipping, mixed precision on CUDA, DDP under ``torchrun``, and early stopping that keeps the best validation
-epoch's weights. :func:`split_cells` carves the validation cells.
+A :class:`TrainingPlan` says how (epochs, batch size, AdamW, gradient clipping, learning-rate schedule, early
+stopping); a :class:`Trainer` knows where (device, mixed precision, seed) and runs a plan on a task module
+(:mod:`~cape.models.objectives`) with a loss function, keeping the weights of the best validation epoch. Batches
+come in a seeded order (:class:`SeededShuffle`, or ``DistributedSampler`` under DDP, which draws the same
+permutations); under ``torchrun`` the task is wrapped in ``DistributedDataParallel``.
 """
 
 from __future__ import annotations
@@ -20,37 +21,18 @@ import torch
 from sklearn.model_selection import train_test_split
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from .._errors import CapeInputError
 from .._progress import progress
 from . import distributed
+from .objectives import LossFn, ScoreFn
 from .tokenize import CellCollator, CellDataset
 
 logger = logging.getLogger("cape")
 
+#: ``lr_schedule=`` choices.
 SCHEDULES = ("constant", "cosine")
-CLASS_WEIGHTS = (None, "balanced")
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """Where and how a model trains: torch device, mixed precision, seed, padding token id."""
-
-    device: torch.device
-    amp: bool
-    seed: int
-    pad_id: int
-
-    def autocast(self):
-        """bf16 (or fp16) autocast on CUDA with ``amp``; a no-op elsewhere."""
-        if not self.amp or self.device.type != "cuda":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.autocast(device_type="cuda", dtype=dtype)
-
-    def to_device(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
 
 def lr_factor(step: int, total_steps: int, schedule: str = "constant", warmup_fraction: float = 0.0) -> float:
@@ -67,15 +49,6 @@ def lr_factor(step: int, total_steps: int, schedule: str = "constant", warmup_fr
         return 1.0
     progress_ = (step - n_warmup) / max(total_steps - n_warmup, 1)
     return 0.5 * (1.0 + math.cos(math.pi * min(progress_, 1.0)))
-
-
-def balanced_class_weights(codes: np.ndarray, n_classes: int) -> np.ndarray:
-    """``n / (k · n_c)`` per class over the classes present (scikit-learn's "balanced"); absent classes get 1."""
-    counts = np.bincount(np.asarray(codes, dtype=np.int64), minlength=n_classes).astype(np.float64)
-    present = counts > 0
-    weights = np.ones(n_classes)
-    weights[present] = counts.sum() / (present.sum() * counts[present])
-    return weights
 
 
 class SeededShuffle(torch.utils.data.Sampler):
@@ -97,10 +70,9 @@ class SeededShuffle(torch.utils.data.Sampler):
         return self.n
 
 
-def split_cells(n: int, validation_fraction: float, seed: int, stratify: np.ndarray | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted (train, validation) positions of ``n`` cells; stratified by ``stratify`` when every class has two
-    cells and the validation part can hold one of each."""
+def validation_split(n: int, validation_fraction: float, seed: int, stratify: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted training and validation positions of ``n`` cells; stratified when every stratum has two cells."""
     if not 0.0 <= validation_fraction < 1.0:
         raise CapeInputError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
     n_val = round(validation_fraction * n)
@@ -113,138 +85,198 @@ def split_cells(n: int, validation_fraction: float, seed: int, stratify: np.ndar
     return np.sort(train), np.sort(val)
 
 
-def train_objective(task: nn.Module, loss_fn, train_set, val_set, runtime: Runtime, *, epochs: int, batch_size: int,
-                    lr: float, weight_decay: float, grad_clip: float | None, patience: int | None, desc: str,
-                    num_workers: int, schedule: str = "constant", warmup_fraction: float = 0.0, score_fn=None,
-                    monitor: str = "val_loss") -> list[dict[str, float]]:
-    """Train ``task`` on ``loss_fn``; score ``val_set`` each epoch and keep the best epoch's weights.
+@dataclass(frozen=True)
+class TrainingPlan:
+    """How to train.
 
-    ``score_fn(task, batch) -> {name: batch sum}`` gives the validation scores (default: ``val_loss`` from
-    ``loss_fn``); ``monitor`` names the one that picks the best epoch (``val_loss`` is minimised, any other
-    score maximised with ``val_loss`` breaking ties).
+    Attributes
+    ----------
+    epochs, batch_size
+        Passes over the training cells and cells per optimiser step.
+    lr, weight_decay
+        AdamW's learning rate and weight decay.
+    grad_clip
+        Maximum gradient norm (None: no clipping).
+    patience
+        Early stopping: epochs without a better validation score before stopping (None: never stop early).
+    schedule, warmup_fraction
+        Learning-rate schedule (:func:`lr_factor`).
+    monitor
+        The validation score that picks the best epoch: ``"val_loss"`` is minimised, any other score maximised
+        with ``val_loss`` breaking ties.
+    num_workers
+        DataLoader worker processes.
+    desc
+        Name of the run in progress bars and logs.
     """
-    if epochs < 1:
-        raise CapeInputError(f"epochs must be at least 1, got {epochs}")
-    if batch_size < 1:
-        raise CapeInputError(f"batch_size must be at least 1, got {batch_size}")
-    if len(train_set) == 0:
-        raise CapeInputError("no cells left for training")
-    if schedule not in SCHEDULES:
-        raise CapeInputError(f"unknown lr schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
-    if not 0.0 <= warmup_fraction < 1.0:
-        raise CapeInputError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
-    collate = CellCollator(runtime.pad_id)
-    if distributed.is_active():
-        sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=runtime.seed)
-    else:
-        sampler = SeededShuffle(len(train_set), runtime.seed)
-    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, collate_fn=collate,
-                        num_workers=num_workers, pin_memory=runtime.device.type == "cuda")
-    model = task
-    if distributed.is_active():
-        # Some encodings leave parameters without gradient (e.g. TAPE's update after the last layer); DDP
-        # must be told, and pays an extra graph traversal per step only then.
-        unused = has_unused_parameters(task, loss_fn, next(iter(loader)), runtime)
-        model = DistributedDataParallel(
-            task, device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None,
-            find_unused_parameters=unused)
-    val_loader = (DataLoader(val_set, batch_size=batch_size, shuffle=False, collate_fn=collate,
-                             num_workers=num_workers) if val_set is not None and len(val_set) else None)
-    params = [p for p in task.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    total_steps = epochs * len(loader)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, total_steps, schedule, warmup_fraction))
-    if score_fn is None:
-        def score_fn(m, batch):
-            return {"val_loss": float(loss_fn(m, batch)) * batch["gene_ids"].shape[0]}
-    use_scaler = runtime.amp and runtime.device.type == "cuda" and not torch.cuda.is_bf16_supported()
-    scaler = torch.amp.GradScaler("cuda", enabled=use_scaler)
-    history: list[dict[str, float]] = []
-    best, best_state, bad_epochs = (math.inf, math.inf), None, 0
-    bar = progress(range(epochs), desc=desc, total=epochs)
-    for epoch in bar:
-        sampler.set_epoch(epoch)
-        dataset_of(train_set).set_epoch(epoch)
-        model.train()
-        start = time.perf_counter()
-        total, n_cells = 0.0, 0
-        for batch in loader:
-            batch = runtime.to_device(batch)
-            with runtime.autocast():
-                loss = loss_fn(model, batch)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if grad_clip:
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(params, grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            b = batch["gene_ids"].shape[0]
-            total += float(loss.detach()) * b
-            n_cells += b
-        seconds = time.perf_counter() - start
-        total, n_cells = distributed.all_reduce_sum([total, float(n_cells)], runtime.device)
-        record = {"epoch": epoch + 1, "train_loss": total / max(n_cells, 1), "seconds": seconds,
-                  "cells_per_s": n_cells / max(seconds, 1e-9), "lr": optimizer.param_groups[0]["lr"]}
-        if val_loader is not None:
-            # Every process scores the whole validation set: identical numbers, so early stopping agrees.
-            # Validation cells share the training dataset object; score them with the same (epoch-0) gene
-            # sampling and masks every epoch, so that validation losses are comparable across epochs.
-            dataset_of(val_set).set_epoch(0)
-            record.update(evaluate_objective(task, score_fn, val_loader, runtime))
-            dataset_of(train_set).set_epoch(epoch)
-            # Lexicographic: the monitored score first (as a loss: lower is better), validation loss second.
-            key = (record["val_loss"], 0.0) if monitor == "val_loss" else (-record[monitor], record["val_loss"])
-            if key[0] < best[0] - 1e-6 or (abs(key[0] - best[0]) <= 1e-6 and key[1] < best[1] - 1e-6):
-                best, bad_epochs = key, 0
-                best_state = copy.deepcopy(task.state_dict())
-            else:
-                bad_epochs += 1
-        history.append(record)
-        if hasattr(bar, "set_postfix"):
-            bar.set_postfix({k: round(v, 4) for k, v in record.items() if k.endswith("loss")})
-        logger.debug("%s epoch %d: %s", desc, epoch + 1, record)
-        if patience is not None and val_loader is not None and bad_epochs >= patience:
-            logger.info("%s: early stop after epoch %d (best %s %.4f)", desc, epoch + 1, monitor,
-                        abs(best[0]))
-            break
-    if best_state is not None:
-        task.load_state_dict(best_state)
-    return history
+
+    epochs: int
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    grad_clip: float | None = 1.0
+    patience: int | None = None
+    schedule: str = "constant"
+    warmup_fraction: float = 0.0
+    monitor: str = "val_loss"
+    num_workers: int = 0
+    desc: str = "train"
 
 
-def has_unused_parameters(task: nn.Module, loss_fn, batch: dict[str, Tensor], runtime: Runtime) -> bool:
-    """One forward/backward in eval mode (no dropout draws, no Performer redraw count): does any trainable
-    parameter get no gradient?"""
-    was_training = task.training
-    task.eval()
-    task.zero_grad(set_to_none=True)
-    with runtime.autocast():
-        loss = loss_fn(task, runtime.to_device(batch))
-    loss.backward()
-    unused = any(p.requires_grad and p.grad is None for p in task.parameters())
-    task.zero_grad(set_to_none=True)
-    task.train(was_training)
-    return unused
-
-
-@torch.no_grad()
-def evaluate_objective(task: nn.Module, score_fn, loader, runtime: Runtime) -> dict[str, float]:
-    """Per-cell means of ``score_fn``'s batch sums over ``loader``."""
-    task.eval()
-    totals: dict[str, float] = {}
-    n = 0
-    for batch in loader:
-        batch = runtime.to_device(batch)
-        with runtime.autocast():
-            scores = score_fn(task, batch)
-        for name, value in scores.items():
-            totals[name] = totals.get(name, 0.0) + float(value)
-        n += batch["gene_ids"].shape[0]
-    return {name: value / max(n, 1) for name, value in totals.items()}
-
-
-def dataset_of(data) -> CellDataset:
+def _dataset_of(data: Dataset) -> CellDataset:
     return data.dataset if isinstance(data, Subset) else data
+
+
+class Trainer:
+    """Runs :class:`TrainingPlan` s on ``device`` (mixed precision with ``amp`` on CUDA), in a ``seed`` ed order.
+
+    Parameters
+    ----------
+    device, amp
+        Where the task runs; ``amp`` turns on autocast (bfloat16, else float16 with a gradient scaler) on CUDA.
+    seed
+        Seed of the batch order.
+    pad_id
+        Padding token of the collator.
+    """
+
+    def __init__(self, device: torch.device, amp: bool, seed: int, pad_id: int) -> None:
+        self.device, self.amp, self.seed, self.pad_id = device, amp, seed, pad_id
+
+    def autocast(self):
+        if not self.amp or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.autocast(device_type="cuda", dtype=dtype)
+
+    def to_device(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def train(self, task: nn.Module, loss_fn: LossFn, train_set: Dataset, val_set: Dataset | None,
+              plan: TrainingPlan, score_fn: ScoreFn | None = None) -> list[dict[str, float]]:
+        """Train ``task`` on ``loss_fn``; score ``val_set`` each epoch and keep the best epoch's weights.
+
+        ``score_fn(task, batch) -> {name: batch sum}`` gives the validation scores (default: ``val_loss`` from
+        ``loss_fn``); ``plan.monitor`` names the one that picks the best epoch. Returns the per-epoch history
+        (``epoch``, ``train_loss``, ``seconds``, ``cells_per_s``, ``lr`` and the validation scores).
+        """
+        if plan.epochs < 1:
+            raise CapeInputError(f"epochs must be at least 1, got {plan.epochs}")
+        if plan.batch_size < 1:
+            raise CapeInputError(f"batch_size must be at least 1, got {plan.batch_size}")
+        if len(train_set) == 0:
+            raise CapeInputError("no cells left for training")
+        if plan.schedule not in SCHEDULES:
+            raise CapeInputError(f"unknown lr schedule {plan.schedule!r}; choose from {', '.join(SCHEDULES)}")
+        if not 0.0 <= plan.warmup_fraction < 1.0:
+            raise CapeInputError(f"warmup_fraction must be in [0, 1), got {plan.warmup_fraction}")
+        collate = CellCollator(self.pad_id)
+        if distributed.is_active():
+            sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=self.seed)
+        else:
+            sampler = SeededShuffle(len(train_set), self.seed)
+        loader = DataLoader(train_set, batch_size=plan.batch_size, sampler=sampler, collate_fn=collate,
+                            num_workers=plan.num_workers, pin_memory=self.device.type == "cuda")
+        model = task
+        if distributed.is_active():
+            # Some encodings leave parameters without gradient (e.g. TAPE's update after the last layer); DDP
+            # must be told, and pays an extra graph traversal per step only then.
+            unused = self.has_unused_parameters(task, loss_fn, next(iter(loader)))
+            model = DistributedDataParallel(
+                task, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=unused)
+        val_loader = (DataLoader(val_set, batch_size=plan.batch_size, shuffle=False, collate_fn=collate,
+                                 num_workers=plan.num_workers) if val_set is not None and len(val_set) else None)
+        params = [p for p in task.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=plan.lr, weight_decay=plan.weight_decay)
+        total_steps = plan.epochs * len(loader)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, total_steps, plan.schedule, plan.warmup_fraction))
+        if score_fn is None:
+            def score_fn(m, batch):
+                return {"val_loss": float(loss_fn(m, batch)) * batch["gene_ids"].shape[0]}
+        use_scaler = self.amp and self.device.type == "cuda" and not torch.cuda.is_bf16_supported()
+        scaler = torch.amp.GradScaler("cuda", enabled=use_scaler)
+        history: list[dict[str, float]] = []
+        best, best_state, bad_epochs = (math.inf, math.inf), None, 0
+        bar = progress(range(plan.epochs), desc=plan.desc, total=plan.epochs)
+        for epoch in bar:
+            sampler.set_epoch(epoch)
+            _dataset_of(train_set).set_epoch(epoch)
+            model.train()
+            start = time.perf_counter()
+            total, n_cells = 0.0, 0
+            for batch in loader:
+                batch = self.to_device(batch)
+                with self.autocast():
+                    loss = loss_fn(model, batch)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                if plan.grad_clip:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(params, plan.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                b = batch["gene_ids"].shape[0]
+                total += float(loss.detach()) * b
+                n_cells += b
+            seconds = time.perf_counter() - start
+            total, n_cells = distributed.all_reduce_sum([total, float(n_cells)], self.device)
+            record = {"epoch": epoch + 1, "train_loss": total / max(n_cells, 1), "seconds": seconds,
+                      "cells_per_s": n_cells / max(seconds, 1e-9), "lr": optimizer.param_groups[0]["lr"]}
+            if val_loader is not None:
+                # Every process scores the whole validation set: identical numbers, so early stopping agrees.
+                # Validation cells share the training dataset object; score them with the same (epoch-0) gene
+                # sampling and masks every epoch, so that validation losses are comparable across epochs.
+                _dataset_of(val_set).set_epoch(0)
+                record.update(self.evaluate(task, score_fn, val_loader))
+                _dataset_of(train_set).set_epoch(epoch)
+                # Lexicographic: the monitored score first (as a loss: lower is better), validation loss second.
+                key = ((record["val_loss"], 0.0) if plan.monitor == "val_loss"
+                       else (-record[plan.monitor], record["val_loss"]))
+                if key[0] < best[0] - 1e-6 or (abs(key[0] - best[0]) <= 1e-6 and key[1] < best[1] - 1e-6):
+                    best, bad_epochs = key, 0
+                    best_state = copy.deepcopy(task.state_dict())
+                else:
+                    bad_epochs += 1
+            history.append(record)
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix({k: round(v, 4) for k, v in record.items() if k.endswith("loss")})
+            logger.debug("%s epoch %d: %s", plan.desc, epoch + 1, record)
+            if plan.patience is not None and val_loader is not None and bad_epochs >= plan.patience:
+                logger.info("%s: early stop after epoch %d (best %s %.4f)", plan.desc, epoch + 1, plan.monitor,
+                            abs(best[0]))
+                break
+        if best_state is not None:
+            task.load_state_dict(best_state)
+        return history
+
+    def has_unused_parameters(self, task: nn.Module, loss_fn: LossFn, batch: dict[str, Tensor]) -> bool:
+        """One forward/backward in eval mode (no dropout draws, no Performer redraw count): does any trainable
+        parameter get no gradient?"""
+        was_training = task.training
+        task.eval()
+        task.zero_grad(set_to_none=True)
+        with self.autocast():
+            loss = loss_fn(task, self.to_device(batch))
+        loss.backward()
+        unused = any(p.requires_grad and p.grad is None for p in task.parameters())
+        task.zero_grad(set_to_none=True)
+        task.train(was_training)
+        return unused
+
+    @torch.no_grad()
+    def evaluate(self, task: nn.Module, score_fn: ScoreFn, loader: DataLoader) -> dict[str, float]:
+        """Per-cell means of ``score_fn``'s batch sums over ``loader``."""
+        task.eval()
+        totals: dict[str, float] = {}
+        n = 0
+        for batch in loader:
+            batch = self.to_device(batch)
+            with self.autocast():
+                scores = score_fn(task, batch)
+            for name, value in scores.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+            n += batch["gene_ids"].shape[0]
+        return {name: value / max(n, 1) for name, value in totals.items()}

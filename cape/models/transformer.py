@@ -5,55 +5,53 @@
 >>> model.train(adata, label_key="cell_type")        # annotation head
 >>> adata.obs["pred"] = model.predict(adata)
 >>> model.embed(adata)                               # obsm["X_cape"], varm["cape_gene_embedding"]
->>> cells = model.get_latent_representation(adata)  # the same cell embedding as an array
 >>> model.save("model_dir"); model = cape.models.CellTransformer.load("model_dir", adata)
 
-Training runs on ``device="auto"`` (CUDA when present, with mixed precision), clips gradients, keeps the best
-epoch on a validation split (early stopping), shows progress bars and is seeded. Under ``torchrun`` it trains
-with DDP (:mod:`cape.models.distributed`).
+Training (:mod:`~cape.models.training`) runs on ``device="auto"`` (CUDA when present, with mixed precision),
+clips gradients, keeps the best epoch on a validation split (early stopping), shows progress bars and is seeded.
+Under ``torchrun`` it trains with DDP (:mod:`cape.models.distributed`). Model directories:
+:mod:`~cape.models.persistence`; scGPT checkpoints: :mod:`~cape.models.scgpt_checkpoint`.
 """
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import Subset
 
 from .._errors import CapeInputError
-from .._progress import progress
 from .._settings import resolve_device, resolve_seed, seed_everything
 from ..encodings import GenePositions
 from ..encodings.static_absolute import read_gene2vec
-from . import distributed
+from . import distributed, persistence, scgpt_checkpoint
+from .cells import VOCABULARIES, CellData
+from .config import NetworkConfig, split_options, tokenizer_config
 from .heads import ClsDecoder, ExprDecoder, check_pooling, pool_cells, pooled_width
-from .objectives import ClassifierTask, MaskedValueTask
-from .persistence import load_model, model_record, save_model
+from .inference import embeddings, forward_all, write_gene_embedding
+from .objectives import (
+    ClassifierTask,
+    MaskedValueTask,
+    balanced_class_weights,
+    check_classifier_options,
+    classifier_objective,
+    encode_labels,
+    masked_value_loss,
+)
 from .positions import gene_positions
 from .scbert import ScBERTBackbone
 from .scgpt import ScGPTBackbone
-from .scgpt_checkpoint import transformer_from_scgpt
-from .tokenize import CellCollator, CellDataset, GeneVocab, TokenizerConfig, gene_ids, n_value_levels, vocabulary_genes
-from .training import CLASS_WEIGHTS, Runtime, balanced_class_weights, split_cells, train_objective
-
-logger = logging.getLogger("cape")
+from .tokenize import GeneVocab, TokenizerConfig, n_value_levels
+from .training import Trainer, TrainingPlan, validation_split
 
 ARCHITECTURES = {"scgpt": ScGPTBackbone, "scbert": ScBERTBackbone}
-#: scGPT: 51 quantile bins; scBERT: log2 bins 0..5.
-DEFAULT_BINNING = {"scgpt": ("quantile", 51), "scbert": ("log2", 5)}
-_CONFIG_FILE, _WEIGHTS_FILE, _VOCAB_FILE, _POSITIONS_FILE = "config.json", "model.pt", "vocab.json", "positions.pt"
-#: ``vocabulary=`` choices: the genes of Steps I–III (``var["cape_used"]``) or every gene of the AnnData.
-VOCABULARIES = ("used", "all")
 
 
-# ------------------------------------------------------------------------------------------------ the model
-class CellTransformer:
+class CellTransformer(CellData):
     """scGPT- or scBERT-style transformer over the genes of each cell, with any positional encoding.
 
     Parameters
@@ -66,24 +64,18 @@ class CellTransformer:
         Performer attention; bias encodings are refused).
     encoding
         A name from :func:`cape.encodings.available`.
-    layer, use_raw
-        Where the expression is: ``adata.layers[layer]``, ``adata.raw.X`` or ``adata.X`` (default).
-    d_model, n_heads, n_layers, d_ff, dropout
-        Encoder shape. Defaults are CPU-sized; the paper uses 512/8/4 (scGPT) and 200 (scBERT).
-    max_len
-        Tokens per cell including ``<cls>``; cells with more expressed genes are subsampled (seeded).
-    n_bins, binning
-        Value binning; default 51 quantile bins (scGPT) or log2 bins 0..5 (scBERT).
-    include_zero_genes
-        Tokenise every gene, not only the expressed ones.
-    gene_embedding
-        Learnt per-gene embedding (default: on for scGPT, off for scBERT as in the originals).
+    network
+        Encoder and head shape (:class:`NetworkConfig`).
+    tokenizer
+        Value binning and tokens per cell (:class:`~cape.models.TokenizerConfig`); default: 51 quantile bins
+        (scGPT) or log2 bins 0..5 (scBERT), ``max_len=256`` tokens including ``<cls>`` (cells with more expressed
+        genes are subsampled, seeded), expressed genes only.
     encoding_options
         Keyword arguments passed to the encoding.
     positions
         Explicit :class:`~cape.encodings.GenePositions` (rows = vocabulary); default: built from ``adata``.
-    n_cls_layers
-        Layers of the annotation head (scGPT: 3).
+    layer, use_raw
+        Where the expression is: ``adata.layers[layer]``, ``adata.raw.X`` or ``adata.X`` (default).
     vocabulary
         Which genes form the vocabulary (and are tokenised): ``"used"`` (default) the genes of Steps I–III,
         ``var["cape_used"]`` (e.g. the highly variable genes), so that embeddings, positions and every
@@ -96,54 +88,51 @@ class CellTransformer:
         Mixed precision: ``"auto"`` = on for CUDA.
     seed
         Seed of initialisation, splits, gene sampling and masking (default ``cape.settings.seed``).
-    backbone_options
-        Further backbone keywords (e.g. ``n_features`` and ``feature_redraw_interval`` for scBERT).
+    **options
+        Any field of :class:`NetworkConfig` or :class:`~cape.models.TokenizerConfig` by name (``d_model=32``,
+        ``max_len=128``, ``n_bins=...``; they override ``network`` / ``tokenizer``); other keywords go to the
+        backbone (e.g. ``n_features`` and ``feature_redraw_interval`` for scBERT).
     """
 
-    def __init__(self, adata, architecture: str = "scgpt", encoding: str = "cape", *, layer: str | None = None,
-                 use_raw: bool = False, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
-                 d_ff: int | None = None, dropout: float = 0.1, max_len: int = 256, n_bins: int | None = None,
-                 binning: str | None = None, include_zero_genes: bool = False, gene_embedding: bool | None = None,
+    def __init__(self, adata, architecture: str = "scgpt", encoding: str = "cape", *,
+                 network: NetworkConfig | None = None, tokenizer: TokenizerConfig | None = None,
                  encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
-                 n_cls_layers: int = 3, device: str = "auto", amp: bool | str = "auto", seed: int | None = None,
-                 vocabulary: str = "used", **backbone_options: Any) -> None:
+                 layer: str | None = None, use_raw: bool = False, vocabulary: str = "used", device: str = "auto",
+                 amp: bool | str = "auto", seed: int | None = None, **options: Any) -> None:
         if architecture not in ARCHITECTURES:
             raise CapeInputError(f"unknown architecture {architecture!r}; choose from {sorted(ARCHITECTURES)}")
         if vocabulary not in VOCABULARIES:
             raise CapeInputError(f"unknown vocabulary {vocabulary!r}; choose from {', '.join(VOCABULARIES)}")
+        network, token_options, options = split_options(network, options)
         self.seed = resolve_seed(seed)
         self.architecture = architecture
         self.layer, self.use_raw = layer, bool(use_raw)
         self.vocabulary = vocabulary
         X, var_names = self._expression(adata)
         self.vocab = GeneVocab.from_genes(self._vocabulary_genes(adata, var_names))
-        default_binning, default_bins = DEFAULT_BINNING[architecture]
-        self.tokenizer = TokenizerConfig(binning=binning or default_binning, n_bins=n_bins or default_bins,
-                                         max_len=max_len, include_zero_genes=include_zero_genes)
+        self.tokenizer = tokenizer_config(architecture, tokenizer, token_options)
         encoding_options = dict(encoding_options or {})
         if encoding == "static_absolute" and encoding_options.get("gene2vec_path") is not None and positions is None:
             # Read the gene2vec file once here: its vectors then travel in positions.pt, not as a path.
-
             positions = read_gene2vec(encoding_options.pop("gene2vec_path"), self.vocab.tokens)
         if positions is None:
             positions = gene_positions(self._position_source(adata), self.vocab, encoding,
-                                       encoding_options=encoding_options, expression=X, max_dim=d_model)
+                                       encoding_options=encoding_options, expression=X, max_dim=network.d_model)
         self.positions = positions
-        self.n_cls_layers = int(n_cls_layers)
+        self.n_cls_layers = int(network.n_cls_layers)
         self.pooling = "cls"
         self.labels: list[str] | None = None
         self.label_key: str | None = None
         self.history: dict[str, list[dict[str, float]]] = {}
-        self._backbone_kwargs = dict(d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_ff=d_ff,
-                                     dropout=dropout, encoding=encoding, encoding_options=encoding_options,
-                                     **backbone_options)
-        if gene_embedding is not None:
-            self._backbone_kwargs["gene_embedding"] = gene_embedding
+        self._backbone_kwargs = dict(d_model=network.d_model, n_heads=network.n_heads, n_layers=network.n_layers,
+                                     d_ff=network.d_ff, dropout=network.dropout, encoding=encoding,
+                                     encoding_options=encoding_options, **options)
+        if network.gene_embedding is not None:
+            self._backbone_kwargs["gene_embedding"] = network.gene_embedding
         self.device = distributed.device_for_rank(resolve_device(device))
         self.amp = (self.device.type == "cuda") if amp == "auto" else bool(amp)
         self._build()
 
-    # ---------------------------------------------------------------------------------------------- building
     def _build(self) -> None:
         seed_everything(self.seed)
         kwargs = dict(self._backbone_kwargs)
@@ -164,61 +153,19 @@ class CellTransformer:
             self.module["cls_head"] = self.cls_head
         self.module.to(self.device)
 
-    def _vocabulary_genes(self, adata, var_names: pd.Index) -> pd.Index:
-        return vocabulary_genes(adata, var_names, self.vocabulary)
+    # ---------------------------------------------------------------------------------------------- training
+    def _trainer(self) -> Trainer:
+        return Trainer(self.device, self.amp, self.seed, self.vocab.pad_id)
 
-    def _position_source(self, adata):
-        # Positions live on the genes of the AnnData the expression comes from (.raw has its own var).
-        return adata.raw.to_adata() if self.use_raw else adata
+    def _autocast(self):
+        return self._trainer().autocast()
 
-    def _expression(self, adata) -> tuple[Any, pd.Index]:
-        if self.use_raw:
-            if adata.raw is None:
-                raise CapeInputError("use_raw=True but the AnnData has no .raw")
-            X, names = adata.raw.X, adata.raw.var_names
-        elif self.layer is not None:
-            if self.layer not in adata.layers:
-                raise CapeInputError(f"layer '{self.layer}' not in adata.layers ({', '.join(adata.layers) or 'none'})")
-            X, names = adata.layers[self.layer], adata.var_names
-        else:
-            X, names = adata.X, adata.var_names
-        if X is None:
-            raise CapeInputError("the AnnData has no expression matrix")
-        data = X.data if sp.issparse(X) else np.asarray(X)
-        if data.size and np.nanmin(data) < 0:
-            raise CapeInputError(
-                "expression has negative values (scaled data?): give log-normalised counts via layer= or use_raw=True"
-            )
-        return X, names
-
-    def _gene_ids(self, var_names) -> np.ndarray:
-        return gene_ids(self.vocab, var_names, strict=getattr(self, "strict_genes", True),
-                        vocabulary=getattr(self, "vocabulary", "all"))
-
-    def _dataset(self, adata, *, labels: np.ndarray | None = None, mask_ratio: float = 0.0) -> CellDataset:
-        X, names = self._expression(adata)
-        ids = self._gene_ids(names)
-        known = np.flatnonzero(ids >= 0)
-        if known.size < ids.size:
-            # Keep only the vocabulary's columns: cells are tokenised over those genes alone, and a sparse matrix
-            # stays sparse (never a dense cells × all-genes array).
-            X, ids = X[:, known], ids[known]
-        return CellDataset(X, ids, self.vocab, self.tokenizer, labels=labels, mask_ratio=mask_ratio, seed=self.seed)
+    def _to_device(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return self._trainer().to_device(batch)
 
     def _split(self, n: int, validation_fraction: float, stratify: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
-        return split_cells(n, validation_fraction, self.seed, stratify)
-
-    @property
-    def runtime(self) -> Runtime:
-        """Device, mixed precision, seed and padding id, as the training engine takes them."""
-        return Runtime(self.device, self.amp, self.seed, self.vocab.pad_id)
-
-    def _autocast(self):
-        return self.runtime.autocast()
-
-    def _to_device(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        return self.runtime.to_device(batch)
+        return validation_split(n, validation_fraction, self.seed, stratify)
 
     def pretrain(self, adata, epochs: int = 10, mask_ratio: float = 0.15, *, batch_size: int = 32,
                  lr: float = 1e-3, weight_decay: float = 0.01, grad_clip: float | None = 1.0,
@@ -239,10 +186,11 @@ class CellTransformer:
         data = self._dataset(adata, mask_ratio=mask_ratio)
         train_idx, val_idx = self._split(len(data), validation_fraction)
         task = MaskedValueTask(self.backbone, self.expr_head, value_scale=self._value_scale())
-        history = train_objective(task, lambda m, b: m(b), Subset(data, train_idx),
-                                  Subset(data, val_idx) if len(val_idx) else None, self.runtime, epochs=epochs,
-                                  batch_size=batch_size, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip,
-                                  patience=early_stopping_patience, desc="pretrain", num_workers=num_workers)
+        plan = TrainingPlan(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                            grad_clip=grad_clip, patience=early_stopping_patience, desc="pretrain",
+                            num_workers=num_workers)
+        history = self._trainer().train(task, masked_value_loss, Subset(data, train_idx),
+                                        Subset(data, val_idx) if len(val_idx) else None, plan)
         self.history["pretrain"] = history
         return history
 
@@ -256,7 +204,8 @@ class CellTransformer:
 
         Cells with a missing label are left out. The validation split is stratified when every class has at
         least two cells; the weights of the best validation epoch (``early_stopping_metric``: ``"val_loss"``,
-        ``"val_accuracy"`` or ``"val_balanced_accuracy"``) are kept.
+        ``"val_accuracy"`` or ``"val_balanced_accuracy"``) are kept. Returns the per-epoch history, also kept in
+        ``self.history["fit"]`` (the key of model directories saved before the method was named ``train``).
 
         The defaults are the recipe chosen on validation cells carved out of pbmc68k_reduced's 30 % fine-tune
         split (never its test cells): up to 100 epochs with early stopping (patience 15) on a 20 % validation
@@ -274,27 +223,14 @@ class CellTransformer:
             then uses the same pooling.
         lr_schedule, warmup_fraction
             ``"constant"`` or ``"cosine"`` decay to 0 over ``epochs``, after a linear warm-up over
-            ``warmup_fraction`` of the steps (:func:`lr_factor`).
+            ``warmup_fraction`` of the steps (:func:`~cape.models.training.lr_factor`).
         label_smoothing
             Cross-entropy label smoothing.
         """
         if label_key not in adata.obs:
             raise CapeInputError(f"label key '{label_key}' not in adata.obs ({', '.join(map(str, adata.obs))})")
-        raw = adata.obs[label_key]
-        keep = np.flatnonzero(raw.notna().to_numpy())
-        if keep.size < 2:
-            raise CapeInputError(f"obs['{label_key}'] has fewer than two labelled cells")
-        classes = sorted(pd.unique(raw.iloc[keep].astype(str)))
-        if len(classes) < 2:
-            raise CapeInputError(f"obs['{label_key}'] has a single class ({classes[0]!r}); need at least two")
-        if class_weight not in CLASS_WEIGHTS:
-            raise CapeInputError(f"class_weight must be None or 'balanced', got {class_weight!r}")
-        monitors = ("val_loss", "val_accuracy", "val_balanced_accuracy")
-        if early_stopping_metric not in monitors:
-            raise CapeInputError(f"early_stopping_metric must be one of {', '.join(monitors)}, "
-                                 f"got {early_stopping_metric!r}")
-        if not 0.0 <= label_smoothing < 1.0:
-            raise CapeInputError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        keep, classes, codes = encode_labels(adata.obs[label_key], label_key)
+        check_classifier_options(class_weight, early_stopping_metric, label_smoothing)
         pooling = check_pooling(pooling or (self.pooling if self.cls_head is not None else "mean"))
         if self.labels != classes or pooling != self.pooling or self.cls_head is None:
             self.labels, self.pooling = classes, pooling
@@ -303,8 +239,6 @@ class CellTransformer:
                                        d_in=pooled_width(self.backbone.d_model, pooling)).to(self.device)
             self.module["cls_head"] = self.cls_head
         self.label_key = label_key
-        codes = np.full(adata.n_obs, -1, dtype=np.int64)
-        codes[keep] = pd.Categorical(raw.iloc[keep].astype(str), categories=classes).codes
         seed_everything(self.seed)
         data = self._dataset(adata, labels=codes)
         train_pos, val_pos = self._split(keep.size, validation_fraction, stratify=codes[keep])
@@ -315,31 +249,15 @@ class CellTransformer:
         if class_weight == "balanced":
             weight = torch.as_tensor(balanced_class_weights(codes[keep[train_pos]], len(classes)),
                                      dtype=torch.float32, device=self.device)
-
-        def loss_fn(m, batch):
-            return nn.functional.cross_entropy(m(batch).float(), batch["label"], weight=weight,
-                                               label_smoothing=label_smoothing)
-
-        def score_fn(m, batch):
-            # Batch sums: the weighted loss as trained, plain accuracy, and per-class hits for balanced accuracy.
-            logits = m(batch).float()
-            y = batch["label"]
-            loss = nn.functional.cross_entropy(logits, y, weight=weight, label_smoothing=label_smoothing)
-            hits = (logits.argmax(-1) == y).float()
-            return {"val_loss": float(loss) * y.shape[0], "val_accuracy": float(hits.sum()),
-                    "val_balanced_accuracy": float((hits / val_class_counts[y]).sum()) * n_val / n_val_classes}
-
-        val_codes = codes[keep[val_pos]]
-        val_class_counts = torch.as_tensor(np.bincount(val_codes, minlength=len(classes)).clip(min=1),
-                                           dtype=torch.float32, device=self.device)
-        n_val, n_val_classes = len(val_pos), max(len(np.unique(val_codes)), 1)
+        loss_fn, score_fn = classifier_objective(weight, label_smoothing, codes[keep[val_pos]], len(classes),
+                                                 self.device)
+        plan = TrainingPlan(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                            grad_clip=grad_clip, patience=early_stopping_patience, schedule=lr_schedule,
+                            warmup_fraction=warmup_fraction, monitor=early_stopping_metric, desc="fit",
+                            num_workers=num_workers)
         try:
-            history = train_objective(task, loss_fn, Subset(data, keep[train_pos]),
-                                      Subset(data, keep[val_pos]) if len(val_pos) else None, self.runtime,
-                                      epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                                      grad_clip=grad_clip, patience=early_stopping_patience, desc="fit",
-                                      num_workers=num_workers, schedule=lr_schedule, warmup_fraction=warmup_fraction,
-                                      score_fn=score_fn, monitor=early_stopping_metric)
+            history = self._trainer().train(task, loss_fn, Subset(data, keep[train_pos]),
+                                            Subset(data, keep[val_pos]) if len(val_pos) else None, plan, score_fn)
         finally:
             for p in self.backbone.parameters():
                 p.requires_grad_(True)
@@ -347,19 +265,6 @@ class CellTransformer:
         return history
 
     # ---------------------------------------------------------------------------------------------- inference
-    @torch.no_grad()
-    def _forward_all(self, adata, batch_size: int, fn) -> list:
-        data = self._dataset(adata)
-        loader = DataLoader(data, batch_size=batch_size, shuffle=False, collate_fn=CellCollator(self.vocab.pad_id))
-        self.module.eval()
-        out = []
-        for batch in progress(loader, desc="inference"):
-            batch = self._to_device(batch)
-            with self._autocast():
-                hidden = self.backbone(batch["gene_ids"], batch["values"], batch["padding_mask"])
-            out.append(fn(hidden.float(), batch))
-        return out
-
     def predict(self, adata, *, batch_size: int = 64, key_added: str | None = None,
                 return_probabilities: bool = False):
         """Predicted labels (a categorical of the training classes), or ``(n_cells, n_classes)`` probabilities.
@@ -368,7 +273,7 @@ class CellTransformer:
         """
         if self.cls_head is None or self.labels is None:
             raise CapeInputError("the model has no annotation head: call train(adata, label_key) first")
-        parts = self._forward_all(adata, batch_size, lambda h, b: torch.softmax(
+        parts = forward_all(self, adata, batch_size, lambda h, b: torch.softmax(
             self.cls_head(pool_cells(h, b["padding_mask"], self.pooling)).float(), -1).cpu())
         probs = torch.cat(parts).numpy()
         if return_probabilities:
@@ -378,54 +283,29 @@ class CellTransformer:
             adata.obs[key_added] = pd.Categorical(np.asarray(labels), categories=self.labels)
         return labels
 
-    def get_latent_representation(self, adata, *, batch_size: int = 64, pooling: str | None = None) -> np.ndarray:
-        """Cell embeddings, cells × d (float32): the pooled hidden states that :meth:`embed` writes to
-        ``obsm["X_cape"]`` (``pooling`` as there)."""
-        pooling = check_pooling(pooling or self.pooling)
-        parts = self._forward_all(adata, batch_size, lambda h, b: pool_cells(h, b["padding_mask"], pooling).cpu())
-        return torch.cat(parts).numpy().astype(np.float32)
+    def get_latent_representation(self, adata, *, pooling: str | None = None, batch_size: int = 64) -> np.ndarray:
+        """Cell embeddings, ``(n_cells, d)`` float32: the hidden states read off by ``pooling``.
+
+        ``pooling`` (:func:`~cape.models.heads.pool_cells`) defaults to the pooling the annotation head was
+        trained with, and the ``<cls>`` state before any :meth:`train`. :meth:`embed` writes the same numbers.
+        """
+        return embeddings(self, adata, batch_size, pooling, genes=False)[0]
 
     def embed(self, adata, *, key_added: str = "X_cape", gene_key: str | None = "cape_gene_embedding",
               batch_size: int = 64, copy: bool = False, pooling: str | None = None):
-        """Cell embeddings → ``obsm[key_added]``; gene embeddings → ``varm[gene_key]``.
-
-        The cell embedding is read off the hidden states by ``pooling`` (:func:`~cape.models.heads.pool_cells`):
-        by default the pooling the annotation head was fitted with, and the ``<cls>`` state before any fit.
+        """Cell embeddings (:meth:`get_latent_representation`) → ``obsm[key_added]``; gene embeddings →
+        ``varm[gene_key]``.
 
         A gene's embedding is the mean of its contextual hidden states over the cells where it was tokenised
         (zeros for genes never tokenised); ``var[f"{gene_key}_n_cells"]`` counts those cells.
         Returns the AnnData when ``copy``, else None.
         """
         adata = adata.copy() if copy else adata
-        n_vocab, d = len(self.vocab), self.backbone.d_model
-        gene_sum = torch.zeros(n_vocab, d, dtype=torch.float64, device=self.device)
-        gene_n = torch.zeros(n_vocab, dtype=torch.float64, device=self.device)
-
-        def take(hidden: Tensor, batch: dict[str, Tensor]) -> Tensor:
-            ids = batch["gene_ids"][:, 1:].reshape(-1)
-            keep = ~batch["padding_mask"][:, 1:].reshape(-1)
-            gene_sum.index_add_(0, ids[keep], hidden[:, 1:].reshape(-1, d)[keep].double())
-            gene_n.index_add_(0, ids[keep], torch.ones_like(ids[keep], dtype=torch.float64))
-            return pool_cells(hidden, batch["padding_mask"], pooling).cpu()
-
-        pooling = check_pooling(pooling or self.pooling)
-        cells = torch.cat(self._forward_all(adata, batch_size, take)).numpy().astype(np.float32)
+        cells, gene_sum, gene_n = embeddings(self, adata, batch_size, pooling, genes=True)
         adata.obsm[key_added] = cells
         if gene_key is not None:
-            mean = (gene_sum / gene_n.clamp(min=1)[:, None]).cpu().numpy().astype(np.float32)
-            _, names = self._expression(adata)
-            if self.use_raw:
-                logger.info("gene embeddings not stored: use_raw genes are not adata.var_names")
-            else:
-                rows = self.vocab.lookup(names)
-                known = rows >= 0  # genes outside an imported vocabulary get zeros and a count of 0
-                table = np.zeros((len(rows), d), dtype=np.float32)
-                table[known] = mean[rows[known]]
-                counts = np.zeros(len(rows), dtype=np.int64)
-                counts[known] = gene_n.cpu().numpy()[rows[known]].astype(np.int64)
-                adata.varm[gene_key] = table
-                adata.var[f"{gene_key}_n_cells"] = counts
-        adata.uns.setdefault("cape", {})["model"] = model_record(self)
+            write_gene_embedding(self, adata, gene_key, gene_sum, gene_n)
+        adata.uns.setdefault("cape", {})["model"] = self._record()
         return adata if copy else None
 
     def gene_embedding_table(self) -> pd.DataFrame | None:
@@ -444,28 +324,45 @@ class CellTransformer:
         scale = getattr(self, "value_scale", None)
         return float(scale) if scale else float(n_value_levels(self.tokenizer.binning, self.tokenizer.n_bins) - 1)
 
+    def _config(self) -> dict[str, Any]:
+        return persistence.model_config(self)
+
+    def _record(self) -> dict[str, Any]:
+        return persistence.model_record(self)
+
     def save(self, directory: str | Path, *, overwrite: bool = False) -> Path:
-        """Write the model to ``directory`` (:func:`~cape.models.persistence.save_model`): ``config.json``,
-        ``vocab.json``, ``model.pt`` and ``positions.pt``, atomically; an existing model directory is replaced only
-        with ``overwrite=True``. Only the main process writes under DDP."""
-        return save_model(self, directory, overwrite=overwrite)
+        """Write ``config.json``, ``vocab.json``, ``model.pt`` (state dict) and ``positions.pt`` to ``directory``.
+
+        An existing non-empty ``directory`` is refused unless ``overwrite`` (and even then when it is not a cape
+        model directory). Written to a temporary folder first and renamed, so a failure leaves no partial model
+        behind. Only the main process writes under DDP.
+        """
+        return persistence.save_model(self, directory, overwrite=overwrite)
 
     @classmethod
     def load(cls, directory: str | Path, adata=None, *, device: str = "auto") -> CellTransformer:
         """Load a model written by :meth:`save`; with ``adata``, check that its genes match the vocabulary."""
-        return load_model(cls, directory, adata, device=device)
+        return persistence.load_model(cls, directory, adata, device=device)
 
     @classmethod
-    def from_scgpt(cls, directory: str | Path, adata, **kwargs: Any) -> CellTransformer:
-        """A model around a published scGPT checkpoint folder (args.json, vocab.json, best_model.pt); keywords as
-        :func:`~cape.models.scgpt_checkpoint.transformer_from_scgpt`. Continue with :meth:`pretrain` /
-        :meth:`train` / :meth:`embed`."""
-        return transformer_from_scgpt(cls, directory, adata, **kwargs)
+    def from_scgpt(cls, directory: str | Path, adata, *, encoding: str = "none",
+                   encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
+                   layer: str | None = None, use_raw: bool = False, max_len: int = 1200,
+                   include_zero_genes: bool = False, dropout: float | None = None, device: str = "auto",
+                   amp: bool | str = "auto", seed: int | None = None) -> CellTransformer:
+        """A CellTransformer around a published scGPT checkpoint (:func:`load_scgpt_checkpoint`).
+
+        The gene vocabulary is the checkpoint's; genes of ``adata`` outside it are left out (as scGPT does), and
+        positions for ``encoding`` are read from ``adata`` for the genes it shares with the vocabulary. Continue
+        with :meth:`pretrain` / :meth:`train` / :meth:`embed`.
+        """
+        return scgpt_checkpoint.cell_transformer_from_scgpt(
+            cls, directory, adata, encoding=encoding, encoding_options=encoding_options, positions=positions,
+            layer=layer, use_raw=use_raw, max_len=max_len, include_zero_genes=include_zero_genes, dropout=dropout,
+            device=device, amp=amp, seed=seed)
 
     def __repr__(self) -> str:
         n = sum(p.numel() for p in self.module.parameters())
         return (f"CellTransformer({self.architecture}, encoding={self.backbone.encoding_name!r}, "
                 f"{len(self.vocab.genes)} genes, d_model={self.backbone.d_model}, {n:,} parameters, "
                 f"device={self.device})")
-
-

@@ -1,0 +1,110 @@
+"""From an AnnData to the cell datasets of a :class:`~cape.models.CellTransformer`: where the expression is, which
+genes form the vocabulary, and how the AnnData's genes map onto it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .._errors import CapeInputError
+from .tokenize import CellDataset, GeneVocab, TokenizerConfig
+
+logger = logging.getLogger("cape")
+
+#: ``vocabulary=`` choices: the genes of Steps I–III (``var["cape_used"]``) or every gene of the AnnData.
+VOCABULARIES = ("used", "all")
+
+
+class CellData:
+    """Mixin of :class:`~cape.models.CellTransformer`: reads cells off an AnnData for the model's vocabulary.
+
+    Uses the model's ``layer``, ``use_raw``, ``vocabulary``, ``vocab``, ``tokenizer``, ``seed`` and (for imported
+    vocabularies) ``strict_genes``.
+    """
+
+    layer: str | None
+    use_raw: bool
+    vocabulary: str
+    vocab: GeneVocab
+    tokenizer: TokenizerConfig
+    seed: int
+
+    def _vocabulary_genes(self, adata, var_names: pd.Index) -> pd.Index:
+        """The genes of the vocabulary, in the AnnData's order (see ``vocabulary`` of CellTransformer)."""
+        if self.vocabulary == "all":
+            return var_names
+        if "cape_used" not in adata.var:
+            logger.info("var['cape_used'] not found: the vocabulary is all %d genes", len(var_names))
+            return var_names
+        used = adata.var_names[np.asarray(adata.var["cape_used"], dtype=bool)]
+        genes = var_names[var_names.isin(used)]
+        if len(genes) == 0:
+            raise CapeInputError("var['cape_used'] marks none of the expression matrix's genes; run cape preprocess "
+                                 "or use vocabulary='all'")
+        logger.info("vocabulary: the %d genes of var['cape_used'] (of %d; vocabulary='all' keeps every gene)",
+                    len(genes), len(var_names))
+        return genes
+
+    def _position_source(self, adata):
+        # Positions live on the genes of the AnnData the expression comes from (.raw has its own var).
+        return adata.raw.to_adata() if self.use_raw else adata
+
+    def _expression(self, adata) -> tuple[Any, pd.Index]:
+        if self.use_raw:
+            if adata.raw is None:
+                raise CapeInputError("use_raw=True but the AnnData has no .raw")
+            X, names = adata.raw.X, adata.raw.var_names
+        elif self.layer is not None:
+            if self.layer not in adata.layers:
+                raise CapeInputError(f"layer '{self.layer}' not in adata.layers ({', '.join(adata.layers) or 'none'})")
+            X, names = adata.layers[self.layer], adata.var_names
+        else:
+            X, names = adata.X, adata.var_names
+        if X is None:
+            raise CapeInputError("the AnnData has no expression matrix")
+        data = X.data if sp.issparse(X) else np.asarray(X)
+        if data.size and np.nanmin(data) < 0:
+            raise CapeInputError(
+                "expression has negative values (scaled data?): give log-normalised counts via layer= or use_raw=True"
+            )
+        return X, names
+
+    def _gene_ids(self, var_names) -> np.ndarray:
+        n_unknown, n_absent = self.vocab.difference(var_names)
+        if not getattr(self, "strict_genes", True):
+            # Imported foundation-model vocabularies: keep the AnnData's genes that the vocabulary knows.
+            if n_unknown == len(var_names):
+                raise CapeInputError("none of the AnnData's genes is in the model's gene vocabulary")
+            if n_unknown:
+                logger.info("%d of %d genes are not in the model's vocabulary and are left out",
+                            n_unknown, len(var_names))
+            return self.vocab.lookup(var_names)
+        if getattr(self, "vocabulary", "all") == "used":
+            # A vocabulary of the used genes is a subset of the AnnData's genes: the others are not tokenised.
+            if n_absent:
+                raise CapeInputError(
+                    f"gene vocabulary mismatch: {n_absent} of the model's {len(self.vocab.genes)} genes (its "
+                    "vocabulary: the genes of var['cape_used']) are missing from the AnnData"
+                )
+            return self.vocab.lookup(var_names)
+        if n_unknown or n_absent:
+            raise CapeInputError(
+                f"gene vocabulary mismatch: {n_unknown} of the AnnData's {len(var_names)} genes are not in the "
+                f"model's vocabulary and {n_absent} of the model's {len(self.vocab.genes)} genes are missing "
+                "from the AnnData"
+            )
+        return self.vocab.lookup(var_names)
+
+    def _dataset(self, adata, *, labels: np.ndarray | None = None, mask_ratio: float = 0.0) -> CellDataset:
+        X, names = self._expression(adata)
+        ids = self._gene_ids(names)
+        known = np.flatnonzero(ids >= 0)
+        if known.size < ids.size:
+            # Keep only the vocabulary's columns: cells are tokenised over those genes alone, and a sparse matrix
+            # stays sparse (never a dense cells × all-genes array).
+            X, ids = X[:, known], ids[known]
+        return CellDataset(X, ids, self.vocab, self.tokenizer, labels=labels, mask_ratio=mask_ratio, seed=self.seed)

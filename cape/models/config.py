@@ -1,0 +1,60 @@
+"""Constructor options of :class:`~cape.models.CellTransformer`, grouped: the network's shape
+(:class:`NetworkConfig`) and the tokenizer (:class:`~cape.models.TokenizerConfig`); both can also be given field by
+field as keywords."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .tokenize import TokenizerConfig
+
+#: scGPT: 51 quantile bins; scBERT: log2 bins 0..5.
+DEFAULT_BINNING = {"scgpt": ("quantile", 51), "scbert": ("log2", 5)}
+_TOKENIZER_FIELDS = ("binning", "n_bins", "max_len", "include_zero_genes")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Shape of the encoder and its annotation head.
+
+    Attributes
+    ----------
+    d_model, n_heads, n_layers, d_ff, dropout
+        Encoder shape. Defaults are CPU-sized; the paper uses 512/8/4 (scGPT) and 200 (scBERT).
+    gene_embedding
+        Learnt per-gene embedding (None: the architecture's default, on for scGPT and off for scBERT).
+    n_cls_layers
+        Layers of the annotation head (scGPT: 3).
+    """
+
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int | None = None
+    dropout: float = 0.1
+    gene_embedding: bool | None = None
+    n_cls_layers: int = 3
+
+
+def split_options(network: NetworkConfig | None, options: dict[str, Any]
+                  ) -> tuple[NetworkConfig, dict[str, Any], dict[str, Any]]:
+    """``network`` with its fields given by name in ``options``; the tokenizer fields; the other (backbone)
+    options."""
+    rest = dict(options)
+    net_fields = {f.name for f in dataclasses.fields(NetworkConfig)}
+    network = dataclasses.replace(network or NetworkConfig(), **{k: rest.pop(k) for k in list(rest) if k in net_fields})
+    token_options = {k: rest.pop(k) for k in list(rest) if k in _TOKENIZER_FIELDS}
+    return network, token_options, rest
+
+
+def tokenizer_config(architecture: str, tokenizer: TokenizerConfig | None, options: dict[str, Any]
+                      ) -> TokenizerConfig:
+    """``tokenizer`` (default: the architecture's binning) with the fields given by name in ``options``."""
+    if tokenizer is None:
+        binning, n_bins = DEFAULT_BINNING[architecture]
+        return TokenizerConfig(binning=options.get("binning") or binning, n_bins=options.get("n_bins") or n_bins,
+                               max_len=options.get("max_len", 256),
+                               include_zero_genes=options.get("include_zero_genes", False))
+    return dataclasses.replace(tokenizer, **{k: v for k, v in options.items() if v is not None})
