@@ -1,7 +1,8 @@
 """cape: causality-aware positional encodings for single-cell transformers.
 
 scverse-style API: ``cape.pp`` (preprocessing), ``cape.tl`` (tools), ``cape.pl`` (plots),
-``cape.data`` (datasets and readers), ``cape.bench`` (benchmarks and metrics), ``cape.settings``.
+``cape.data`` (datasets and readers), ``cape.models`` (the transformer), ``cape.tasks`` (annotation, clustering,
+perturbation: splits, metrics, baselines), ``cape.bench`` (the paper's experiments), ``cape.settings``.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def write_report(adata: ad.AnnData, records: list[dict], output: str | os.PathLi
     Figures are in ``<stem>_figures/`` next to ``output`` (drawn here unless ``figures`` names those already
     drawn by :func:`write_figures`); the report links them relatively. The same folder gets ``verdict.html`` and
     ``metrics.html``, the verdict and the metric tables as HTML pages for Snakemake's report. ``resources`` are the
-    per-stage rows of :func:`cape.report.stage_resources` (default: those in ``records``, task "resources").
+    per-stage rows of :func:`cape.report.resources.stage_resources` (default: those in ``records``, task "resources").
     """
 
     out = Path(output)

@@ -30,7 +30,7 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
       ARI, NMI, ASW — beside PCA + k-means on the expression;
     * graph: edges of ``varp["cape_dag"]``, edges removed to make it acyclic, genes embedded;
     * comparison: the transformer minus its baseline (accuracy; ARI) with a seeded bootstrap interval over the
-      cells (:func:`cape.report.bootstrap_difference`), which the report's verdict reads.
+      cells (:func:`cape.report.statistics.bootstrap_difference`), which the report's verdict reads.
     """
     records: list[dict] = []
 
