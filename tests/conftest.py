@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
+from cape.data.perturbation import simulate_perturbation
 from cape.tasks.labels import SPLIT_KEY
 
 
@@ -122,4 +123,13 @@ def trained_adata() -> ad.AnnData:
     adata.varm["cape_poincare"] = rng.uniform(-0.5, 0.5, size=(m, 2))
     adata.var["cape_generality"] = rng.uniform(size=m)
     adata.uns["cape"] = {"causal_graph": {"removed_cycle_edges": 1, "wall_time": 1.5}}
+    return adata
+
+
+@pytest.fixture(scope="module")
+def tiny_perturbation() -> ad.AnnData:
+    """A 20-gene GEARS-format knock-out simulation with its true DAG as ``varp["cape_dag"]`` (the GEARS tests)."""
+    adata = simulate_perturbation(n_genes=20, n_edges=30, n_control=60, n_cells_per_perturbation=10, n_single=10,
+                                  n_double=8, seed=0)
+    adata.varp["cape_dag"] = adata.varp["true_dag"]
     return adata

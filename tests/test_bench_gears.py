@@ -13,23 +13,13 @@ pytest.importorskip("torch_geometric")
 from cape import CapeInputError
 from cape.bench.gears import resolve_go_graph
 from cape.cli import main
-from cape.data.perturbation import simulate_perturbation
 from cape.tasks.gears_inputs import dag_gene2go, go_edge_list
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    adata = simulate_perturbation(n_genes=20, n_edges=30, n_control=60, n_cells_per_perturbation=10, n_single=10,
-                                  n_double=8, seed=0)
-    adata.varp["cape_dag"] = adata.varp["true_dag"]
-    return adata
-
-
-
 @pytest.mark.slow  # an end-to-end benchmark run (records, table, plot): `pytest -m slow`
-def test_bench_cli_writes_records(tiny, tmp_path):
+def test_bench_cli_writes_records(tiny_perturbation, tmp_path):
     path = tmp_path / "tiny.h5ad"
-    tiny.write_h5ad(path)
+    tiny_perturbation.write_h5ad(path)
     code = main(["--quiet", "bench", "gears", "--dataset", str(path), "--arms", "plain", "pca", "--seeds", "0",
                  "--epochs", "1", "--go-graph", "known", "--out", str(tmp_path / "out")])
     assert code == 0
@@ -43,13 +33,14 @@ def test_bench_cli_writes_records(tiny, tmp_path):
                  "--out", str(tmp_path / "o2")]) == 2
 
 
-def test_bench_go_graph_choices(tiny):
-    graph, note = resolve_go_graph("known", tiny)
-    assert (graph != tiny.varp["true_dag"]).nnz == 0 and "true_dag" in note
-    empty, _ = resolve_go_graph("empty", tiny)
-    assert empty.shape == (tiny.n_vars, tiny.n_vars) and empty.nnz == 0
-    assert go_edge_list(dag_gene2go(empty, list(tiny.var_names)))["importance"].eq(1.0).all()  # self-loops only
+def test_bench_go_graph_choices(tiny_perturbation):
+    graph, note = resolve_go_graph("known", tiny_perturbation)
+    assert (graph != tiny_perturbation.varp["true_dag"]).nnz == 0 and "true_dag" in note
+    empty, _ = resolve_go_graph("empty", tiny_perturbation)
+    assert empty.shape == (tiny_perturbation.n_vars, tiny_perturbation.n_vars) and empty.nnz == 0
+    edges = go_edge_list(dag_gene2go(empty, list(tiny_perturbation.var_names)))
+    assert edges["importance"].eq(1.0).all()  # self-loops only
     with pytest.raises(CapeInputError, match="cape_dag"):
-        resolve_go_graph("cape_dag", tiny, None)
+        resolve_go_graph("cape_dag", tiny_perturbation, None)
     with pytest.raises(CapeInputError, match="known, cape_dag, empty"):
-        resolve_go_graph("graph.txt", tiny)
+        resolve_go_graph("graph.txt", tiny_perturbation)

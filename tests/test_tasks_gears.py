@@ -1,5 +1,6 @@
 """GEARS fed gene embeddings (cape.tasks.gears, cape.tasks.gears_inputs): GO-graph replacement, embedding tables,
-offline errors, and one tiny GEARS training run shared by several checks. Needs the optional 'gears' extra."""
+offline errors, and one tiny GEARS training run shared by several checks. Needs the optional 'gears' extra.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ pytest.importorskip("torch_geometric")
 import torch
 
 from cape import CapeInputError
-from cape.data.perturbation import simulate_perturbation
 from cape.tasks.gears import run_gears
 from cape.tasks.gears_inputs import (
     _read_go_graph,
@@ -33,26 +33,18 @@ HIDDEN = 16
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    adata = simulate_perturbation(n_genes=20, n_edges=30, n_control=60, n_cells_per_perturbation=10, n_single=10,
-                                  n_double=8, seed=0)
-    adata.varp["cape_dag"] = adata.varp["true_dag"]
-    return adata
+def embeddings(tiny_perturbation):
+    return np.random.default_rng(3).normal(size=(tiny_perturbation.n_vars, 6))
 
 
 @pytest.fixture(scope="module")
-def embeddings(tiny):
-    return np.random.default_rng(3).normal(size=(tiny.n_vars, 6))
-
-
-@pytest.fixture(scope="module")
-def frozen_run(tiny, embeddings, tmp_path_factory):
+def frozen_run(tiny_perturbation, embeddings, tmp_path_factory):
     """One GEARS run (1 epoch) with frozen embeddings and the DAG replacement of GO; global state recorded."""
     workdir = tmp_path_factory.mktemp("gears")
     np_state = np.random.get_state()  # noqa: NPY002  (GEARS uses the legacy global generator)
     filters = list(warnings.filters)
     torch_state = torch.random.get_rng_state()
-    result = run_gears(tiny, embeddings, go_graph="dag", epochs=1, hidden_size=HIDDEN, batch_size=16,
+    result = run_gears(tiny_perturbation, embeddings, go_graph="dag", epochs=1, hidden_size=HIDDEN, batch_size=16,
                        device="cpu", seed=0, workdir=workdir)
     after = {"np_equal": np.array_equal(np.random.get_state()[1], np_state[1]),  # noqa: NPY002
              "filters_equal": list(warnings.filters) == filters,
@@ -101,11 +93,11 @@ def test_dag_gene2go_is_closed_undirected_neighbourhood():
         dag_gene2go(np.zeros((3, 3)), names)
 
 
-def test_dag_go_file_written_in_gears_format(frozen_run, tiny):
+def test_dag_go_file_written_in_gears_format(frozen_run, tiny_perturbation):
     _, workdir, _ = frozen_run
     go = pd.read_csv(workdir / "go_dag.csv")
     assert list(go.columns) == ["source", "target", "importance"]
-    g2g = dag_gene2go(tiny.varp["cape_dag"], list(tiny.var_names))
+    g2g = dag_gene2go(tiny_perturbation.varp["cape_dag"], list(tiny_perturbation.var_names))
     for s, t, v in go.itertuples(index=False):
         assert v == pytest.approx(len(g2g[s] & g2g[t]) / len(g2g[s] | g2g[t]))
     assert (go.groupby("target").size() <= 21).all()
@@ -114,42 +106,42 @@ def test_dag_go_file_written_in_gears_format(frozen_run, tiny):
         assert pickle.load(fh) == g2g
 
 
-def test_offline_without_go_graph_is_one_line_error(tiny, tmp_path):
+def test_offline_without_go_graph_is_one_line_error(tiny_perturbation, tmp_path):
     with pytest.raises(CapeInputError, match=r"gene2go_all\.pkl.*go\.csv.*'dag'") as err:
-        run_gears(tiny, go_graph=None, epochs=1, workdir=tmp_path)
+        run_gears(tiny_perturbation, go_graph=None, epochs=1, workdir=tmp_path)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "gene2go_all.pkl").exists()  # nothing faked
 
 
-def test_go_inputs_validated(tiny, tmp_path):
+def test_go_inputs_validated(tiny_perturbation, tmp_path):
     bad = tmp_path / "go.csv"
     bad.write_text("gene1,gene2\nG0,G1\n")
     with pytest.raises(CapeInputError, match="source,target,importance"):
-        run_gears(tiny, go_graph=bad, epochs=1, workdir=tmp_path)
+        run_gears(tiny_perturbation, go_graph=bad, epochs=1, workdir=tmp_path)
     partial = tmp_path / "partial.csv"
     partial.write_text("source,target,importance\nG0,G1,0.5\nG1,G0,0.5\n")
     with pytest.raises(CapeInputError, match="not in the GO graph"):
-        run_gears(tiny, go_graph=partial, epochs=1, workdir=tmp_path)
+        run_gears(tiny_perturbation, go_graph=partial, epochs=1, workdir=tmp_path)
     with pytest.raises(CapeInputError, match="not found"):
-        run_gears(tiny, go_graph=tmp_path / "missing.pkl", epochs=1, workdir=tmp_path)
+        run_gears(tiny_perturbation, go_graph=tmp_path / "missing.pkl", epochs=1, workdir=tmp_path)
     with pytest.raises(CapeInputError, match="varp"):
-        run_gears(tiny, go_graph="dag", dag_key="nope", epochs=1, workdir=tmp_path)
+        run_gears(tiny_perturbation, go_graph="dag", dag_key="nope", epochs=1, workdir=tmp_path)
     with pytest.raises(CapeInputError, match="rows"):
-        run_gears(tiny, np.zeros((3, 4)), go_graph="dag", epochs=1, workdir=tmp_path)
+        run_gears(tiny_perturbation, np.zeros((3, 4)), go_graph="dag", epochs=1, workdir=tmp_path)
 
 
-def test_go_csv_and_gene2go_pickle_inputs(tiny, tmp_path):
-    genes = list(tiny.var_names)
+def test_go_csv_and_gene2go_pickle_inputs(tiny_perturbation, tmp_path):
+    genes = list(tiny_perturbation.var_names)
     rows = [(a, b, 0.5) for a, b in itertools.product(genes, genes) if a != b][:300]
     path = tmp_path / "go.csv"
     pd.DataFrame(rows, columns=["source", "target", "importance"]).to_csv(path, index=False)
-    gene2go, edges, note = _read_go_graph(path, tiny, "cape_dag", tmp_path, False, k=2)
+    gene2go, edges, note = _read_go_graph(path, tiny_perturbation, "cape_dag", tmp_path, False, k=2)
     assert note.startswith("go_csv") and (edges.groupby("target").size() <= 3).all()
     assert set(gene2go) == set(edges["source"]) | set(edges["target"])
     pkl = tmp_path / "g2g.pkl"
     with pkl.open("wb") as fh:
         pickle.dump({g: {"GO:1", g} for g in genes} | {"OTHER": {"GO:1"}}, fh)
-    gene2go, edges, note = _read_go_graph(pkl, tiny, "cape_dag", tmp_path, False, k=2)
+    gene2go, edges, note = _read_go_graph(pkl, tiny_perturbation, "cape_dag", tmp_path, False, k=2)
     assert edges is None and note.startswith("gene2go") and set(gene2go) == set(genes)  # only the data's genes
 
 
@@ -181,12 +173,12 @@ def test_embedding_tables_follow_gears_orders():
     assert np.allclose(pert_table[[0, 2]], full[[1, 3]]) and np.all(pert_table[1] == 0)
 
 
-def test_embeddings_land_in_gears_tables_and_stay_frozen(frozen_run, tiny, embeddings):
+def test_embeddings_land_in_gears_tables_and_stay_frozen(frozen_run, tiny_perturbation, embeddings):
     result, _, _ = frozen_run
     model = result["model"]
-    gene_table, pert_table, has = embedding_tables(embeddings, list(tiny.var_names), model.gene_list,
+    gene_table, pert_table, has = embedding_tables(embeddings, list(tiny_perturbation.var_names), model.gene_list,
                                                    model.pert_list, HIDDEN)
-    assert result["embedding_rows"] == {"gene_emb": tiny.n_vars, "pert_emb": int(has.sum())}
+    assert result["embedding_rows"] == {"gene_emb": tiny_perturbation.n_vars, "pert_emb": int(has.sum())}
     for net in (model.model, model.best_model):  # after training: frozen, and GEARS' max_norm never rescaled
         assert not net.gene_emb.weight.requires_grad
         assert torch.allclose(net.gene_emb.weight, torch.as_tensor(gene_table, dtype=torch.float32))
@@ -194,11 +186,11 @@ def test_embeddings_land_in_gears_tables_and_stay_frozen(frozen_run, tiny, embed
                               torch.as_tensor(pert_table[has], dtype=torch.float32))
 
 
-def test_trainable_embeddings_are_initialised_then_trained(tiny, embeddings):
-    result = run_gears(tiny, embeddings, go_graph="dag", epochs=1, hidden_size=HIDDEN, batch_size=16, device="cpu",
-                       trainable_embeddings=True)
+def test_trainable_embeddings_are_initialised_then_trained(tiny_perturbation, embeddings):
+    result = run_gears(tiny_perturbation, embeddings, go_graph="dag", epochs=1, hidden_size=HIDDEN, batch_size=16,
+                       device="cpu", trainable_embeddings=True)
     weight = result["model"].model.gene_emb.weight
-    gene_table, _, _ = embedding_tables(embeddings, list(tiny.var_names), result["model"].gene_list,
+    gene_table, _, _ = embedding_tables(embeddings, list(tiny_perturbation.var_names), result["model"].gene_list,
                                         result["model"].pert_list, HIDDEN)
     assert weight.requires_grad
     assert not torch.allclose(weight, torch.as_tensor(gene_table, dtype=torch.float32))
@@ -207,15 +199,15 @@ def test_trainable_embeddings_are_initialised_then_trained(tiny, embeddings):
 # ---------------------------------------------------------------------------------------------------------------
 # predictions and scoring
 # ---------------------------------------------------------------------------------------------------------------
-def test_predictions_cover_gears_test_split_and_are_scored(frozen_run, tiny):
+def test_predictions_cover_gears_test_split_and_are_scored(frozen_run, tiny_perturbation):
     result, _, after = frozen_run
     split = result["split"]
-    cape_split = simulation_split(tiny.obs["condition"].astype(str).unique(), seed=1)
+    cape_split = simulation_split(tiny_perturbation.obs["condition"].astype(str).unique(), seed=1)
     assert result["split_matches_cape"]
     assert sorted(split.test) == sorted(cape_split.test) and split.subgroup == cape_split.subgroup
     predicted = result["predicted"]
     assert sorted(predicted.index) == sorted(split.test)
-    assert list(predicted.columns) == list(tiny.var_names)
+    assert list(predicted.columns) == list(tiny_perturbation.var_names)
     assert np.isfinite(predicted.to_numpy()).all()
     assert list(result["per_condition"].index) == list(split.test)
     metrics = result["metrics"]
@@ -226,7 +218,7 @@ def test_predictions_cover_gears_test_split_and_are_scored(frozen_run, tiny):
     assert after == {"np_equal": True, "filters_equal": True, "torch_equal": True}  # GEARS' globals contained
 
 
-def test_same_seed_same_predictions(frozen_run, tiny, embeddings):
-    again = run_gears(tiny, embeddings, go_graph="dag", epochs=1, hidden_size=HIDDEN, batch_size=16, device="cpu",
-                      seed=0)
+def test_same_seed_same_predictions(frozen_run, tiny_perturbation, embeddings):
+    again = run_gears(tiny_perturbation, embeddings, go_graph="dag", epochs=1, hidden_size=HIDDEN, batch_size=16,
+                      device="cpu", seed=0)
     pd.testing.assert_frame_equal(again["predicted"], frozen_run[0]["predicted"])
