@@ -93,7 +93,7 @@ def set_threads(n: int) -> None:
     for var in THREAD_ENV_VARS:
         os.environ[var] = str(n)
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_limits  # optional: it comes with scikit-learn, but may be absent
     except ImportError:  # pragma: no cover - installed with scikit-learn
         logger.debug("threadpoolctl not installed: BLAS threads limited through the environment only")
     else:

@@ -192,8 +192,8 @@ def gears_available() -> bool:
     """Whether the optional GEARS dependencies (``pip install 'cape[gears]'``) import."""
     try:
         with _gears_side_effects_contained():
-            import gears  # noqa: F401
-            import torch_geometric  # noqa: F401
+            import gears  # noqa: F401  (optional dependency, extra `gears`: is it installed?)
+            import torch_geometric  # noqa: F401  (optional dependency, extra `gears`)
     except ImportError:
         return False
     return True
