@@ -15,7 +15,7 @@ from ._settings import settings
 
 __version__ = "0.1.0"
 
-# Submodules load on first use so that ``import cape`` (and the CLI) stays fast: torch and scanpy are heavy.
+# Submodules load on first use: ``import cape`` alone does not load torch and scanpy.
 _SUBMODULES = {"pp", "tl", "pl", "data", "bench", "tasks", "causal", "hyperbolic", "encodings", "models"}
 
 __all__ = ["CapeInputError", "__version__", "settings", *sorted(_SUBMODULES)]

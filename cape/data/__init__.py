@@ -8,7 +8,7 @@ from .manifest import Manifest, get_manifest, manifest_dir, manifests, read_mani
 from .perturbation import sachs_interventions, simulate_perturbation  # noqa: F401  (GEARS-format perturbation data)
 from .read import read, validate_adata
 from .registry import available, fetch, load
-from .simulate import simulate_sem  # noqa: F401  (gcastle SEM simulator; castle imported on call)
+from .simulate import simulate_sem  # noqa: F401  (gcastle SEM simulator; castle.datasets imported on call, quietly)
 
 __all__ = [
     "Manifest",

@@ -14,16 +14,12 @@ it. It is invariant to adding a constant to S and to scaling S. Report it per la
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
+from torch import Tensor
 
 from .._errors import CapeInputError
 from ..hyperbolic.poincare import pairwise_poincare_distance
-
-if TYPE_CHECKING:  # torch is imported inside the functions: `import cape.bench` stays light
-    from torch import Tensor
 
 
 def relative_keys(positions: Tensor | np.ndarray, metric: str = "auto") -> Tensor:

@@ -129,7 +129,7 @@ class EmbeddingPerturbationPredictor(NoChangePredictor):
         start = time.perf_counter()
         with _torch_threads(self.num_threads), torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            self.model_ = _build_shift_model(z.shape[1], self.hidden).to(self.device)
+            self.model_ = _ShiftModel(z.shape[1], self.hidden).to(self.device)
             self.z_ = torch.as_tensor(z, dtype=torch.float32, device=self.device)
             ind = torch.as_tensor(self._indicator(train), device=self.device)
             y = torch.as_tensor(target, dtype=torch.float32, device=self.device)
@@ -166,28 +166,22 @@ def _torch_threads(n: int | None):
         torch.set_num_threads(before)
 
 
-def _shift_model_class():
-    class ShiftModel(nn.Module):
-        def __init__(self, d: int, hidden: int) -> None:
-            super().__init__()
-            self.pert = nn.Sequential(nn.Linear(d, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
-            self.from_pert = nn.Linear(hidden, hidden)
-            self.from_gene = nn.Linear(d, hidden, bias=False)
-            self.self_flag = nn.Parameter(torch.zeros(hidden))
-            self.out = nn.Linear(hidden, 1)
+class _ShiftModel(nn.Module):
+    """The decoder network of :class:`EmbeddingPerturbationPredictor`."""
 
-        def forward(self, z: torch.Tensor, indicator: torch.Tensor) -> torch.Tensor:
-            # z: genes × d; indicator: perturbations × genes (1 where the gene is perturbed)
-            p = self.pert(indicator @ z)  # sum of the perturbed genes' embeddings → code
-            h = self.from_pert(p)[:, None, :] + self.from_gene(z)[None, :, :] + indicator[..., None] * self.self_flag
-            return self.out(torch.relu(h)).squeeze(-1)
+    def __init__(self, d: int, hidden: int) -> None:
+        super().__init__()
+        self.pert = nn.Sequential(nn.Linear(d, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+        self.from_pert = nn.Linear(hidden, hidden)
+        self.from_gene = nn.Linear(d, hidden, bias=False)
+        self.self_flag = nn.Parameter(torch.zeros(hidden))
+        self.out = nn.Linear(hidden, 1)
 
-    return ShiftModel
-
-
-def _build_shift_model(d: int, hidden: int):
-    """The decoder network (built by a function so that torch is imported only when a model is trained)."""
-    return _shift_model_class()(d, hidden)
+    def forward(self, z: torch.Tensor, indicator: torch.Tensor) -> torch.Tensor:
+        # z: genes × d; indicator: perturbations × genes (1 where the gene is perturbed)
+        p = self.pert(indicator @ z)  # sum of the perturbed genes' embeddings → code
+        h = self.from_pert(p)[:, None, :] + self.from_gene(z)[None, :, :] + indicator[..., None] * self.self_flag
+        return self.out(torch.relu(h)).squeeze(-1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
