@@ -15,7 +15,7 @@ N_BOOTSTRAP = 1000
 LEVEL = 0.95
 
 
-# ---------------------------------------------------------------------------------------------------- baselines
+# ---------------------------------------------------------------------------------------- comparisons on the same cells
 def bootstrap_difference(y: Sequence, pred_a: Sequence, pred_b: Sequence,
                          score: Callable[[np.ndarray, np.ndarray], float], *, n_boot: int = N_BOOTSTRAP,
                          seed: int = 0, level: float = LEVEL) -> tuple[float, float, float]:
