@@ -87,14 +87,14 @@ def roles(adata: ad.AnnData, labels: pd.Series, split: AnnotationSplit | None) -
     return out.astype(str)
 
 
-def record_split(adata: ad.AnnData, roles: np.ndarray) -> None:
+def record_split(adata: ad.AnnData, cell_roles: np.ndarray) -> None:
     """Write the roles of :func:`split_roles` to ``obs[SPLIT_KEY]`` (categorical)."""
-    adata.obs[SPLIT_KEY] = pd.Categorical(np.asarray(roles).astype(str))
+    adata.obs[SPLIT_KEY] = pd.Categorical(np.asarray(cell_roles).astype(str))
 
 
-def fine_tune_cells(adata: ad.AnnData, roles: np.ndarray, labels: pd.Series, label_key: str) -> ad.AnnData:
+def fine_tune_cells(adata: ad.AnnData, cell_roles: np.ndarray, labels: pd.Series, label_key: str) -> ad.AnnData:
     """A copy of the fine-tune cells with their checked labels (strings) in ``obs[label_key]``."""
-    cells = adata[np.asarray(roles) == "fine_tune"].copy()
+    cells = adata[np.asarray(cell_roles) == "fine_tune"].copy()
     cells.obs[label_key] = labels.reindex(cells.obs_names).to_numpy()
     return cells
 
