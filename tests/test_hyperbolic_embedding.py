@@ -99,14 +99,26 @@ def test_root_is_more_general_and_closer_to_origin_on_a_tree():
     assert norms[0] < norms[leaves].min()
 
 
-def test_empty_graph_puts_everything_at_origin_with_warning(caplog):
+def test_empty_graph_with_origin_rule_puts_everything_at_origin_with_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="cape"):
-        result = embed_dag(np.zeros((5, 5)), dim=3, epochs=10, show_progress=False)
+        result = embed_dag(np.zeros((5, 5)), dim=3, epochs=10, isolated="origin", show_progress=False)
     assert "no edges" in caplog.text
     np.testing.assert_array_equal(result.points, np.tile([1.0, 0, 0, 0], (5, 1)))
     np.testing.assert_array_equal(result.poincare, 0.0)
     assert not result.embedded.any()
+    assert result.fraction_at_origin() == 1.0
     np.testing.assert_allclose(result.generality, 0.2)
+
+
+def test_empty_graph_spreads_every_gene_apart(caplog):
+    with caplog.at_level(logging.WARNING, logger="cape"):
+        result = embed_dag(np.zeros((6, 6)), dim=3, epochs=200, show_progress=False)
+    assert "no edges" in caplog.text and "no causal information" in caplog.text
+    assert_valid(result, 3)
+    assert result.embedded.all() and not result.connected.any()
+    assert result.fraction_at_origin() == 0.0
+    dist = np.linalg.norm(result.poincare[:, None] - result.poincare[None], axis=-1)
+    assert dist[~np.eye(6, dtype=bool)].min() > 0.05  # no two genes share a position
 
 
 def test_disconnected_components_and_isolated_nodes():
@@ -115,8 +127,28 @@ def test_disconnected_components_and_isolated_nodes():
     adj[3, 4] = adj[3, 5] = 1.0  # component B; nodes 6, 7 isolated
     result = embed_dag(adj.tocsr(), dim=2, epochs=200, show_progress=False)
     assert_valid(result, 2)
-    np.testing.assert_array_equal(result.embedded, [True] * 6 + [False] * 2)
-    np.testing.assert_array_equal(result.poincare[6:], 0.0)
+    assert result.embedded.all()
+    np.testing.assert_array_equal(result.connected, [True] * 6 + [False] * 2)
+    norms = np.linalg.norm(result.poincare, axis=1)
+    assert norms[6:].min() > 1e-3
+    assert np.linalg.norm(result.poincare[6] - result.poincare[7]) > 1e-2
+    origin_rule = embed_dag(adj.tocsr(), dim=2, epochs=200, isolated="origin", show_progress=False)
+    np.testing.assert_array_equal(origin_rule.embedded, [True] * 6 + [False] * 2)
+    np.testing.assert_array_equal(origin_rule.poincare[6:], 0.0)
+
+
+def test_nodes_mask_keeps_other_genes_at_origin_but_never_drops_connected_ones():
+    adj = sp.lil_matrix((6, 6))
+    adj[0, 1] = 1.0
+    mask = np.array([False, False, True, True, False, False])  # node 1 has an edge: it takes part anyway
+    result = embed_dag(adj.tocsr(), dim=2, epochs=50, nodes=mask, show_progress=False)
+    np.testing.assert_array_equal(result.embedded, [True, True, True, True, False, False])
+    np.testing.assert_array_equal(result.poincare[4:], 0.0)
+    assert result.fraction_at_origin(mask) == 0.0
+    with pytest.raises(CapeInputError, match="nodes must be a bool mask"):
+        embed_dag(adj.tocsr(), dim=2, epochs=1, nodes=mask[:3], show_progress=False)
+    with pytest.raises(CapeInputError, match="isolated"):
+        embed_dag(adj.tocsr(), dim=2, epochs=1, isolated="drop", show_progress=False)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

@@ -97,13 +97,32 @@ def test_missing_keys_and_bad_adjacency_are_one_line_errors():
         cape.tl.rotary_encoding(make_adata(), scale=-1.0)
 
 
-def test_empty_graph_warns_and_places_genes_at_origin(caplog):
+def test_empty_graph_warns_and_places_genes_at_origin_only_on_request(caplog):
     adata = make_adata()
     adata.varp["cape_dag"] = sp.csr_matrix((20, 20))
     with caplog.at_level("WARNING", logger="cape"):
-        cape.tl.hyperbolic_embedding(adata, dim=3, epochs=5)
+        cape.tl.hyperbolic_embedding(adata, dim=3, epochs=5, isolated="origin")
     assert "no edges" in caplog.text
     np.testing.assert_array_equal(adata.varm["cape_poincare"], 0.0)
+    assert adata.uns["cape"]["hyperbolic_embedding"]["fraction_at_origin"] == 1.0
+    cape.tl.hyperbolic_embedding(adata, dim=3, epochs=100)
+    assert adata.uns["cape"]["hyperbolic_embedding"]["fraction_at_origin"] == 0.0
+    assert not adata.var["cape_connected"].any() and adata.var["cape_embedded"].all()
+
+
+def test_genes_outside_cape_used_stay_at_origin_and_do_not_count():
+    adata = make_adata()
+    dag = sp.lil_matrix(adata.varp["cape_dag"])
+    unused = np.array([17, 18])
+    dag[unused, :] = 0
+    dag[:, unused] = 0
+    adata.varp["cape_dag"] = dag.tocsr()
+    used = np.ones(adata.n_vars, dtype=bool)
+    used[unused] = False
+    adata.var["cape_used"] = used
+    cape.tl.hyperbolic_embedding(adata, dim=3, epochs=100)
+    np.testing.assert_array_equal(adata.varm["cape_poincare"][unused], 0.0)
+    assert adata.uns["cape"]["hyperbolic_embedding"]["fraction_at_origin"] == 0.0
 
 
 def test_cli_embed_and_encode_roundtrip(tmp_path, capsys):

@@ -48,6 +48,8 @@ def register(commands) -> None:
     embed.add_argument("--max-radius", type=float, default=7.0, help="largest distance from the origin (7)")
     embed.add_argument("--temperature", type=float, default=None,
                        help="τ dividing the contrastive term's distances (default 0.5; 1 = the paper's Eq. 16)")
+    embed.add_argument("--isolated", choices=["negatives", "origin"], default="negatives",
+                       help="genes without an edge: spread apart as Step II negatives (default) or left at the origin")
     embed.set_defaults(func=run_embed)
 
 
@@ -59,7 +61,7 @@ def run_embed(args: argparse.Namespace) -> int:
                          restart=args.restart, epochs=args.epochs, optimizer=args.optimizer,
                          geometry=args.geometry, lr=args.lr,
                          negatives=args.negatives, max_radius=args.max_radius, temperature=args.temperature,
-                         device=None, seed=None)
+                         isolated=args.isolated, device=None, seed=None)
     write_h5ad(adata, out)
     return 0
 

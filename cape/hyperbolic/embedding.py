@@ -14,8 +14,14 @@ Barabási–Albert DAGs (seeds 0–4, d = 8) τ = 0.5 gives a MAP over 2-hop nei
 d = 2 it hurts (MAP 0.55 against 0.69 at τ = 1): pass ``temperature=1`` for 2-D embeddings.
 
 Gradients are taken of M·L_H (the sum over nodes rather than the mean) so that the learning rate does not
-depend on the number of genes; the recorded loss is the paper's L_H (with τ). Nodes without any edge have
-no positives and are placed at the origin (``embedded`` False).
+depend on the number of genes; the recorded loss is the paper's L_H (with τ).
+
+Nodes without any edge (``isolated="negatives"``, the default) still take part: Eq. 16 takes the negatives of
+every anchor over all genes, N⁻ = V ∖ N⁺, so an isolated gene is a negative of every other anchor; and as an
+anchor it has no positive but itself, at distance 0, whose Eq. 16 term is log(1 + Σ_{n'} e^{−d_mn'}) (weight 1):
+it pushes the gene away from every other gene, so no two isolated genes share a position (a graph with no edge
+spreads all its genes instead of leaving them at the origin). ``isolated="origin"`` leaves them at the origin
+(``embedded`` False), as earlier versions did. Nodes outside ``nodes=`` never take part and stay at the origin.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from .loss import (
     negative_logsumexp_exact,
     negative_logsumexp_sampled,
     objective,
+    self_pair_terms,
 )
 from .poincare import lorentz_to_poincare
 from .positives import PositivePairs, khop_positives
@@ -64,6 +71,19 @@ DEFAULT_LR = {("hyperbolic", "rsgd"): 0.02, ("hyperbolic", "radam"): 0.01,
               ("euclidean", "rsgd"): 0.05, ("euclidean", "radam"): 0.01}
 
 
+#: Poincaré norm below which a gene counts as "at the origin" (its CAPE angles are then all below π/4 · 1e-3).
+ORIGIN_TOLERANCE = 1e-3
+
+
+def fraction_at_origin(poincare: np.ndarray, among: np.ndarray | None = None, tol: float = ORIGIN_TOLERANCE
+                       ) -> float:
+    """Share of the rows of ``poincare`` (``among``: bool mask, default all) with norm below ``tol``."""
+    norms = np.linalg.norm(np.asarray(poincare, dtype=np.float64), axis=1)
+    if among is not None:
+        norms = norms[np.asarray(among, dtype=bool)]
+    return float((norms < tol).mean()) if norms.size else 0.0
+
+
 @dataclass
 class EmbeddingResult:
     """Output of :func:`embed_dag` (NumPy, float64).
@@ -78,7 +98,9 @@ class EmbeddingResult:
     generality
         (M,) PageRank generality π (Eq. 18), sums to 1.
     embedded
-        (M,) bool, node has at least one edge (others sit at the origin).
+        (M,) bool, node took part in the optimisation (others sit at the origin).
+    connected
+        (M,) bool, node has at least one edge.
     losses
         L_H after each epoch.
     seconds, cpu_seconds
@@ -89,6 +111,7 @@ class EmbeddingResult:
     poincare: np.ndarray
     generality: np.ndarray
     embedded: np.ndarray
+    connected: np.ndarray
     losses: np.ndarray
     geometry: str
     negatives: int | None
@@ -97,13 +120,20 @@ class EmbeddingResult:
     cpu_seconds: float = float("nan")
     params: dict = field(default_factory=dict)
 
+    def fraction_at_origin(self, among: np.ndarray | None = None, tol: float = ORIGIN_TOLERANCE) -> float:
+        """Share of the nodes (``among``: a bool mask, default all) whose Poincaré position lies within ``tol`` of
+        the origin: genes that a rotary encoding leaves (nearly) unrotated, indistinguishable from one another."""
+        return fraction_at_origin(self.poincare, among, tol)
+
+
 
 def embed_dag(adjacency, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1, restart: float = 0.15,
               epochs: int = 1000, lr: float | None = None, optimizer: Literal["rsgd", "radam"] = "rsgd",
               geometry: Literal["hyperbolic", "euclidean"] = "hyperbolic",
               negatives: int | Literal["auto"] | None = "auto", max_radius: float = 7.0,
               init_scale: float = 1e-3, temperature: float = DEFAULT_TEMPERATURE,
-              device: str | None = "auto", seed: int = 0, names=None, show_progress: bool = True) -> EmbeddingResult:
+              device: str | None = "auto", seed: int = 0, names=None, show_progress: bool = True,
+              isolated: Literal["negatives", "origin"] = "negatives", nodes=None) -> EmbeddingResult:
     """Embed a weighted DAG (Step II).
 
     Parameters
@@ -143,6 +173,15 @@ def embed_dag(adjacency, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1
         Seeds the initialisation and negative sampling.
     names
         Gene names, used in error messages.
+    show_progress
+        Show a progress bar.
+    isolated
+        ``"negatives"`` (default): nodes without an edge take part in the loss as negatives of every anchor
+        (Eq. 16's N⁻ = V ∖ N⁺) and as anchors of their self-pair term, which spreads them apart (module
+        docstring); ``"origin"``: they stay at the origin.
+    nodes
+        Optional (M,) bool mask of the nodes that may take part (e.g. the genes Step I used); others stay at the
+        origin. Nodes with an edge always take part.
 
     Returns
     -------
@@ -163,6 +202,8 @@ def embed_dag(adjacency, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1
         raise CapeInputError(f"temperature must be a finite number > 0, got {temperature!r}")
     if not max_radius > 0:
         raise CapeInputError(f"max_radius must be > 0, got {max_radius!r}")
+    if isolated not in ("negatives", "origin"):
+        raise CapeInputError(f"isolated must be 'negatives' or 'origin', got {isolated!r}")
     dim, epochs = int(dim), int(epochs)
     matrix = as_sparse_adjacency(adjacency)
     check_dag(matrix, names)
@@ -170,7 +211,16 @@ def embed_dag(adjacency, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1
     generality = pagerank_generality(matrix, restart=restart)
 
     degree = np.asarray((matrix != 0).sum(axis=0)).ravel() + np.asarray((matrix != 0).sum(axis=1)).ravel()
-    embedded = degree > 0
+    connected = degree > 0
+    if isolated == "origin":
+        embedded = connected.copy()
+    elif nodes is None:
+        embedded = np.ones(n_total, dtype=bool)
+    else:
+        mask = np.asarray(nodes, dtype=bool).ravel()
+        if mask.shape != (n_total,):
+            raise CapeInputError(f"nodes must be a bool mask of length {n_total}, got shape {mask.shape}")
+        embedded = mask | connected
     nodes = np.flatnonzero(embedded)
     geom = GEOMETRIES[geometry]
     width = dim + 1 if geometry == "hyperbolic" else dim
@@ -185,10 +235,13 @@ def embed_dag(adjacency, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1
               "epochs": epochs, "lr": lr, "optimizer": optimizer, "geometry": geometry,
               "negatives": n_sampled, "max_radius": float(max_radius), "init_scale": float(init_scale),
               "temperature": float(temperature),
-              "seed": int(seed), "positive_weight": "strongest_path_product"}
+              "seed": int(seed), "positive_weight": "strongest_path_product", "isolated": isolated}
 
+    if not connected.any():
+        logger.warning("the graph has no edges: %s", "every gene is placed at the origin" if isolated == "origin"
+                       else "genes are only spread apart (Step II's negatives), their positions carry no causal "
+                            "information")
     if nodes.size == 0:
-        logger.warning("the graph has no edges: every gene is placed at the origin")
         losses = np.zeros(0)
     else:
         dev = resolve_device(device)
@@ -206,7 +259,7 @@ def embed_dag(adjacency, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1
         radius = np.linalg.norm(points, axis=1).max() if n_total else 0.0
         poincare = points / (radius * (1.0 + 1e-6)) if radius > 0 else points.copy()
     return EmbeddingResult(points=points, poincare=poincare, generality=generality, embedded=embedded,
-                           losses=np.asarray(losses, dtype=np.float64), geometry=geometry,
+                           connected=connected, losses=np.asarray(losses, dtype=np.float64), geometry=geometry,
                            negatives=n_sampled, n_positive_pairs=len(pairs) if pairs is not None else 0,
                            seconds=time.perf_counter() - start,
                            cpu_seconds=time.process_time() - cpu_start, params=params)
@@ -274,6 +327,7 @@ def _optimise(pairs: PositivePairs, generality: np.ndarray, *, dim: int, geom, l
     cols = torch.as_tensor(pairs.cols, device=device)
     weights = torch.as_tensor(pairs.weights, dtype=dtype, device=device)
     pi = torch.as_tensor(generality, dtype=dtype, device=device)
+    lone = torch.as_tensor(pairs.counts() == 0, device=device)  # anchors without positives: self-pair term
 
     if geom.name == "hyperbolic":
         manifold = geoopt.Lorentz(k=torch.tensor(1.0, dtype=dtype))
@@ -324,7 +378,7 @@ def _optimise(pairs: PositivePairs, generality: np.ndarray, *, dim: int, geom, l
             else:
                 neg_dist = geom.dist_matrix(param, param.index_select(0, sample)) / temperature
                 neg_lse = negative_logsumexp_sampled(neg_dist, valid, n_negatives)
-        contrastive = contrastive_terms(pos_dist, rows, weights, neg_lse, m)
+        contrastive = contrastive_terms(pos_dist, rows, weights, neg_lse, m) + self_pair_terms(neg_lse, lone)
         regulariser = generality_regulariser(geom.dist0(param), pi)
         loss = objective(contrastive, regulariser, lambda_g)
         (loss * m).backward()

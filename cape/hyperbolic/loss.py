@@ -54,6 +54,16 @@ def contrastive_terms(pos_dist: torch.Tensor, pos_anchor: torch.Tensor, pos_weig
     return out.index_add(0, pos_anchor, pos_weight * terms)
 
 
+def self_pair_terms(neg_logsumexp: torch.Tensor, lone: torch.Tensor) -> torch.Tensor:
+    """Eq. 16 term of anchors whose only positive is themselves (genes without an edge), at distance 0:
+    ``log(1 + Σ_{n'∈N⁻(m)} exp(−d_mn'))`` where ``lone`` is True, else 0; shape (M,).
+
+    It pushes such a gene away from every other gene and is bounded below by 0, so isolated genes spread out
+    instead of collapsing onto one point (see :mod:`cape.hyperbolic.embedding`).
+    """
+    return torch.where(lone, torch.nn.functional.softplus(neg_logsumexp), torch.zeros((), dtype=neg_logsumexp.dtype))
+
+
 def negative_logsumexp_exact(dist: torch.Tensor, positive_mask: torch.Tensor) -> torch.Tensor:
     """``log Σ_{n'∈N⁻(m)} exp(−d_mn')`` for every anchor from the full M×M distance matrix."""
     neg_mask = ~positive_mask

@@ -46,6 +46,11 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
             graph["edges_removed_for_acyclicity"] = int(removed)
         if "cape_embedded" in adata.var:
             graph["genes_embedded"] = int(adata.var["cape_embedded"].sum())
+        if "cape_connected" in adata.var:
+            graph["genes_with_an_edge"] = int(adata.var["cape_connected"].sum())
+        at_origin = info.get("hyperbolic_embedding", {}).get("fraction_at_origin")
+        if at_origin is not None:
+            graph["fraction_of_genes_at_origin"] = float(at_origin)
         add("graph", "cape", graph)
     if label_key is None:
         return records

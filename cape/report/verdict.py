@@ -78,7 +78,7 @@ class Positioning:
 def positioning(adata: ad.AnnData) -> Positioning | None:
     """Genes of ``var["cape_used"]`` (all genes when absent) with at least one edge in the causal graph.
 
-    The graph is the one Step II embedded (``var["cape_embedded"]``) when present, else ``varp["cape_dag"]``.
+    The graph is the one Step II embedded (``var["cape_connected"]``) when present, else ``varp["cape_dag"]``.
     ``None`` when the AnnData has neither (Steps I–II were not run).
     """
     used = (adata.var["cape_used"].to_numpy(dtype=bool) if "cape_used" in adata.var
@@ -89,7 +89,9 @@ def positioning(adata: ad.AnnData) -> Positioning | None:
         nonzero = adata.varp["cape_dag"] != 0
         n_edges = int(nonzero.sum())
         has_edge = (np.asarray(nonzero.sum(axis=0)).ravel() + np.asarray(nonzero.sum(axis=1)).ravel()) > 0
-    if "cape_embedded" in adata.var:
+    if "cape_connected" in adata.var:
+        has_edge = adata.var["cape_connected"].to_numpy(dtype=bool)
+    elif "cape_embedded" in adata.var:  # files written before Step II embedded genes without an edge
         has_edge = adata.var["cape_embedded"].to_numpy(dtype=bool)
     if has_edge is None:
         return None

@@ -46,6 +46,7 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
                          lr: float | None = None, negatives: int | Literal["auto"] | None = "auto",
                          max_radius: float = 7.0, temperature: float | None = None,
                          device: str | None = "auto", seed: int | None = 0,
+                         isolated: Literal["negatives", "origin"] = "negatives",
                          adjacency=None, dag_key: str = DAG_KEY, copy: bool = False) -> ad.AnnData | None:
     """Embed the gene DAG in hyperbolic space (CAPE Step II, Sec. 3.4).
 
@@ -83,6 +84,11 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
         ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
     seed
         Random seed (``None``: ``cape.settings.seed``).
+    isolated
+        ``"negatives"`` (default): genes of ``var["cape_used"]`` without an edge take part as negatives of every
+        anchor (Eq. 16, N⁻ = V ∖ N⁺) and are spread apart, so every gene gets its own position (see
+        :mod:`cape.hyperbolic.embedding`); ``"origin"``: they stay at the origin, where a rotary encoding leaves
+        them unrotated and indistinguishable.
     adjacency
         Optional n_vars × n_vars adjacency to use instead of ``varp[dag_key]``.
     dag_key
@@ -93,7 +99,9 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
     Returns
     -------
     ``None``, or the copy when ``copy=True``. Sets ``varm["cape_lorentz"]``, ``varm["cape_poincare"]``,
-    ``var["cape_generality"]``, ``var["cape_embedded"]`` and ``uns["cape"]["hyperbolic_embedding"]``.
+    ``var["cape_generality"]``, ``var["cape_embedded"]`` (took part in Step II), ``var["cape_connected"]`` (has an
+    edge) and ``uns["cape"]["hyperbolic_embedding"]``, whose ``fraction_at_origin`` is the share of the used genes
+    within 1e-3 of the origin.
     """
 
     adata = adata.copy() if copy else adata
@@ -108,6 +116,7 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
     result = embed_dag(matrix, dim=dim, k_hop=k_hop, lambda_g=lambda_g, restart=restart, epochs=epochs,
                        lr=lr, optimizer=optimizer, geometry=geometry, negatives=negatives,
                        max_radius=max_radius, device=device, seed=seed, names=list(adata.var_names),
+                       isolated=isolated, nodes=used,
                        **({} if temperature is None else {"temperature": temperature}))
     generality = result.generality
     if used is not None:
@@ -122,16 +131,22 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
     adata.varm["cape_poincare"] = result.poincare
     adata.var["cape_generality"] = generality
     adata.var["cape_embedded"] = result.embedded
+    adata.var["cape_connected"] = result.connected
+    at_origin = result.fraction_at_origin(used)
     losses = result.losses
     record_step(adata, "hyperbolic_embedding", {
         "params": {"device": str(device), **result.params, "source": source},
         "seed": seed,
         "n_genes_embedded": int(result.embedded.sum()),
+        "n_genes_connected": int(result.connected.sum()),
+        "fraction_at_origin": at_origin,
         "n_positive_pairs": int(result.n_positive_pairs),
         "final_loss": float(losses[-1]) if losses.size else float("nan"),
         "loss_curve": losses[:: max(1, losses.size // 200)].tolist(),
         "seconds": float(result.seconds),
     })
-    logger.info("Step II: embedded %d genes (%d positive pairs) in %s space, d=%d, %.1f s",
-                int(result.embedded.sum()), result.n_positive_pairs, geometry, dim, result.seconds)
+    logger.info("Step II: embedded %d genes (%d with an edge, %d positive pairs) in %s space, d=%d, %.1f s; "
+                "%.1f%% of the genes within 1e-3 of the origin", int(result.embedded.sum()),
+                int(result.connected.sum()), result.n_positive_pairs, geometry, dim, result.seconds,
+                100 * at_origin)
     return adata if copy else None

@@ -24,7 +24,7 @@ rule embed:
         " --restart {params.opts[restart]} --epochs {params.opts[epochs]}"
         " --optimizer {params.opts[optimizer]} --geometry {params.opts[geometry]}"
         " --negatives {params.opts[negatives]} --max-radius {params.opts[max_radius]}"
-        " --temperature {params.opts[temperature]} {params.lr}"
+        " --temperature {params.opts[temperature]} --isolated {params.opts[isolated]} {params.lr}"
         " > {log:q} 2>&1"
 
 
