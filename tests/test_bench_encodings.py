@@ -8,6 +8,7 @@ import math
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import anndata as ad
@@ -74,16 +75,12 @@ def test_unknown_encoding_lists_the_available_ones():
         bm.variants(["cape", "cape_wo_rotari"])
 
 
-@pytest.mark.parametrize("name", ["trainable_relative", "grape_a", "hope"])
-def test_logit_encodings_are_skipped_on_scbert_only(name):
-    variant = bm.variants([name])[0]
-    assert "Performer" in bm.skip_reason("scbert", variant)
-    assert bm.skip_reason("scgpt", variant) is None
-
-
-@pytest.mark.parametrize("name", ["cape", "cape_wo_rotary", "rope", "static_absolute", "tape"])
-def test_qk_and_input_encodings_run_on_scbert(name):
-    assert bm.skip_reason("scbert", bm.variants([name])[0]) is None
+def test_embed_dim_defaults_to_half_the_model_width():
+    assert bm.BenchSettings().embed_dim == bm.BenchSettings().d_model // 2  # the paper's d = D/2
+    quick = bm.BenchSettings.for_mode(True)
+    assert quick.embed_dim == quick.d_model // 2
+    assert bm.BenchSettings.for_mode(True, d_model=48).embed_dim == 24
+    assert bm.BenchSettings.for_mode(True, d_model=48, embed_dim=8).embed_dim == 8
 
 
 # ------------------------------------------------------------------------------------------- correlation graph
@@ -135,14 +132,14 @@ def test_models_read_the_intended_encoding_and_positions(labelled, tmp_path, mon
     seen = {}
     real = bm.build_model
 
-    def spy(data, backbone, variant, settings, seed, device=None):
-        model = real(data, backbone, variant, settings, seed, device)
+    def spy(data, backbone, variant, settings, seed, device=None, integration="complement"):
+        model = real(data, backbone, variant, settings, seed, device, integration)
         seen[(backbone, variant.name)] = (model.backbone.encoding.__class__.__name__, set(data.varm), set(data.varp))
         return model
 
     monkeypatch.setattr(be, "build_model", spy)
     be.run_encodings_benchmark(labelled, "clustering", label_key="cell_type", settings=TINY, seeds=[0],
-                               backbones=["scgpt"], out=None,
+                               backbones=["scgpt"], out=None, integrations=["replace"],
                                encoding_names=["cape", "cape_null", "cape_wo_csl", "cape_wo_hyperbolic",
                                                "cape_wo_rotary"])
     cls = {k[1]: v[0] for k, v in seen.items()}
@@ -166,21 +163,21 @@ def test_annotation_records_table_and_files(labelled, tmp_path):
     assert records == json.loads(json.dumps(result.records, default=float))
     assert all(REQUIRED <= set(r) for r in records)
     models = [r for r in records if r["kind"] == "model"]
-    # scgpt: 4 encodings, scbert: 3 (grape_a skipped); 2 seeds; accuracy + macro-F1
-    assert len(models) == (4 + 3) * 2 * 2
-    assert {(r["backbone"], r["encoding"]) for r in models if r["backbone"] == "scbert"} == {
-        ("scbert", n) for n in ("trainable_absolute", "static_absolute", "cape")}
+    # every pair runs: 4 encodings × 2 backbones × 2 integrations; 2 seeds; accuracy + macro-F1
+    assert len(models) == 4 * 2 * 2 * 2 * 2
+    assert not [r for r in records if r["kind"] == "skipped"]
+    assert {r["integration"] for r in models} == {"complement", "replace"}
+    softmax = {(r["backbone"], r["encoding"]) for r in models if r["attention"] == "softmax"}
+    assert ("scbert", "grape_a") in softmax and ("scbert", "cape") not in softmax  # Performer cannot add a bias
     assert all(0 <= r["value"] <= 1 for r in models)
-    skipped = [r for r in records if r["kind"] == "skipped"]
-    assert [(r["backbone"], r["encoding"]) for r in skipped] == [("scbert", "grape_a")]
     baseline = [r for r in records if r["kind"] == "baseline"]
     assert {(r["encoding"], r["seed"], r["metric"]) for r in baseline} == {
         ("logreg_pca50", s, m) for s in (0, 1) for m in ("accuracy", "macro_f1")}
     md = (tmp_path / "annotation_tiny.md").read_text()
-    assert "| scgpt | trainable_absolute † |" in md and "| scbert | static_absolute † |" in md
-    assert "Not run: grape_a on scbert" in md
+    assert "| scgpt (complement) | trainable_absolute † |" in md and "| scbert (replace) | static_absolute † |" in md
+    assert "| scbert (complement) | grape_a [softmax] |" in md
     table_rows = [line for line in md.splitlines() if line.startswith("| scgpt") or line.startswith("| scbert")]
-    assert len(table_rows) == 7
+    assert len(table_rows) == 16
     assert (tmp_path / "annotation_tiny.png").stat().st_size > 0
 
 
@@ -205,11 +202,13 @@ def test_table_shows_mean_sd_and_difference_to_each_backbone_default():
 
 def test_clustering_and_perturbation_records(labelled, perturbed):
     clus = be.run_encodings_benchmark(labelled, "clustering", label_key="cell_type", settings=TINY, seeds=[0],
-                                      backbones=["scbert"], encoding_names=["none"], out=None).records
+                                      backbones=["scbert"], encoding_names=["none"], out=None,
+                                      integrations=["complement"]).records
     assert {r["metric"] for r in clus if r["kind"] == "model"} == {"ARI", "NMI", "ASW"}
     assert {r["encoding"] for r in clus if r["kind"] == "baseline"} == {"pca_kmeans"}
     pert = be.run_encodings_benchmark(perturbed, "perturbation", settings=TINY, seeds=[0], backbones=["scgpt"],
-                                      encoding_names=["trainable_absolute", "cape"], out=None).records
+                                      encoding_names=["trainable_absolute", "cape"], out=None,
+                                      integrations=["replace"]).records
     models = [r for r in pert if r["kind"] == "model"]
     assert {r["metric"] for r in models} <= set(bm.METRICS["perturbation"])
     assert {"mse_single", "mse_double", "mse_overall"} <= {r["metric"] for r in models}
@@ -223,7 +222,7 @@ def test_clustering_and_perturbation_records(labelled, perturbed):
 
 def test_same_seed_same_records(labelled):
     kw = dict(label_key="cell_type", settings=TINY, seeds=[3], backbones=["scgpt"], encoding_names=["cape"],
-              out=None)
+              out=None, integrations=["complement"])
     a = be.run_encodings_benchmark(labelled, "clustering", **kw).records
     b = be.run_encodings_benchmark(labelled, "clustering", **kw).records
 
@@ -306,14 +305,16 @@ def test_every_benchmark_config_names_a_valid_run():
 
 
 def test_an_encoding_that_cannot_be_built_is_reported_and_the_rest_runs(labelled):
-    # TINY: 2 heads of width 4 hold 2 shared rotary planes, fewer than the 4 Step II coordinates TAPE shares
-    records = be.run_encodings_benchmark(labelled, "clustering", label_key="cell_type", settings=TINY, seeds=[0, 1],
-                                         backbones=["scgpt"], encoding_names=["tape", "none"], out=None).records
+    # 2 heads of width 4 hold 4 rotary planes, fewer than 6 Step II coordinates
+    wide = replace(TINY, embed_dim=6)
+    records = be.run_encodings_benchmark(labelled, "clustering", label_key="cell_type", settings=wide, seeds=[0, 1],
+                                         backbones=["scgpt"], encoding_names=["cape", "none"], out=None,
+                                         integrations=["complement"]).records
     skipped = [r for r in records if r["kind"] == "skipped"]
-    assert [(r["encoding"], "rotary planes" in r["reason"]) for r in skipped] == [("tape", True)]
+    assert [(r["encoding"], "rotary planes" in r["reason"]) for r in skipped] == [("cape", True)]
     assert {r["encoding"] for r in records if r["kind"] == "model"} == {"none"}
-    assert "Not run: tape on scgpt" in br.markdown_report(
-        bm.BenchmarkResult(records, TINY, 1.0, {}), "clustering", "tiny",
+    assert "Not run: cape on scgpt (complement)" in br.markdown_report(
+        bm.BenchmarkResult(records, wide, 1.0, {}), "clustering", "tiny",
         {"n_cells": 90, "n_genes": 24, "seeds": [0, 1], "quick": False, "threads": 1, "cpu_count": 2,
          "machine": "x", "load_average": 0.0})
 
@@ -322,13 +323,14 @@ def test_identical_models_run_once(labelled, monkeypatch):
     calls = []
     real = bm.build_model
 
-    def counting(data, backbone, variant, settings, seed, device=None):
+    def counting(data, backbone, variant, settings, seed, device=None, integration="complement"):
         calls.append(variant.name)
-        return real(data, backbone, variant, settings, seed, device)
+        return real(data, backbone, variant, settings, seed, device, integration)
 
     monkeypatch.setattr(be, "build_model", counting)
     records = be.run_encodings_benchmark(labelled, "clustering", label_key="cell_type", settings=TINY, seeds=[0],
-                                         backbones=["scgpt"], encoding_names=["none", "cape_null"], out=None).records
+                                         backbones=["scgpt"], encoding_names=["none", "cape_null"], out=None,
+                                         integrations=["complement"]).records
     assert calls == ["none"]  # cape_null is the same model: no positional encoding
     models = [r for r in records if r["kind"] == "model"]
     by = {(r["encoding"], r["metric"]): r["value"] for r in models}
@@ -339,7 +341,7 @@ def test_identical_models_run_once(labelled, monkeypatch):
 @pytest.mark.slow  # an end-to-end benchmark run (records, table, plot): `pytest -m slow`
 def test_worker_processes_give_the_same_records(labelled):
     kw = dict(label_key="cell_type", settings=TINY, seeds=[0, 1], backbones=["scgpt"],
-              encoding_names=["cape", "none", "cape_null"], out=None)
+              encoding_names=["cape", "none", "cape_null"], out=None, integrations=["complement"])
     serial = be.run_encodings_benchmark(labelled, "clustering", **kw).records
     pooled = be.run_encodings_benchmark(labelled, "clustering", jobs=2, **kw).records
 
@@ -362,5 +364,5 @@ def test_pretraining_epochs_per_task(labelled, monkeypatch, task):
     monkeypatch.setattr(CellTransformer, "pretrain", lambda self, data, epochs, **kw: calls.append(epochs))
     settings = bm.BenchSettings(**{**TINY.__dict__, "pretrain_epochs": 2, "annotation_pretrain_epochs": 0})
     be.run_encodings_benchmark(labelled, task, label_key="cell_type", settings=settings, seeds=[0],
-                               backbones=["scgpt"], encoding_names=["none"], out=None)
+                               backbones=["scgpt"], encoding_names=["none"], out=None, integrations=["replace"])
     assert calls == ([] if task == "annotation" else [2])

@@ -38,14 +38,15 @@ def _batch(model: CellTransformer, adata, n: int = 6, mask_ratio: float = 0.2):
     return collate_cells([data[i] for i in range(n)], pad_id=model.vocab.pad_id)
 
 
+@pytest.mark.parametrize("integration", ["complement", "replace"])
 @pytest.mark.parametrize("architecture", ["scgpt", "scbert"])
 @pytest.mark.parametrize("encoding", ENCODINGS)
-def test_every_encoding_forward_backward_and_roundtrip(adata, tmp_path, architecture, encoding):
-    if architecture == "scbert" and _needs_logits(encoding):
-        with pytest.raises(CapeInputError, match="cannot apply"):
-            CellTransformer(adata, architecture, encoding, **SMALL)
-        return
-    model = CellTransformer(adata, architecture, encoding, **SMALL, seed=1)
+def test_every_encoding_forward_backward_and_roundtrip(adata, tmp_path, architecture, encoding, integration):
+    model = CellTransformer(adata, architecture, encoding, **SMALL, integration=integration, seed=1)
+    # scBERT runs encodings that add to the logits with exact softmax attention (Performer has no logits).
+    expected = "performer" if architecture == "scbert" and not _needs_logits(encoding) else "softmax"
+    assert model.backbone.attention_kind == expected
+    assert model.backbone.integration == integration
     batch = _batch(model, adata)
     assert batch["padding_mask"].any()                       # the batch exercises key padding
     model.module.train()
@@ -80,6 +81,52 @@ def test_every_encoding_forward_backward_and_roundtrip(adata, tmp_path, architec
         after = loaded.backbone(batch["gene_ids"], batch["masked_values"], batch["padding_mask"])
     assert torch.equal(before, after)
     assert loaded.backbone.encoding_name == encoding and loaded.vocab == model.vocab
+    assert loaded.backbone.integration == integration
+
+
+@pytest.mark.parametrize("architecture", ["scgpt", "scbert"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_complement_mode_tells_genes_apart_for_every_encoding(adata, architecture, encoding):
+    """Two cells expressing different genes at equal values give different outputs (issue: scBERT + CAPE could
+    not tell them apart when CAPE only rotated q/k)."""
+    model = CellTransformer(adata, architecture, encoding, **SMALL, integration="complement", seed=2)
+    model.module.eval()
+    genes = [i for i in range(len(model.vocab)) if i not in (model.vocab.pad_id, model.vocab.cls_id)]
+    cls = model.vocab.cls_id
+    gene_ids = torch.tensor([[cls, *genes[:4]], [cls, *genes[4:8]]])
+    values = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]] * 2)
+    with torch.no_grad():
+        out = model.backbone(gene_ids, values)
+    assert (out[0, 0] - out[1, 0]).abs().max() > 1e-3  # the <cls> (cell) states differ
+
+
+def test_replace_mode_without_encoding_has_no_gene_identity(adata):
+    """The paper's CAPE-null (Table 3): integration='replace' with no encoding cannot tell genes apart."""
+    for architecture in ("scgpt", "scbert"):
+        model = CellTransformer(adata, architecture, "none", **SMALL, integration="replace", seed=3)
+        model.module.eval()
+        assert not model.backbone.use_gene_embedding and model.backbone.identity is None
+        genes = [i for i in range(len(model.vocab)) if i not in (model.vocab.pad_id, model.vocab.cls_id)]
+        cls = model.vocab.cls_id
+        gene_ids = torch.tensor([[cls, *genes[:4]], [cls, *genes[4:8]]])
+        values = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]] * 2)
+        with torch.no_grad():
+            out = model.backbone(gene_ids, values)
+        torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-5)
+
+
+def test_replace_mode_cape_rotates_the_token_embedding_and_qk(adata):
+    model = CellTransformer(adata, "scbert", "cape", **SMALL, integration="replace", seed=4)
+    assert model.backbone.encoding.mode == "both"
+    assert model.backbone.encoding.provides == {"input", "qk"}
+    explicit = CellTransformer(adata, "scbert", "cape", **SMALL, integration="replace",
+                               encoding_options={"mode": "attention"}, seed=4)
+    assert explicit.backbone.encoding.mode == "attention"  # the user's own option wins
+
+
+def test_unknown_integration_is_refused(adata):
+    with pytest.raises(CapeInputError, match="integration must be one of"):
+        CellTransformer(adata, "scgpt", "none", **SMALL, integration="fuse")
 
 
 @pytest.mark.parametrize("backbone_cls", [ScGPTBackbone, ScBERTBackbone])
@@ -87,7 +134,7 @@ def test_no_encoding_is_permutation_equivariant_over_genes(backbone_cls):
     torch.manual_seed(0)
     kwargs = dict(d_model=16, n_heads=2, n_layers=2, dropout=0.0, encoding="none")
     if backbone_cls is ScBERTBackbone:
-        kwargs["gene_embedding"] = True                      # give genes an identity to permute
+        kwargs.update(gene_embedding=True, integration="replace")  # a learnt identity to permute
     model = backbone_cls(30, 0, **kwargs).eval()
     gene_ids = torch.cat([torch.ones(3, 1, dtype=torch.long), torch.randint(2, 30, (3, 9))], dim=1)
     values = torch.cat([torch.zeros(3, 1), torch.randint(0, 6, (3, 9)).float()], dim=1)
@@ -207,10 +254,21 @@ def test_odd_head_dim_is_refused_for_rotary_encodings(adata):
 
 
 @pytest.mark.parametrize("encoding", [e for e in ENCODINGS if _needs_logits(e)])
-def test_scbert_refuses_logit_encodings(adata, encoding):
-    with pytest.raises(CapeInputError, match=rf"'{encoding}'.*scbert.*cannot apply"):
-        ScBERTBackbone(len(adata.var_names) + 2, 0, d_model=16, n_heads=2, encoding=encoding,
-                       positions=gene_positions(adata, GeneVocab.from_genes(adata.var_names), encoding))
+def test_scbert_runs_logit_encodings_with_exact_softmax(adata, encoding):
+    from cape.models.attention import PerformerSelfAttention, SelfAttention
+
+    vocab = GeneVocab.from_genes(adata.var_names)
+    model = ScBERTBackbone(len(vocab), vocab.pad_id, d_model=16, n_heads=2, encoding=encoding,
+                           integration="replace", positions=gene_positions(adata, vocab, encoding))
+    assert model.attention_kind == "softmax"
+    assert all(isinstance(layer.self_attn, SelfAttention) for layer in model.layers)
+    plain = ScBERTBackbone(len(vocab), vocab.pad_id, d_model=16, n_heads=2, encoding="none", integration="replace")
+    assert plain.attention_kind == "performer"
+    assert all(isinstance(layer.self_attn, PerformerSelfAttention) for layer in plain.layers)
+    # Performer itself still refuses a logit bias rather than dropping it silently.
+    ctx = model.encoding.begin(torch.tensor([[vocab.cls_id, 2, 3]]))
+    with pytest.raises(CapeInputError, match="Performer cannot apply|call attention"):
+        plain.layers[0].self_attn(torch.zeros(1, 3, 16), model.encoding, ctx, 0)
 
 
 def test_scaled_expression_is_refused(adata):

@@ -18,10 +18,15 @@
   top-20 DE MSE for unseen singles and doubles (0/1/2 genes seen).
 * **Baselines in the same run**: logistic regression on PCA (annotation, same split per seed), PCA + k-means
   (clustering), no-change and additive predictors (perturbation).
-* scBERT's Performer attention cannot add logit biases: bias/attention encodings are skipped there, noted in the
-  table and the records (``kind = "skipped"``).
+* **Integration** (``integrations``): every model runs in ``complement`` mode (the backbone keeps its gene-identity
+  embedding beside the encoding) and/or ``replace`` mode (the encoding takes its place, CAPE Supp. F.2; there
+  ``cape_null`` has no gene identity at all, the paper's null); see :mod:`cape.models.backbone`.
+* scBERT's Performer attention cannot add logit biases: encodings that add to the logits (Transformer-XL
+  relative, HoPE, GRAPE-A) run on scBERT with exact softmax attention, recorded as ``attention = "softmax"`` and
+  marked in the table. A model that cannot be built is recorded with ``kind = "skipped"`` and its reason.
 
-Records (``<task>_<dataset>.json``): ``task, dataset, backbone, encoding, seed, metric, value`` plus ``kind``
+Records (``<task>_<dataset>.json``): ``task, dataset, backbone, integration, encoding, seed, metric, value``,
+``attention`` plus ``kind``
 (``model``, ``baseline``, ``positions``, ``skipped``), the registry encoding and position set behind each row, and
 seconds. The markdown table gives mean ± sd over seeds and, in parentheses, the difference to the backbone's
 default encoding (scGPT: ``trainable_absolute``, scBERT: ``static_absolute``).
@@ -60,6 +65,7 @@ from .encodings_models import (
     TASKS,
     BenchmarkResult,
     BenchSettings,
+    INTEGRATIONS,
     Variant,
     annotation_run,
     build_model,
@@ -67,7 +73,6 @@ from .encodings_models import (
     perturbation_run,
     position_sets,
     prepare_expression,
-    skip_reason,
     variants,
 )
 from .encodings_report import markdown_report, plot_results
@@ -85,8 +90,8 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
                             quick: bool = False, settings: BenchSettings | None = None,
                             out: str | Path | None = "results/bench", name: str | None = None,
                             positions_seed: int = 0, threads: int | None = 1, device: str | None = None,
-                            jobs: int = 1) -> BenchmarkResult:
-    """Run every variant × backbone × seed on ``task`` and write ``<out>/<name>.{json,md,png}``.
+                            jobs: int = 1, integrations: Sequence[str] = INTEGRATIONS) -> BenchmarkResult:
+    """Run every variant × backbone × integration × seed on ``task`` and write ``<out>/<name>.{json,md,png}``.
 
     ``name`` defaults to ``<task>_<dataset>``; ``out=None`` writes nothing. ``threads`` sets torch's intra-op
     threads for the run (``None`` leaves it). ``positions_seed`` seeds Steps I–III, shared by every seed.
@@ -103,6 +108,11 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
         raise CapeInputError("at least one seed is needed")
     if jobs < 1:
         raise CapeInputError(f"jobs must be at least 1, got {jobs}")
+    bad = [i for i in integrations if i not in INTEGRATIONS]
+    if bad or not integrations:
+        raise CapeInputError(f"unknown integration(s) {', '.join(bad) or '(none)'}; choose from "
+                             f"{', '.join(INTEGRATIONS)}")
+    integrations = list(dict.fromkeys(integrations))
     rows = variants(encoding_names)
     settings = settings or BenchSettings.for_mode(quick)
     start_all, cpu_start = time.perf_counter(), time.process_time()
@@ -132,46 +142,40 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
                      "seed": positions_seed, **t} for t in timings]
         records += _baselines(task, data, labels, ptask, seeds, dataset)
         splits = {s: annotation_split(labels, seed=s) for s in seeds} if task == "annotation" else {}
-        # Plan every (backbone, variant, seed); a model identical to an earlier one (cape_null = none) runs once.
-        plan: list[tuple[str, Variant, int | None, tuple | None, str | None]] = []
-        unique: dict[tuple, tuple[str, Variant, int]] = {}
+        # Plan every (backbone, integration, variant, seed); a model identical to an earlier one (cape_null = none)
+        # runs once.
+        plan: list[tuple[str, str, Variant, int, tuple]] = []
+        unique: dict[tuple, tuple[str, str, Variant, int]] = {}
         for backbone in backbones:
-            for variant in rows:
-                reason = skip_reason(backbone, variant)
-                if reason:
-                    plan.append((backbone, variant, None, None, reason))
-                    continue
-                for seed in seeds:
-                    key = (backbone, variant.encoding, variant.positions, seed)
-                    unique.setdefault(key, (backbone, variant, seed))
-                    plan.append((backbone, variant, seed, key, None))
+            for integration in integrations:
+                for variant in rows:
+                    for seed in seeds:
+                        key = (backbone, integration, variant.encoding, variant.positions, seed)
+                        unique.setdefault(key, (backbone, integration, variant, seed))
+                        plan.append((backbone, integration, variant, seed, key))
         context = _RunContext(task, sets, labels, splits, ptask, settings, device, threads)
         outcomes = _run_models(context, unique, jobs)
         first_of: dict[tuple, str] = {}
-        failed: set[tuple[str, str]] = set()
-        for backbone, variant, seed, key, reason in plan:
-            if reason is not None:
-                logger.info("skipping %s on %s: %s", variant.name, backbone, reason)
-                records.append({**base, "kind": "skipped", "backbone": backbone, "encoding": variant.name,
-                                "seed": None, "metric": "skipped", "value": None, "reason": reason})
+        failed: set[tuple[str, str, str]] = set()
+        for backbone, integration, variant, seed, key in plan:
+            if (backbone, integration, variant.name) in failed:
                 continue
-            if (backbone, variant.name) in failed:
-                continue
-            values, seconds, error = outcomes[key]
+            values, seconds, error, attention = outcomes[key]
+            where = {"backbone": backbone, "integration": integration, "encoding": variant.name}
             if error is not None:  # e.g. positions wider than the heads' rotary planes: the same for every seed
-                logger.warning("%s on %s not run: %s", variant.name, backbone, error)
-                records.append({**base, "kind": "skipped", "backbone": backbone, "encoding": variant.name,
-                                "seed": None, "metric": "skipped", "value": None, "reason": error})
-                failed.add((backbone, variant.name))
+                logger.warning("%s on %s (%s) not run: %s", variant.name, backbone, integration, error)
+                records.append({**base, "kind": "skipped", **where, "seed": None, "metric": "skipped",
+                                "value": None, "reason": error})
+                failed.add((backbone, integration, variant.name))
                 continue
             extra = {"same_run_as": first_of[key]} if key in first_of else {}
             if not extra:
                 first_of[key] = variant.name
-                logger.info("%s %s/%s seed %d: %s (%.1f s)", task, backbone, variant.name, seed,
+                logger.info("%s %s/%s/%s seed %d: %s (%.1f s)", task, backbone, integration, variant.name, seed,
                             ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds)
-            records += [{**base, "kind": "model", "backbone": backbone, "encoding": variant.name,
-                         "seed": seed, "metric": m, "value": v, "registry_encoding": variant.encoding,
-                         "position_set": variant.positions, "seconds": seconds, **extra}
+            records += [{**base, "kind": "model", **where, "seed": seed, "metric": m, "value": v,
+                         "registry_encoding": variant.encoding, "position_set": variant.positions,
+                         "attention": attention, "seconds": seconds, **extra}
                         for m, v in values.items()]
     finally:
         torch.set_num_threads(previous)
@@ -182,6 +186,7 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
         stem = out / (name or f"{task}_{dataset}")
         out.mkdir(parents=True, exist_ok=True)
         info = {"n_cells": data.n_obs, "n_genes": data.n_vars, "seeds": list(seeds), "quick": quick,
+                "integrations": integrations,
                 "threads": threads, "cpu_count": len(os.sched_getaffinity(0)), "machine": platform.machine(),
                 "load_average": os.getloadavg()[0]}
         result.paths = {"json": write_json(records, stem.with_suffix(".json")),
@@ -205,22 +210,23 @@ class _RunContext:
     threads: int | None
 
 
-def _model_outcome(context: _RunContext, backbone: str, variant: Variant, seed: int
-                   ) -> tuple[dict[str, float] | None, float, str | None]:
-    """Train and score one model: (metric values, seconds, None), or (None, 0, reason) if it cannot be built."""
+def _model_outcome(context: _RunContext, backbone: str, integration: str, variant: Variant, seed: int
+                   ) -> tuple[dict[str, float] | None, float, str | None, str | None]:
+    """Train and score one model: (metric values, seconds, None, attention kind), or (None, 0, reason, None) if it
+    cannot be built."""
     t0 = time.perf_counter()
     pos_data = context.sets[variant.positions]
     try:
-        model = build_model(pos_data, backbone, variant, context.settings, seed, context.device)
+        model = build_model(pos_data, backbone, variant, context.settings, seed, context.device, integration)
     except CapeInputError as err:
-        return None, 0.0, str(err)
+        return None, 0.0, str(err), None
     if context.task == "perturbation":
         values = perturbation_run(model, context.ptask, pos_data, context.settings, seed)
     elif context.task == "annotation":
         values = annotation_run(model, pos_data, context.labels, context.splits[seed], context.settings)
     else:
         values = clustering_run(model, pos_data, context.labels, context.settings, seed)
-    return values, time.perf_counter() - t0, None
+    return values, time.perf_counter() - t0, None, model.backbone.attention_kind
 
 
 _WORKER_CONTEXT: _RunContext | None = None
@@ -236,12 +242,12 @@ def _worker_init(context: _RunContext) -> None:
     cape_settings.progress = False
 
 
-def _worker_run(job: tuple[str, Variant, int]):
+def _worker_run(job: tuple[str, str, Variant, int]):
     assert _WORKER_CONTEXT is not None
     return _model_outcome(_WORKER_CONTEXT, *job)
 
 
-def _run_models(context: _RunContext, unique: dict[tuple, tuple[str, Variant, int]], jobs: int) -> dict:
+def _run_models(context: _RunContext, unique: dict[tuple, tuple[str, str, Variant, int]], jobs: int) -> dict:
     """Outcome of every distinct model, in this process (``jobs`` = 1) or in a pool of worker processes."""
     if jobs == 1 or len(unique) <= 1:
         return {key: _model_outcome(context, *job) for key, job in unique.items()}

@@ -36,6 +36,10 @@ BACKBONES = ("scgpt", "scbert")
 DEFAULT_ENCODING = {"scgpt": "trainable_absolute", "scbert": "static_absolute"}
 
 
+#: How an encoding meets the backbone's gene-identity embedding (:mod:`cape.models.backbone`).
+INTEGRATIONS = ("complement", "replace")
+
+
 # ablation name -> (registry encoding, position set); position sets are built by :func:`position_sets`.
 ABLATIONS = {
     "cape_null": ("none", "none"),
@@ -84,13 +88,6 @@ def _position_set(encoding: str) -> str:
     return "none" if requires in (None, "values", "co_expression") else "cape"
 
 
-def skip_reason(backbone: str, variant: Variant) -> str | None:
-    """Why ``variant`` cannot run in ``backbone`` (None when it can): Performer attention has no logits."""
-    if backbone == "scbert" and encodings.get_class(variant.encoding).provides & {"bias", "attention"}:
-        return f"{variant.encoding} adds to the attention logits, which scBERT's Performer never forms"
-    return None
-
-
 @dataclass(frozen=True)
 class BenchSettings:
     """Sizes and epochs of one benchmark run; :meth:`for_mode` gives the full and the ``--quick`` presets."""
@@ -113,18 +110,24 @@ class BenchSettings:
     causal_epochs: int = 100
     causal_tau: float = 0.2  # the paper's τ (Step I keeps ~120 edges among 300 pbmc68k_reduced genes)
     causal_rank: int = 40
-    embed_dim: int = 8
+    embed_dim: int | None = None  # None: d_model / 2, the paper's d = D/2
     embed_epochs: int = 1000
     corr_neighbors: int = 5
     predictor_epochs: int = 400
 
+    def __post_init__(self) -> None:
+        if self.embed_dim is None:  # the paper's d = D/2 (Supp. F.4): one coordinate per rotation plane
+            object.__setattr__(self, "embed_dim", self.d_model // 2)
+
     @classmethod
     def for_mode(cls, quick: bool, **overrides) -> BenchSettings:
-        # embed_dim = head_dim / 2, so that encodings sharing one set of rotary planes across heads (tape) fit
         base = cls(n_genes=200, d_model=32, n_layers=2, n_heads=2, max_len=64, pretrain_epochs=3,
-                   fine_tune_epochs=40, fine_tune_patience=10, patience=5, causal_epochs=100, embed_dim=8,
+                   fine_tune_epochs=40, fine_tune_patience=10, patience=5, causal_epochs=100,
                    embed_epochs=300, predictor_epochs=150) if quick else cls(pretrain_epochs=10)
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if "d_model" in overrides and "embed_dim" not in overrides:
+            overrides["embed_dim"] = overrides["d_model"] // 2
+        return replace(base, **overrides)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -246,12 +249,12 @@ def position_sets(adata: ad.AnnData, needed: Sequence[str], settings: BenchSetti
 # one model
 # ----------------------------------------------------------------------------------------------------------------
 def build_model(data: ad.AnnData, backbone: str, variant: Variant, settings: BenchSettings, seed: int,
-                device: str | None = None):
+                device: str | None = None, integration: str = "complement"):
     """A :class:`~cape.models.CellTransformer` for ``variant`` on ``data`` (which carries the position keys)."""
 
     return CellTransformer(data, backbone, variant.encoding, d_model=settings.d_model, n_layers=settings.n_layers,
                            n_heads=settings.n_heads, max_len=settings.max_len, dropout=settings.dropout, seed=seed,
-                           device=device or "auto")
+                           integration=integration, device=device or "auto")
 
 
 def _pretrain(model, data: ad.AnnData, settings: BenchSettings, epochs: int | None = None) -> None:

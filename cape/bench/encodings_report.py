@@ -18,9 +18,30 @@ from .encodings_models import DEFAULT_ENCODING, LOWER_IS_BETTER, METRICS, Benchm
 # ----------------------------------------------------------------------------------------------------------------
 # tables and plot
 # ----------------------------------------------------------------------------------------------------------------
+def row_labels(record: dict) -> tuple[str, str]:
+    """(backbone label, encoding label) of a record's table row: the backbone with its integration mode, and the
+    encoding marked ``[softmax]`` where scBERT ran it with exact softmax attention instead of Performer."""
+    backbone, encoding = str(record["backbone"]), str(record["encoding"])
+    if record.get("integration"):
+        backbone = f"{backbone} ({record['integration']})"
+    if record.get("attention") == "softmax" and record["backbone"] == "scbert":
+        encoding = f"{encoding} [softmax]"
+    return backbone, encoding
+
+
+def _architecture(backbone_label: str) -> str:
+    return backbone_label.split(" ")[0]
+
+
 def summary_frame(records: Sequence[dict]) -> pd.DataFrame:
-    """Mean, sd and count per (backbone, encoding, metric) over seeds, for model and baseline rows."""
-    frame = pd.DataFrame([r for r in records if r.get("kind") in ("model", "baseline")])
+    """Mean, sd and count per (backbone, encoding, metric) over seeds, for model and baseline rows (labels from
+    :func:`row_labels`)."""
+    rows = []
+    for r in records:
+        if r.get("kind") in ("model", "baseline"):
+            backbone, encoding = row_labels(r)
+            rows.append({**r, "backbone": backbone, "encoding": encoding})
+    frame = pd.DataFrame(rows)
     if frame.empty:
         raise CapeInputError("the benchmark produced no model or baseline records")
     frame["value"] = frame["value"].astype(float)
@@ -37,7 +58,7 @@ def results_table(records: Sequence[dict], task: str, metrics: Sequence[str] | N
     lines = ["| backbone | encoding | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
     for backbone in dict.fromkeys(stats["backbone"]):
         sub = stats[stats["backbone"] == backbone]
-        default = DEFAULT_ENCODING.get(backbone)
+        default = DEFAULT_ENCODING.get(_architecture(backbone))
         ref = sub[sub["encoding"] == default].set_index("metric")["mean"] if default else pd.Series(dtype=float)
         for enc in dict.fromkeys(sub["encoding"]):
             row = sub[sub["encoding"] == enc].set_index("metric")
@@ -65,13 +86,17 @@ def markdown_report(result: BenchmarkResult, task: str, dataset: str, info: dict
     better = "lower is better" if task == "perturbation" else "higher is better"
     parts = [f"# Positional encodings: {title} on {dataset}", "",
              f"mean ± sd over seeds {seeds} ({better}); in parentheses the difference to the backbone's default "
-             "encoding (†: scGPT trainable_absolute, scBERT static_absolute). Baselines ran in the same run on the "
+             "encoding in the same integration mode (†: scGPT trainable_absolute, scBERT static_absolute). "
+             "complement: the backbone keeps its gene-identity embedding (scGPT's gene table, scBERT's static "
+             "co-expression embedding) beside the encoding; replace: the encoding takes its place (CAPE Supp. F.2; "
+             "none there is the paper's CAPE-null, with no gene identity). [softmax]: scBERT with exact softmax "
+             "attention, since Performer cannot add the encoding's logit term. Baselines ran in the same run on the "
              "same data" + (", on the same 30/70 split per seed." if task == "annotation" else "."), "",
              results_table(records, task), ""]
     skipped = [r for r in records if r.get("kind") == "skipped"]
     if skipped:
-        parts += ["Not run: " + "; ".join(f"{r['encoding']} on {r['backbone']} ({r['reason']})" for r in skipped)
-                  + ".", ""]
+        parts += ["Not run: " + "; ".join(f"{r['encoding']} on {' '.join(row_labels(r)[:1])} ({r['reason']})"
+                                          for r in skipped) + ".", ""]
     pos = [r for r in records if r.get("kind") == "positions"]
     if pos:
         parts += ["Positions (computed once, seed "
@@ -129,7 +154,7 @@ def plot_results(records: Sequence[dict], task: str, dataset: str, path: str | P
             ax = axes[i, j]
             row = sub[sub["metric"] == m].set_index("encoding").reindex(encs)
             color = ["tab:red" if e.startswith("cape") else
-                     ("tab:gray" if e == DEFAULT_ENCODING.get(backbone) else "tab:blue") for e in encs]
+                     ("tab:gray" if e == DEFAULT_ENCODING.get(_architecture(backbone)) else "tab:blue") for e in encs]
             sd = row["std"].where(row["count"] > 1)
             ax.bar(range(len(encs)), row["mean"], yerr=None if sd.isna().all() else sd.fillna(0), color=color,
                    capsize=2)

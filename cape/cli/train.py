@@ -50,6 +50,9 @@ def register(commands) -> None:
                             "swapped in, then pretraining and fine-tuning run as usual")
     train.add_argument("--architecture", choices=["scgpt", "scbert"], default="scgpt")
     train.add_argument("--encoding", default="cape", help="positional encoding (see `cape encodings`)")
+    train.add_argument("--integration", choices=["auto", "complement", "replace"], default="auto",
+                       help="complement: keep the backbone's gene embedding beside the encoding; replace: the encoding "
+                            "takes its place (CAPE Supp. F.2); auto: the architecture's default (complement)")
     train.add_argument("--encoding-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                        help="encoding option, repeatable (value parsed as JSON when possible)")
     train.add_argument("--layer", default=None, help="expression layer (default X)")
@@ -108,7 +111,8 @@ def run_train(args: argparse.Namespace) -> int:
                                     use_raw=args.use_raw, d_model=args.d_model, n_layers=args.n_layers,
                                     n_heads=args.n_heads, max_len=args.max_len, dropout=args.dropout,
                                     encoding_options=dict(args.encoding_option), device="auto", seed=None,
-                                    vocabulary=args.vocabulary)
+                                    vocabulary=args.vocabulary,
+                                    integration=None if args.integration == "auto" else args.integration)
         logging.getLogger("cape").info("%r", model)
         if args.pretrain_epochs > 0:
             model.pretrain(adata, epochs=args.pretrain_epochs, mask_ratio=args.mask_ratio,
@@ -148,6 +152,9 @@ def _from_checkpoint(args: argparse.Namespace, adata):
     if args.architecture != "scgpt":
         raise CapeInputError(f"--checkpoint loads an scGPT checkpoint; --architecture {args.architecture} does not "
                              "apply (use scgpt)")
+    if args.integration == "replace":
+        raise CapeInputError("--checkpoint keeps the checkpoint's learnt gene table (integration 'complement'); "
+                             "--integration replace does not apply")
     logging.getLogger("cape").info("starting from the scGPT checkpoint %s (its d_model, n_layers, n_heads and gene "
                                    "vocabulary replace the options)", folder)
     return CellTransformer.from_scgpt(folder, adata, encoding=args.encoding,

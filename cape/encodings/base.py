@@ -183,6 +183,9 @@ class PositionalEncoding(torch.nn.Module):
     requires: ClassVar[str | None] = None
     #: True when the q/k transform rotates adjacent planes (head_dim must be even).
     rotary: ClassVar[bool] = False
+    #: Options a backbone adds (under the user's own) when this encoding *replaces* its gene-identity embedding
+    #: (``integration="replace"``, CAPE Supp. F.2), e.g. CAPE also rotates the token embedding (F.108).
+    replace_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, *, d_model: int, n_heads: int, n_layers: int, vocab_size: int,
                  positions: GenePositions | None = None, **options: Any) -> None:

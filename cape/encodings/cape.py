@@ -14,7 +14,9 @@ Where the d angle coordinates go (see :func:`cape.encodings.rotary.layout_for`):
   leaves the trailing planes unrotated (exactly as if those coordinates were 0), more raises CapeInputError.
 
 ``mode="input"`` (F.108) rotates the token embedding itself, x ← R(φ_v)x with d ≤ d_model/2, instead of q
-and k.
+and k; ``mode="both"`` does both. ``both`` is what a backbone uses when CAPE *replaces* its gene-identity embedding
+(``integration="replace"``, Supp. F.2: the fusion F(v, φ) = R(φ)v of F.108 takes the place of scBERT's
+v + gene2vec and scGPT's v + gene table, and Sec. 3.5 rotates q and k in every layer).
 """
 
 from __future__ import annotations
@@ -74,38 +76,37 @@ class CapeEncoding(PositionalEncoding):
     scale
         c in φ = c·e (π/4); ignored when ``positions.vectors_are_angles``.
     mode
-        ``"attention"`` (rotate q, k per head; default) or ``"input"`` (rotate the token embedding, F.108).
+        ``"attention"`` (rotate q, k per head; default), ``"input"`` (rotate the token embedding, F.108) or
+        ``"both"``.
     layout
-        ``"auto"``, ``"split"`` or ``"shared"`` (attention mode only).
+        ``"auto"``, ``"split"`` or ``"shared"`` (q/k rotation).
     """
 
     name: ClassVar[str] = "cape"
     provides: ClassVar[frozenset[str]] = frozenset({"qk"})
     requires: ClassVar[str | None] = "cape_angles"
     rotary: ClassVar[bool] = True
+    replace_options: ClassVar[dict[str, Any]] = {"mode": "both"}
 
     def __init__(self, *, scale: float = DEFAULT_SCALE, mode: str = "attention", layout: str = "auto",
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if mode not in ("attention", "input"):
-            raise CapeInputError(f"cape mode must be 'attention' or 'input', got '{mode}'")
+        if mode not in ("attention", "input", "both"):
+            raise CapeInputError(f"cape mode must be 'attention', 'input' or 'both', got '{mode}'")
         vectors = self._need_vectors()
         angles = vectors if self.positions.vectors_are_angles else cape_angles(vectors, scale)
         angles = torch.where(self.has_position_table[:, None], angles, torch.zeros((), dtype=angles.dtype))
         angles = torch.nan_to_num(angles.float(), nan=0.0)
         self.register_buffer("angle_table", angles)
         self.mode = mode
-        self.provides = frozenset({"input"}) if mode == "input" else frozenset({"qk"})
+        self.provides = frozenset({"input": {"input"}, "attention": {"qk"}, "both": {"input", "qk"}}[mode])
         self.scale = float(scale)
-        if mode == "input":
-            if angles.shape[1] > self.d_model // 2:
-                raise CapeInputError(
-                    f"cape input mode: {angles.shape[1]} angle coordinates exceed "
-                    f"d_model/2 = {self.d_model // 2}"
-                )
-            self.rotation = None
-        else:
-            self.rotation = CapeRotation(self.n_heads, self.head_dim, angles.shape[1], layout)
+        if mode != "attention" and angles.shape[1] > self.d_model // 2:
+            raise CapeInputError(
+                f"cape {mode} mode: {angles.shape[1]} angle coordinates exceed d_model/2 = {self.d_model // 2}"
+            )
+        self.rotation = None if mode == "input" else CapeRotation(self.n_heads, self.head_dim, angles.shape[1],
+                                                                   layout)
 
     def token_angles(self, ctx: EncodingContext) -> Tensor:
         """(B, L, d) angles of the batch's tokens (0 where no position)."""
@@ -114,13 +115,13 @@ class CapeEncoding(PositionalEncoding):
 
     def _prepare(self, ctx: EncodingContext) -> None:
         angles = self.token_angles(ctx)
-        if self.mode == "input":
+        if self.mode != "attention":
             ctx.state["angles"] = angles
-        else:
+        if self.rotation is not None:
             ctx.state["rotation"] = plane_rotation(self.rotation.head_angles(angles))  # once per forward
 
     def apply_input(self, x: Tensor, ctx: EncodingContext) -> Tensor:
-        if self.mode != "input":
+        if self.mode == "attention":
             return x
         return rotate_embedding(x, ctx.state["angles"].to(x.dtype))
 

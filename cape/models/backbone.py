@@ -4,6 +4,16 @@ A backbone maps a padded batch of cells (``gene_ids``, ``values``, ``padding_mas
 :func:`cape.models.tokenize.collate_cells`) to hidden states ``(B, L, d_model)``; position 0 is ``<cls>``, whose
 hidden state is the cell embedding. The positional encoding is one of :func:`cape.encodings.available`, built
 with the backbone's shape and used at the four hooks of :class:`cape.encodings.PositionalEncoding`.
+
+**Integration** (``integration=``): how the encoding meets the backbone's own gene-identity embedding.
+
+* ``"complement"``: the backbone keeps it — scGPT's learnt gene table, scBERT's static gene2vec-role embedding
+  (co-expression vectors or a gene2vec file, :mod:`cape.encodings.static_absolute`) — and the encoding rotates q/k
+  or adds on top. Two cells expressing different genes at equal values then always differ, whatever the encoding.
+* ``"replace"``: CAPE Supp. F.2 — "CAPE-generated positional encodings are used in place of the original
+  positional encodings": no gene table (scGPT) or static embedding (scBERT); the encoding is the only source of
+  gene identity. CAPE then also rotates the token embedding (F.108, ``replace_options`` of the encoding), and
+  "no encoding" has no gene identity at all (the paper's CAPE-null, Table 3).
 """
 
 from __future__ import annotations
@@ -15,7 +25,10 @@ from torch import Tensor, nn
 
 from .. import encodings
 from .._errors import CapeInputError
-from ..encodings import GenePositions
+from ..encodings import GenePositions, PositionalEncoding
+
+#: ``integration=`` values (module docstring).
+INTEGRATIONS = ("complement", "replace")
 
 
 class Backbone(nn.Module):
@@ -36,16 +49,27 @@ class Backbone(nn.Module):
     positions
         Per-gene positions for encodings that need them (:func:`cape.models.positions.gene_positions`).
     gene_embedding
-        Add a learnt per-gene token embedding (scGPT's ``GeneEncoder``).
+        Add a learnt per-gene token embedding (scGPT's ``GeneEncoder``); ``None``: the backbone's own rule.
+    integration
+        ``"complement"`` or ``"replace"`` (module docstring).
+    identity
+        Vectors of a static gene-identity embedding (backbones whose identity is static, scBERT, in
+        ``"complement"`` mode).
     """
 
     architecture: ClassVar[str] = "base"
-    linear_attention: ClassVar[bool] = False
+    #: Whether this backbone's attention is linear (no logits) for encodings that only transform q/k.
+    linear_attention_possible: ClassVar[bool] = False
+    #: How the backbone knows genes when nothing replaces it: a learnt table or a static (frozen) embedding.
+    identity_kind: ClassVar[str] = "learnt"
 
     def __init__(self, *, vocab_size: int, pad_id: int, d_model: int, n_heads: int, n_layers: int,
                  d_ff: int | None, dropout: float, encoding: str, encoding_options: dict[str, Any] | None,
-                 positions: GenePositions | None, gene_embedding: bool) -> None:
+                 positions: GenePositions | None, gene_embedding: bool | None, integration: str = "complement",
+                 identity: GenePositions | None = None) -> None:
         super().__init__()
+        if integration not in INTEGRATIONS:
+            raise CapeInputError(f"integration must be one of {', '.join(INTEGRATIONS)}, got {integration!r}")
         if d_model <= 0 or n_heads <= 0 or d_model % n_heads:
             raise CapeInputError(f"d_model={d_model} must be a positive multiple of n_heads={n_heads}")
         if n_layers < 1:
@@ -59,11 +83,35 @@ class Backbone(nn.Module):
         self.n_layers = int(n_layers)
         self.d_ff = int(d_ff or 4 * d_model)
         self.encoding_name = encoding
+        self.integration = integration
+        encoding_class = encodings.get_class(encoding)
+        options = dict(encoding_options or {})
+        if integration == "replace":
+            options = {**encoding_class.replace_options, **options}
+        self.encoding_options = options
+        # Linear (Performer) attention never forms logits: encodings that add to them get exact softmax.
+        self.linear_attention = self.linear_attention_possible and not encoding_class.provides & {"bias",
+                                                                                                  "attention"}
         self.encoding = encodings.get(encoding, d_model=self.d_model, n_heads=self.n_heads,
                                       n_layers=self.n_layers, vocab_size=self.vocab_size, positions=positions,
-                                      **(encoding_options or {}))
+                                      **options)
         self.encoding.check_backbone(self.architecture, linear_attention=self.linear_attention)
+        if gene_embedding is None:
+            gene_embedding = integration == "complement" and self.identity_kind == "learnt"
         self.use_gene_embedding = bool(gene_embedding)
+        self.identity: PositionalEncoding | None = None
+        if self.identity_kind == "static" and integration == "complement" and encoding != "static_absolute":
+            if identity is None:
+                raise CapeInputError(f"{self.architecture} with integration='complement' keeps its static gene "
+                                     "embedding: pass its vectors (identity=, e.g. co-expression or gene2vec "
+                                     "positions) or use integration='replace'")
+            self.identity = encodings.get("static_absolute", d_model=self.d_model, n_heads=self.n_heads,
+                                          n_layers=self.n_layers, vocab_size=self.vocab_size, positions=identity)
+
+    @property
+    def attention_kind(self) -> str:
+        """``"performer"`` (linear FAVOR+) or ``"softmax"`` (exact, through SDPA)."""
+        return "performer" if self.linear_attention else "softmax"
 
     # Subclasses build: self.layers (ModuleList of blocks taking (x, encoding, ctx, layer)) and self.final_norm.
     def embed_tokens(self, gene_ids: Tensor, values: Tensor) -> Tensor:
@@ -81,9 +129,12 @@ class Backbone(nn.Module):
         padding_mask
             ``(B, L)`` bool, True = padding.
         """
+        x = self.embed_tokens(gene_ids, values)
+        if self.identity is not None:  # the static gene embedding kept in "complement" mode
+            x = self.identity.apply_input(x, self.identity.begin(gene_ids, padding_mask))
         ctx = self.encoding.begin(gene_ids, padding_mask, values=values)
         # x + input embedding (absolute encodings), or CAPE's input-mode rotation (F.108).
-        x = self.encoding.apply_input(self.embed_tokens(gene_ids, values), ctx)
+        x = self.encoding.apply_input(x, ctx)
         for i, layer in enumerate(self.layers):
             x = layer(x, self.encoding, ctx, i)
             self.encoding.after_layer(ctx, x, i)

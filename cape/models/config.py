@@ -12,6 +12,8 @@ from .tokenize import TokenizerConfig
 
 #: scGPT: 51 quantile bins; scBERT: log2 bins 0..5.
 DEFAULT_BINNING = {"scgpt": ("quantile", 51), "scbert": ("log2", 5)}
+#: ``integration`` when none is given (see :mod:`cape.models.backbone`); chosen on validation accuracy (README).
+DEFAULT_INTEGRATION = {"scgpt": "complement", "scbert": "complement"}
 _TOKENIZER_FIELDS = ("binning", "n_bins", "max_len", "include_zero_genes")
 
 
@@ -24,9 +26,13 @@ class NetworkConfig:
     d_model, n_heads, n_layers, d_ff, dropout
         Encoder shape. Defaults are CPU-sized; the paper uses 512/8/4 (scGPT) and 200 (scBERT).
     gene_embedding
-        Learnt per-gene embedding (None: the architecture's default, on for scGPT and off for scBERT).
+        Learnt per-gene embedding (None: the architecture's rule — scGPT's gene table in ``"complement"`` mode only;
+        scBERT never).
     n_cls_layers
         Layers of the annotation head (scGPT: 3).
+    integration
+        ``"complement"`` (keep the backbone's gene-identity embedding beside the encoding) or ``"replace"`` (the
+        encoding takes its place, CAPE Supp. F.2); None: :data:`DEFAULT_INTEGRATION` of the architecture.
     """
 
     d_model: int = 64
@@ -36,6 +42,7 @@ class NetworkConfig:
     dropout: float = 0.1
     gene_embedding: bool | None = None
     n_cls_layers: int = 3
+    integration: str | None = None
 
 
 def split_options(network: NetworkConfig | None, options: dict[str, Any]

@@ -2,7 +2,8 @@
 
 A model directory holds ``config.json`` (architecture, backbone and tokenizer options, labels, pooling, seed,
 training history), ``vocab.json`` (the gene vocabulary), ``model.pt`` (the state dict) and, when the encoding
-uses them, ``positions.pt`` (the gene positions). Keys added over time are read with the defaults that the
+uses them, ``positions.pt`` (the gene positions) and ``identity.pt`` (scBERT's static gene-embedding vectors in
+``integration="complement"`` mode). Keys added over time are read with the defaults that the
 models saved before them had, so every model directory written by an earlier cape still loads.
 """
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from .transformer import CellTransformer
 
 CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, POSITIONS_FILE = "config.json", "model.pt", "vocab.json", "positions.pt"
+IDENTITY_FILE = "identity.pt"
 _POSITION_FIELDS = ("vectors", "order", "has_position", "graph_distance", "vectors_are_angles", "source")
 
 
@@ -85,8 +87,10 @@ def save_model(model: CellTransformer, directory: str | Path, *, overwrite: bool
         model.vocab.to_json(tmp / VOCAB_FILE)
         state = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
         torch.save(state, tmp / WEIGHTS_FILE)
-        if model.positions is not None:
-            torch.save({k: getattr(model.positions, k) for k in _POSITION_FIELDS}, tmp / POSITIONS_FILE)
+        for positions, name in ((model.positions, POSITIONS_FILE),
+                                (getattr(model, "identity_positions", None), IDENTITY_FILE)):
+            if positions is not None:
+                torch.save({k: getattr(positions, k) for k in _POSITION_FIELDS}, tmp / name)
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
@@ -131,9 +135,19 @@ def _restore(cls: type[CellTransformer], directory: Path, device: str) -> CellTr
     model.strict_genes = bool(cfg.get("strict_genes", True))
     model.value_scale = cfg.get("value_scale")
     model._backbone_kwargs = cfg["backbone"]
-    model.positions = None
+    if "integration" not in model._backbone_kwargs:
+        # Saved before the option: scGPT kept its gene table ("complement"); scBERT had no gene embedding beside
+        # the encoding ("replace"), and CAPE rotated q/k only.
+        legacy = "complement" if model.architecture == "scgpt" else "replace"
+        model._backbone_kwargs["integration"] = legacy
+        if legacy == "replace" and model._backbone_kwargs.get("encoding") == "cape":
+            options = dict(model._backbone_kwargs.get("encoding_options") or {})
+            model._backbone_kwargs["encoding_options"] = {"mode": "attention", **options}
+    model.positions = model.identity_positions = None
     if (directory / POSITIONS_FILE).is_file():
         model.positions = GenePositions(**torch.load(directory / POSITIONS_FILE, weights_only=True))
+    if (directory / IDENTITY_FILE).is_file():
+        model.identity_positions = GenePositions(**torch.load(directory / IDENTITY_FILE, weights_only=True))
     model.device = distributed.device_for_rank(resolve_device(device))
     model.amp = model.device.type == "cuda"
     model._build()

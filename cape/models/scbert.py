@@ -1,10 +1,13 @@
 """scBERT-style backbone (Yang et al. 2022): binned expression tokens, Performer (FAVOR+) attention.
 
-Tokens are scBERT's log2 bins ``0..n_bins`` plus a mask and a pad token; the gene's identity enters only through
-the positional encoding (scBERT adds a frozen gene2vec embedding — ``encoding="static_absolute"``; CAPE rotates
-q/k instead, Supp. F.2). Attention is our own FAVOR+ implementation (:class:`PerformerSelfAttention`) with the
-encoding's q/k transform before the random feature map. Encodings that need an explicit genes×genes logit term
-(additive biases) are refused with a :class:`~cape.CapeInputError`: linear attention never forms the logits.
+Tokens are scBERT's log2 bins ``0..n_bins`` plus a mask and a pad token; the gene's identity enters through a
+frozen gene2vec-role embedding (``encoding="static_absolute"``, or kept beside any other encoding with
+``integration="complement"``) or, with ``integration="replace"``, through the positional encoding alone (CAPE
+rotates the token embedding and q/k, Supp. F.2). Attention is our own FAVOR+ implementation
+(:class:`PerformerSelfAttention`) with the encoding's q/k transform before the random feature map. Encodings that
+need an explicit genes×genes logit term (additive biases, HoPE's logits) get exact softmax attention
+(:class:`~cape.models.attention.SelfAttention`, SDPA) instead, since linear attention never forms the logits;
+:attr:`~cape.models.backbone.Backbone.attention_kind` says which one a model uses.
 
 The paper's scBERT uses ``d_model = 200`` (10 heads, 6 layers); defaults here are CPU-sized.
 """
@@ -16,19 +19,21 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..encodings import EncodingContext, GenePositions, PositionalEncoding
-from .attention import PerformerSelfAttention
+from .attention import PerformerSelfAttention, SelfAttention
 from .backbone import Backbone, feed_forward, init_uniform_
 
 
 class PerformerLayer(nn.Module):
-    """Pre-norm Performer block: ``x + attn(LN(x))`` then ``x + FF(LN(x))`` with GELU."""
+    """Pre-norm Performer block: ``x + attn(LN(x))`` then ``x + FF(LN(x))`` with GELU (``exact``: softmax
+    attention in place of FAVOR+, for encodings that add to the logits)."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, *, n_features: int | None,
-                 feature_redraw_interval: int | None, seed: int) -> None:
+                 feature_redraw_interval: int | None, seed: int, exact: bool = False) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.self_attn = PerformerSelfAttention(d_model, n_heads, dropout, n_features=n_features,
-                                                feature_redraw_interval=feature_redraw_interval, seed=seed)
+        self.self_attn = SelfAttention(d_model, n_heads, 0.0) if exact else PerformerSelfAttention(
+            d_model, n_heads, dropout, n_features=n_features, feature_redraw_interval=feature_redraw_interval,
+            seed=seed)
         self.norm2 = nn.LayerNorm(d_model)
         self.ff = feed_forward(d_model, d_ff, dropout, nn.GELU)
         self.dropout = nn.Dropout(dropout)
@@ -51,27 +56,31 @@ class ScBERTBackbone(Backbone):
     d_model, n_heads, n_layers, d_ff, dropout
         Encoder shape (paper: 200, 10, 6).
     encoding, encoding_options, positions
-        Positional encoding; bias encodings raise :class:`~cape.CapeInputError`.
+        Positional encoding; encodings that add to the logits run with exact softmax attention.
     gene_embedding
         Add a learnt gene embedding as well (off in scBERT).
+    integration, identity
+        ``"complement"`` keeps the static gene embedding with vectors ``identity``; ``"replace"`` drops it
+        (see :mod:`cape.models.backbone`).
     n_features, feature_redraw_interval, seed
         FAVOR+ settings (see :class:`PerformerSelfAttention`).
     """
 
     architecture = "scbert"
-    linear_attention = True
+    linear_attention_possible = True
+    identity_kind = "static"
 
     def __init__(self, vocab_size: int, pad_id: int = 0, *, cls_id: int = 1, n_levels: int = 6, d_model: int = 64,
                  n_heads: int = 4, n_layers: int = 2, d_ff: int | None = None, dropout: float = 0.1,
                  encoding: str = "none", encoding_options: dict[str, Any] | None = None,
-                 positions: GenePositions | None = None, gene_embedding: bool = False,
+                 positions: GenePositions | None = None, gene_embedding: bool | None = None,
                  n_features: int | None = None, feature_redraw_interval: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, integration: str = "complement", identity: GenePositions | None = None) -> None:
         super().__init__(vocab_size=vocab_size, pad_id=pad_id, d_model=d_model, n_heads=n_heads,
                          n_layers=n_layers, d_ff=d_ff, dropout=dropout, encoding=encoding,
-                         encoding_options=encoding_options, positions=positions, gene_embedding=gene_embedding)
+                         encoding_options=encoding_options, positions=positions, gene_embedding=gene_embedding,
+                         integration=integration, identity=identity)
         self.dropout_p = float(dropout)
-        self.encoding_options = dict(encoding_options or {})
         self.n_levels = int(n_levels)
         self.cls_id = int(cls_id)
         self.mask_token = self.n_levels
@@ -82,13 +91,14 @@ class ScBERTBackbone(Backbone):
         self.seed = int(seed)
         self.token_emb = nn.Embedding(self.n_levels + 3, d_model, padding_idx=self.pad_token)
         init_uniform_(self.token_emb)
-        self.gene_emb = nn.Embedding(vocab_size, d_model, padding_idx=pad_id) if gene_embedding else None
+        self.gene_emb = nn.Embedding(vocab_size, d_model, padding_idx=pad_id) if self.use_gene_embedding else None
         if self.gene_emb is not None:
             init_uniform_(self.gene_emb)
         self.emb_dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
             PerformerLayer(d_model, n_heads, self.d_ff, dropout, n_features=n_features,
-                           feature_redraw_interval=feature_redraw_interval, seed=self.seed + i)
+                           feature_redraw_interval=feature_redraw_interval, seed=self.seed + i,
+                           exact=not self.linear_attention)
             for i in range(n_layers)
         )
         self.final_norm = nn.LayerNorm(d_model)
@@ -111,4 +121,4 @@ class ScBERTBackbone(Backbone):
                 "dropout": self.dropout_p, "encoding": self.encoding_name,
                 "encoding_options": self.encoding_options, "gene_embedding": self.use_gene_embedding,
                 "n_features": self.n_features, "feature_redraw_interval": self.feature_redraw_interval,
-                "seed": self.seed}
+                "seed": self.seed, "integration": self.integration}

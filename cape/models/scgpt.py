@@ -84,8 +84,10 @@ class ScGPTBackbone(Backbone):
     encoding, encoding_options, positions
         Positional encoding (see :class:`~cape.models.backbone.Backbone`).
     gene_embedding
-        Keep scGPT's learnt gene embedding (default). ``False`` follows the paper's strict replacement of scGPT's
-        gene codebook by the positional encoding (Supp. F.2).
+        Keep scGPT's learnt gene embedding; ``None`` (default): kept with ``integration="complement"``, dropped
+        with ``"replace"`` (the paper's replacement of scGPT's gene codebook by the positional encoding, Supp. F.2).
+    integration
+        ``"complement"`` or ``"replace"`` (see :mod:`cape.models.backbone`).
     attention_dropout
         Dropout on the attention probabilities (default 0; ``dropout`` still acts on the residual and
         feed-forward paths). Any value > 0 makes PyTorch's CPU ``scaled_dot_product_attention`` leave its fused
@@ -93,22 +95,23 @@ class ScGPTBackbone(Backbone):
     """
 
     architecture = "scgpt"
-    linear_attention = False
+
 
     def __init__(self, vocab_size: int, pad_id: int = 0, *, d_model: int = 64, n_heads: int = 4,
                  n_layers: int = 2, d_ff: int | None = None, dropout: float = 0.1, encoding: str = "none",
                  encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
-                 gene_embedding: bool = True, max_value: float = 512.0, attention_dropout: float = 0.0) -> None:
+                 gene_embedding: bool | None = None, max_value: float = 512.0, attention_dropout: float = 0.0,
+                 integration: str = "complement", identity: GenePositions | None = None) -> None:
         super().__init__(vocab_size=vocab_size, pad_id=pad_id, d_model=d_model, n_heads=n_heads,
                          n_layers=n_layers, d_ff=d_ff, dropout=dropout, encoding=encoding,
-                         encoding_options=encoding_options, positions=positions, gene_embedding=gene_embedding)
+                         encoding_options=encoding_options, positions=positions, gene_embedding=gene_embedding,
+                         integration=integration, identity=identity)
         self.dropout_p = float(dropout)
         if not 0.0 <= attention_dropout < 1.0:
             raise CapeInputError(f"attention_dropout must be in [0, 1), got {attention_dropout}")
         self.attention_dropout = float(attention_dropout)
         self.max_value = float(max_value)
-        self.encoding_options = dict(encoding_options or {})
-        self.encoder = GeneEncoder(vocab_size, d_model, pad_id) if gene_embedding else None
+        self.encoder = GeneEncoder(vocab_size, d_model, pad_id) if self.use_gene_embedding else None
         self.value_encoder = ContinuousValueEncoder(d_model, dropout, max_value)
         self.layers = nn.ModuleList(
             PostNormEncoderLayer(d_model, n_heads, self.d_ff, dropout, self.attention_dropout) for _ in range(n_layers)
@@ -127,4 +130,4 @@ class ScGPTBackbone(Backbone):
                 "n_heads": self.n_heads, "n_layers": self.n_layers, "d_ff": self.d_ff, "dropout": self.dropout_p,
                 "encoding": self.encoding_name, "encoding_options": self.encoding_options,
                 "gene_embedding": self.use_gene_embedding, "max_value": self.max_value,
-                "attention_dropout": self.attention_dropout}
+                "attention_dropout": self.attention_dropout, "integration": self.integration}

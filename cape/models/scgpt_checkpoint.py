@@ -227,12 +227,14 @@ def cell_transformer_from_scgpt(cls: type[CellTransformer], directory: str | Pat
     self.tokenizer = TokenizerConfig(binning="quantile", n_bins=int(args.get("n_bins", 51)), max_len=max_len,
                                      include_zero_genes=include_zero_genes)
     self.positions = positions
+    self.identity_positions = None  # scGPT's identity is its learnt gene table, imported with the weights
     self.n_cls_layers = int(args.get("n_layers_cls", 3))
     self.pooling = "cls"
     self.labels, self.label_key, self.history = None, None, {}
     bb = imported.backbone
     self._backbone_kwargs = dict(d_model=bb.d_model, n_heads=bb.n_heads, n_layers=bb.n_layers, d_ff=bb.d_ff,
-                                 dropout=bb.dropout_p, encoding=encoding, encoding_options=encoding_options)
+                                 dropout=bb.dropout_p, encoding=encoding, encoding_options=encoding_options,
+                                 integration="complement")
     self.device = distributed.device_for_rank(resolve_device(device))
     self.amp = (self.device.type == "cuda") if amp == "auto" else bool(amp)
     self._build()

@@ -30,7 +30,8 @@ from ..encodings import GenePositions
 from ..encodings.static_absolute import read_gene2vec
 from . import distributed, persistence, scgpt_checkpoint
 from .cells import VOCABULARIES, CellData
-from .config import NetworkConfig, split_options, tokenizer_config
+from .backbone import INTEGRATIONS
+from .config import DEFAULT_INTEGRATION, NetworkConfig, split_options, tokenizer_config
 from .heads import ClsDecoder, ExprDecoder, check_pooling, pool_cells, pooled_width
 from .inference import embeddings, forward_all, write_gene_embedding
 from .objectives import (
@@ -42,7 +43,7 @@ from .objectives import (
     encode_labels,
     masked_value_loss,
 )
-from .positions import gene_positions
+from .positions import co_expression_positions, gene_positions
 from .scbert import ScBERTBackbone
 from .scgpt import ScGPTBackbone
 from .tokenize import GeneVocab, TokenizerConfig, n_value_levels
@@ -74,6 +75,9 @@ class CellTransformer(CellData):
         Keyword arguments passed to the encoding.
     positions
         Explicit :class:`~cape.encodings.GenePositions` (rows = vocabulary); default: built from ``adata``.
+    identity_positions
+        Vectors of scBERT's static gene embedding, kept beside the encoding with ``integration="complement"``
+        (e.g. :func:`~cape.encodings.static_absolute.read_gene2vec`); default: co-expression vectors of ``adata``.
     layer, use_raw
         Where the expression is: ``adata.layers[layer]``, ``adata.raw.X`` or ``adata.X`` (default).
     vocabulary
@@ -97,6 +101,7 @@ class CellTransformer(CellData):
     def __init__(self, adata, architecture: str = "scgpt", encoding: str = "cape", *,
                  network: NetworkConfig | None = None, tokenizer: TokenizerConfig | None = None,
                  encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
+                 identity_positions: GenePositions | None = None,
                  layer: str | None = None, use_raw: bool = False, vocabulary: str = "used", device: str = "auto",
                  amp: bool | str = "auto", seed: int | None = None, **options: Any) -> None:
         if architecture not in ARCHITECTURES:
@@ -119,6 +124,15 @@ class CellTransformer(CellData):
             positions = gene_positions(self._position_source(adata), self.vocab, encoding,
                                        encoding_options=encoding_options, expression=X, max_dim=network.d_model)
         self.positions = positions
+        integration = network.integration or DEFAULT_INTEGRATION[architecture]
+        if integration not in INTEGRATIONS:
+            raise CapeInputError(f"integration must be one of {', '.join(INTEGRATIONS)}, got {integration!r}")
+        if (identity_positions is None and integration == "complement" and encoding != "static_absolute"
+                and ARCHITECTURES[architecture].identity_kind == "static"):
+            # scBERT's gene2vec role, filled as static_absolute fills it: co-expression of the vocabulary's genes.
+            identity_positions = co_expression_positions(self._position_source(adata), self.vocab, X,
+                                                         "static_absolute", max_dim=network.d_model)
+        self.identity_positions = identity_positions
         self.n_cls_layers = int(network.n_cls_layers)
         self.pooling = "cls"
         self.labels: list[str] | None = None
@@ -126,7 +140,7 @@ class CellTransformer(CellData):
         self.history: dict[str, list[dict[str, float]]] = {}
         self._backbone_kwargs = dict(d_model=network.d_model, n_heads=network.n_heads, n_layers=network.n_layers,
                                      d_ff=network.d_ff, dropout=network.dropout, encoding=encoding,
-                                     encoding_options=encoding_options, **options)
+                                     encoding_options=encoding_options, integration=integration, **options)
         if network.gene_embedding is not None:
             self._backbone_kwargs["gene_embedding"] = network.gene_embedding
         self.device = distributed.device_for_rank(resolve_device(device))
@@ -141,7 +155,9 @@ class CellTransformer(CellData):
             kwargs.setdefault("seed", self.seed)
             kwargs.setdefault("cls_id", self.vocab.cls_id)
         self.backbone = ARCHITECTURES[self.architecture](len(self.vocab), self.vocab.pad_id,
-                                                         positions=self.positions, **kwargs)
+                                                         positions=self.positions,
+                                                         identity=getattr(self, "identity_positions", None),
+                                                         **kwargs)
         levels = n_value_levels(self.tokenizer.binning, self.tokenizer.n_bins)
         # scGPT regresses the binned value; scBERT classifies the masked token's level.
         self.expr_head = ExprDecoder(self.backbone.d_model, 1 if self.architecture == "scgpt" else levels)

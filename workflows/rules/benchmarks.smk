@@ -17,6 +17,7 @@ def benchmark_outputs():
 def benchmark_flags():
     """Command-line flags of `cape bench encodings` for the config's non-default options."""
     flags = [f"--seeds {' '.join(map(str, BENCH['seeds']))}", f"--backbones {' '.join(BENCH['backbones'])}",
+             f"--integrations {' '.join(BENCH['integrations'])}",
              f"--threads {BENCH['threads']}", f"--jobs {BENCH['jobs']}", f"--name {BENCH_STEM}"]
     if BENCH["encodings"]:
         flags.append(f"--encodings {' '.join(BENCH['encodings'])}")

@@ -9,7 +9,7 @@ import logging
 from ..._errors import CapeInputError
 from ..._settings import settings as cape_settings
 from ...bench.encodings import run_encodings_benchmark
-from ...bench.encodings_models import BACKBONES, TASKS, BenchSettings, variants
+from ...bench.encodings_models import BACKBONES, INTEGRATIONS, TASKS, BenchSettings, variants
 from ._data import add_run_options, dataset_keys, dataset_name, load_dataset, perturbation_data
 
 
@@ -41,6 +41,9 @@ def register(bench) -> None:
                    help="encodings and ablations (default: all of `cape encodings` + cape_null, cape_wo_csl, "
                         "cape_wo_hyperbolic, cape_wo_rotary)")
     p.add_argument("--backbones", nargs="+", default=list(BACKBONES), help="scgpt and/or scbert (both)")
+    p.add_argument("--integrations", nargs="+", choices=list(INTEGRATIONS), default=list(INTEGRATIONS),
+                   help="complement (the backbone keeps its gene embedding) and/or replace (the encoding takes its "
+                        "place, CAPE Supp. F.2); default both")
     add_run_options(p, mode_note)
     p.add_argument("--name", default=None, help="output file stem (default <task>_<dataset>)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1; fastest on a shared CPU)")
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                                      encoding_names=args.encodings, backbones=args.backbones, seeds=seeds,
                                      quick=args.quick, settings=bench_settings, out=args.out, name=args.name,
                                      positions_seed=args.positions_seed, threads=args.threads, device=device,
-                                     jobs=args.jobs)
+                                     jobs=args.jobs, integrations=args.integrations)
     logging.getLogger("cape").info("wrote %s (%.1f min)", ", ".join(map(str, result.paths.values())),
                                    result.seconds / 60)
     return 0
