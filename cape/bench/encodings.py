@@ -61,11 +61,11 @@ from ..tasks.perturbation import PerturbationTask
 from ..tasks.perturbation_predictors import AdditivePredictor, NoChangePredictor
 from .encodings_models import (
     BACKBONES,
+    INTEGRATIONS,
     METRICS,
     TASKS,
     BenchmarkResult,
     BenchSettings,
-    INTEGRATIONS,
     Variant,
     annotation_run,
     build_model,

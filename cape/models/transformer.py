@@ -29,8 +29,8 @@ from .._settings import resolve_device, resolve_seed, seed_everything
 from ..encodings import GenePositions
 from ..encodings.static_absolute import read_gene2vec
 from . import distributed, persistence, scgpt_checkpoint
-from .cells import VOCABULARIES, CellData
 from .backbone import INTEGRATIONS
+from .cells import VOCABULARIES, CellData
 from .config import DEFAULT_INTEGRATION, NetworkConfig, split_options, tokenizer_config
 from .heads import ClsDecoder, ExprDecoder, check_pooling, pool_cells, pooled_width
 from .inference import embeddings, forward_all, write_gene_embedding
