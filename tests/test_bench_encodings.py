@@ -366,3 +366,27 @@ def test_pretraining_epochs_per_task(labelled, monkeypatch, task):
     be.run_encodings_benchmark(labelled, task, label_key="cell_type", settings=settings, seeds=[0],
                                backbones=["scgpt"], encoding_names=["none"], out=None, integrations=["replace"])
     assert calls == ([] if task == "annotation" else [2])
+
+
+def test_validation_scoring_never_touches_the_test_cells(labelled, monkeypatch):
+    from cape.tasks.annotation import annotation_split, validation_part
+
+    labels = labelled.obs["cell_type"]
+    outer = annotation_split(labels, seed=0)
+    inner = validation_part(outer, labels)
+    assert set(inner.fine_tune) | set(inner.test) == set(outer.fine_tune)
+    assert not set(inner.fine_tune) & set(inner.test)
+    scored = []
+    real = be.annotation_run
+
+    def spy(model, data, labels, split, settings):
+        scored.append(set(split.test))
+        return real(model, data, labels, split, settings)
+
+    monkeypatch.setattr(be, "annotation_run", spy)
+    settings = replace(TINY, annotation_score_on="validation")
+    be.run_encodings_benchmark(labelled, "annotation", label_key="cell_type", settings=settings, seeds=[0],
+                               backbones=["scgpt"], encoding_names=["none"], out=None, integrations=["replace"])
+    assert scored == [set(inner.test)]
+    with pytest.raises(CapeInputError, match="annotation_score_on"):
+        replace(TINY, annotation_score_on="train")

@@ -14,3 +14,12 @@ def test_report_has_figures_and_metrics(trained_adata, tmp_path):
         assert f"report_figures/{fig}" in text
     assert "### annotation" in text and "logreg_pca" in text
     json.dumps(records)
+
+
+def test_report_states_the_share_of_genes_at_the_origin(trained_adata, tmp_path):
+    adata = trained_adata.copy()
+    adata.uns["cape"]["hyperbolic_embedding"] = {"seconds": 2.0, "fraction_at_origin": 0.25}
+    records = evaluate_run(adata, "cell_type", dataset="toy")
+    assert [r["value"] for r in records if r["metric"] == "fraction_of_genes_at_origin"] == [0.25]
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert "hyperbolic_embedding: done in 2.0 s; 25.0% of the genes within 1e-3 of the origin" in text

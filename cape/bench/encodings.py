@@ -54,7 +54,7 @@ from .._errors import CapeInputError
 from .._io import write_json, write_text
 from .._progress import progress
 from .._settings import settings as cape_settings
-from ..tasks.annotation import annotation_split, logistic_regression_pca
+from ..tasks.annotation import annotation_split, logistic_regression_pca, validation_part
 from ..tasks.clustering import clustering_metrics, kmeans_clusters, pca_embedding
 from ..tasks.labels import checked_labels
 from ..tasks.perturbation import PerturbationTask
@@ -140,8 +140,10 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
         sets["none"] = position_data
         records += [{**base, "kind": "positions", "backbone": None, "encoding": f"positions:{t['position_set']}",
                      "seed": positions_seed, **t} for t in timings]
-        records += _baselines(task, data, labels, ptask, seeds, dataset)
         splits = {s: annotation_split(labels, seed=s) for s in seeds} if task == "annotation" else {}
+        if settings.annotation_score_on == "validation":
+            splits = {s: validation_part(split, labels) for s, split in splits.items()}
+        records += _baselines(task, data, labels, ptask, seeds, dataset, splits)
         # Plan every (backbone, integration, variant, seed); a model identical to an earlier one (cape_null = none)
         # runs once.
         plan: list[tuple[str, str, Variant, int, tuple]] = []
@@ -261,14 +263,14 @@ def _run_models(context: _RunContext, unique: dict[tuple, tuple[str, str, Varian
         return {key: future.result() for key, future in futures.items()}
 
 
-def _baselines(task: str, data: ad.AnnData, labels, ptask, seeds, dataset: str) -> list[dict]:
+def _baselines(task: str, data: ad.AnnData, labels, ptask, seeds, dataset: str, splits: dict) -> list[dict]:
     base = {"task": task, "dataset": dataset, "kind": "baseline", "backbone": "baseline"}
     out = []
     if task == "annotation":
         cells = data[labels.index].copy()
         cells.obs["_label"] = labels.to_numpy()
         for seed in seeds:
-            res = logistic_regression_pca(cells, "_label", seed=seed, split=annotation_split(labels, seed=seed))
+            res = logistic_regression_pca(cells, "_label", seed=seed, split=splits[seed])
             out += [{**base, "encoding": "logreg_pca50", "seed": seed, "metric": m, "value": res[m]}
                     for m in METRICS["annotation"]]
     elif task == "clustering":

@@ -103,6 +103,9 @@ class BenchSettings:
     # Annotation follows `cape train`'s recipe: no masked-value pretraining (it lowered validation accuracy on
     # pbmc68k_reduced), up to ``fine_tune_epochs`` with early stopping on 20 % of the fine-tune cells.
     annotation_pretrain_epochs: int = 0
+    # "validation": fine-tune on half of the 30 % fine-tune cells and score the other half (choosing defaults
+    # without looking at the test cells); "test": score the 70 % test cells.
+    annotation_score_on: str = "test"
     fine_tune_epochs: int = 100
     fine_tune_patience: int = 15
     patience: int = 5
@@ -116,6 +119,9 @@ class BenchSettings:
     predictor_epochs: int = 400
 
     def __post_init__(self) -> None:
+        if self.annotation_score_on not in ("test", "validation"):
+            raise CapeInputError(f"annotation_score_on must be 'test' or 'validation', got "
+                                 f"{self.annotation_score_on!r}")
         if self.embed_dim is None:  # the paper's d = D/2 (Supp. F.4): one coordinate per rotation plane
             object.__setattr__(self, "embed_dim", self.d_model // 2)
 

@@ -124,6 +124,10 @@ def _pretrain_note(task: str, s: BenchSettings) -> str:
 
 
 def _task_note(task: str, s: BenchSettings) -> str:
+    if task == "annotation" and s.annotation_score_on == "validation":
+        return (f"VALIDATION scores: fine-tuning ≤ {s.fine_tune_epochs} epochs on half of the 30 % fine-tune cells, "
+                "scored on the other half (the 70 % test cells are not used); class-balanced loss, mean pooling, "
+                f"early stopping with patience {s.fine_tune_patience} on 20 % of the fine-tune half.")
     if task == "annotation":
         return (f"fine-tuning ≤ {s.fine_tune_epochs} epochs on the 30 % split (class-balanced loss, mean pooling, "
                 f"early stopping with patience {s.fine_tune_patience} on 20 % of it, never on test cells).")

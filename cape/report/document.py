@@ -134,7 +134,11 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
     for step in ("preprocess", "causal_graph", "hyperbolic_embedding", "rotary_encoding", "model"):
         if step in info:
             seconds = next((info[step][k] for k in ("wall_time", "seconds") if k in info[step]), None)
-            lines.append(f"- {step}: done" + (f" in {float(seconds):.1f} s" if seconds is not None else ""))
+            line = f"- {step}: done" + (f" in {float(seconds):.1f} s" if seconds is not None else "")
+            at_origin = info[step].get("fraction_at_origin") if step == "hyperbolic_embedding" else None
+            if at_origin is not None:  # such genes get no rotation: a rotary encoding cannot tell them apart
+                line += f"; {float(at_origin):.1%} of the genes within 1e-3 of the origin"
+            lines.append(line)
     if label_key:
         lines.append(f"- labels: obs[{label_key!r}] ({adata.obs[label_key].nunique()} classes)")
     return "## Run\n\n" + "\n".join(lines)

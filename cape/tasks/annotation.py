@@ -59,6 +59,16 @@ def annotation_split(labels: Sequence[str] | pd.Series, *, seed: int = 0,
     return AnnotationSplit(np.sort(ft), np.sort(test), seed, fine_tune_fraction)
 
 
+def validation_part(split: AnnotationSplit, labels: Sequence[str] | pd.Series, fraction: float = 0.5
+                    ) -> AnnotationSplit:
+    """The fine-tune cells of ``split`` split again, stratified with the same seed: ``fraction`` of them to
+    fine-tune on and the rest to score. Choices made on it (a default, a setting) never see ``split``'s test cells.
+    """
+    inner = annotation_split(np.asarray(labels)[split.fine_tune], seed=split.seed, fine_tune_fraction=fraction)
+    return AnnotationSplit(split.fine_tune[inner.fine_tune], split.fine_tune[inner.test], split.seed,
+                           split.fine_tune_fraction * fraction)
+
+
 def split_roles(adata: ad.AnnData, labels: pd.Series, *, seed: int = 0,
                 fine_tune_fraction: float = FINE_TUNE_FRACTION) -> tuple[np.ndarray, AnnotationSplit | None]:
     """The role of every cell of ``adata`` (see :func:`roles`) under the :func:`annotation_split` of the labelled

@@ -41,6 +41,9 @@ def register(bench) -> None:
                    help="encodings and ablations (default: all of `cape encodings` + cape_null, cape_wo_csl, "
                         "cape_wo_hyperbolic, cape_wo_rotary)")
     p.add_argument("--backbones", nargs="+", default=list(BACKBONES), help="scgpt and/or scbert (both)")
+    p.add_argument("--score-on", choices=["test", "validation"], default="test",
+                   help="annotation: score the 70 %% test cells (default), or fine-tune on half of the 30 %% "
+                        "fine-tune cells and score the other half (for choosing settings without the test cells)")
     p.add_argument("--integrations", nargs="+", choices=list(INTEGRATIONS), default=list(INTEGRATIONS),
                    help="complement (the backbone keeps its gene embedding) and/or replace (the encoding takes its "
                         "place, CAPE Supp. F.2); default both")
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in ("n_genes", "d_model", "n_layers", "max_len", "pretrain_epochs",
                                                "fine_tune_epochs", "causal_epochs", "causal_tau", "embed_epochs",
                                                "embed_dim", "predictor_epochs")}
-    bench_settings = BenchSettings.for_mode(args.quick, **overrides)
+    bench_settings = BenchSettings.for_mode(args.quick, annotation_score_on=args.score_on, **overrides)
     device = cape_settings.device or "auto"
     result = run_encodings_benchmark(adata, args.task, dataset=name, label_key=label_key,
                                      encoding_names=args.encodings, backbones=args.backbones, seeds=seeds,
