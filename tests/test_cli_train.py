@@ -29,15 +29,27 @@ def test_cape_train_writes_model_and_embeddings(tmp_path):
     assert {p.name for p in model_dir.iterdir()} == {"config.json", "vocab.json", "model.pt", "positions.pt"}
 
 
+def test_cape_train_scbert_complement_keeps_its_static_gene_embedding(tmp_path):
+    cape_adata(n_cells=40).write_h5ad(tmp_path / "in.h5ad")
+    out = tmp_path / "trained.h5ad"
+    code = main(["--quiet", "train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--label-key", "cell_type",
+                 "--epochs", "1", "--d-model", "16", "--n-heads", "2", "--max-len", "32", "--architecture", "scbert",
+                 "--encoding", "grape_a", "--integration", "complement"])
+    assert code == 0  # a logit encoding on scBERT: exact softmax attention
+    model_dir = tmp_path / "trained_model"
+    assert (model_dir / "identity.pt").is_file()  # the co-expression vectors travel with the model
+    assert ad.read_h5ad(out).uns["cape"]["model"]["backbone"]["integration"] == "complement"
+
+
 def test_cape_train_bad_input_is_one_line(tmp_path, capsys):
     cape_adata(n_cells=20).write_h5ad(tmp_path / "in.h5ad")
     out = tmp_path / "o.h5ad"
     assert main(["train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--label-key", "nope"]) == 2
     assert main(["train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--encoding", "alibi"]) == 2
-    assert main(["train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--architecture", "scbert",
-                 "--encoding", "grape_a", "--pretrain-epochs", "0"]) == 2
+    assert main(["train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--checkpoint", str(tmp_path),
+                 "--integration", "replace", "--pretrain-epochs", "0"]) == 2
     text = capsys.readouterr().err
     assert "Traceback" not in text
     err = [line for line in text.splitlines() if line.startswith("cape: error:")]  # info lines may come between
-    assert len(err) == 3 and "nope" in err[0] and "alibi" in err[1] and "cannot apply" in err[2]
+    assert len(err) == 3 and "nope" in err[0] and "alibi" in err[1] and "--integration replace" in err[2]
     assert not out.exists() and not (tmp_path / "o_model").exists()
