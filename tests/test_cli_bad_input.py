@@ -210,7 +210,9 @@ def test_embed_takes_a_user_adjacency(tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr
     result = ad.read_h5ad(out)
     assert result.varm["cape_poincare"].shape == (20, 4)
-    assert int(result.var["cape_embedded"].sum()) == 5
+    assert int(result.var["cape_connected"].sum()) == 5
+    # genes without an edge take part too (Eq. 16 negatives), those outside var["cape_used"] do not
+    assert int(result.var["cape_embedded"].sum()) == int(result.var["cape_used"].sum())
 
 
 # ----------------------------------------------------------------------------------------------- labels

@@ -148,6 +148,19 @@ def test_rope_relative_law_on_real_valued_order():
             torch.testing.assert_close((a[0] @ a[1].transpose(-1, -2))[0, 0, m, n], want)
 
 
+def test_grape_m_uses_every_coordinate_and_loads_shared_frequencies_of_older_models():
+    e = torch.rand(V, 16) - 0.5  # d_pos = D/2 = 4 heads × 4 planes
+    grape = E.get("grape_m", d_model=32, n_heads=4, n_layers=1, vocab_size=V, positions=GenePositions(vectors=e))
+    used = (grape.frequencies != 0).any(dim=(0, 1))
+    assert used.all() and grape.frequencies.shape == (4, 4, 16)
+    # a state dict saved when W was one (p, d_pos) block for every head
+    old = {k: v for k, v in grape.state_dict().items()}
+    block = torch.randn(4, 16)
+    old["frequencies"] = block
+    grape.load_state_dict(old)
+    torch.testing.assert_close(grape.frequencies.detach(), block[None].repeat(4, 1, 1))
+
+
 def test_grape_m_canonical_planes_equal_rope():
     order = torch.randperm(V).float()
     pos = GenePositions(order=order)
@@ -161,8 +174,9 @@ def test_grape_m_canonical_planes_equal_rope():
     torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-def test_grape_m_default_init_is_cape_and_learned_basis_keeps_translation_invariance():
-    e = torch.rand(V, 4) - 0.5
+@pytest.mark.parametrize("dim", [4, 16], ids=["shared", "split"])
+def test_grape_m_default_init_is_cape_and_learned_basis_keeps_translation_invariance(dim):
+    e = torch.rand(V, dim) - 0.5
     pos = GenePositions(vectors=e)
     cape = E.get("cape", d_model=32, n_heads=4, n_layers=1, vocab_size=V, positions=pos)
     grape = E.get("grape_m", d_model=32, n_heads=4, n_layers=1, vocab_size=V, positions=pos)
@@ -183,7 +197,7 @@ def test_grape_m_default_init_is_cape_and_learned_basis_keeps_translation_invari
         q2, k2 = enc.transform_qk(q.double(), k.double(), enc.begin(ids, None), 0)
         return q2 @ k2.transpose(-1, -2)
 
-    t = torch.randn(4, generator=g)
+    t = torch.randn(dim, generator=g)
     torch.testing.assert_close(logits(e + t), logits(e), rtol=1e-4, atol=1e-4)
     basis = E.get("grape_m", d_model=32, n_heads=4, n_layers=1, vocab_size=V, positions=pos)
     with torch.no_grad():

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 import cape.encodings as E
 from cape.encodings import GenePositions
 
 V, D, H, LAYERS = 9, 32, 4, 3
+# Position widths: d ≤ head_dim/2 = 4 shares coordinates across heads; d = D/2 = 16 splits them (the paper's).
+LAYOUTS = pytest.mark.parametrize("dim", [4, 16], ids=["shared", "split"])
 
 
 def tape(vectors: torch.Tensor, randomise: bool = True, **kw) -> E.PositionalEncoding:
@@ -49,9 +52,11 @@ def run(enc, ids, pad=None, phase: float | None = None, manual: bool = False):
     return x, ctx.state["re"], ctx.state["im"]
 
 
-def test_permutation_equivariance():
-    e = torch.rand(V, 4, dtype=torch.float64) - 0.5
+@LAYOUTS
+def test_permutation_equivariance(dim):
+    e = torch.rand(V, dim, dtype=torch.float64) - 0.5
     enc = tape(e)
+    assert enc.layout == ("shared" if dim == 4 else "split")
     ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
     perm = torch.randperm(8, generator=torch.Generator().manual_seed(3))
     x, re, im = run(enc, ids)
@@ -61,8 +66,9 @@ def test_permutation_equivariance():
     torch.testing.assert_close(imp, im[:, :, perm], rtol=1e-9, atol=1e-9)
 
 
-def test_global_rotation_equivariance():
-    enc = tape(torch.rand(V, 4, dtype=torch.float64) - 0.5)
+@LAYOUTS
+def test_global_rotation_equivariance(dim):
+    enc = tape(torch.rand(V, dim, dtype=torch.float64) - 0.5)
     ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
     x, re, im = run(enc, ids)
     xr, rer, imr = run(enc, ids, phase=0.7)
@@ -72,12 +78,13 @@ def test_global_rotation_equivariance():
     torch.testing.assert_close(imr, re * s + im * c, rtol=1e-9, atol=1e-9)
 
 
-def test_shift_invariance_after_several_layers_with_padding():
-    e = (torch.rand(V, 4, dtype=torch.float64) - 0.5) * 0.5
+@LAYOUTS
+def test_shift_invariance_after_several_layers_with_padding(dim):
+    e = (torch.rand(V, dim, dtype=torch.float64) - 0.5) * 0.5
     ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, 5, 4, 0, 0, 0]])
     pad = torch.zeros(ids.shape, dtype=torch.bool)
     pad[1, 5:] = True
-    shift = torch.tensor([0.3, -1.1, 2.0, 0.4], dtype=torch.float64)
+    shift = torch.randn(dim, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     x, re, im = run(tape(e), ids, pad)
     xs, _, _ = run(tape(e + shift), ids, pad)
     assert (re.pow(2) + im.pow(2) - 1).abs().max() > 0.1  # the state really was contextualised
@@ -86,8 +93,9 @@ def test_shift_invariance_after_several_layers_with_padding():
     assert (xs[~pad] - x[~pad]).abs().max() < 1e-5
 
 
-def test_first_layer_equals_cape_and_zero_init_equals_cape_everywhere():
-    e = torch.rand(V, 4) - 0.5
+@LAYOUTS
+def test_first_layer_equals_cape_and_zero_init_equals_cape_everywhere(dim):
+    e = torch.rand(V, dim) - 0.5
     cape = E.get("cape", d_model=D, n_heads=H, n_layers=LAYERS, vocab_size=V,
                  positions=GenePositions(vectors=e)).double()
     ids = torch.tensor([[1, 3, 5, 7, 2]])

@@ -11,6 +11,7 @@ import pytest
 import torch
 from _models_data import cape_adata, one_thread  # noqa: F401  (fixture)
 
+import cape
 import cape.encodings as E
 from cape import CapeInputError
 from cape.models import CellTransformer, GeneVocab, ScBERTBackbone, ScGPTBackbone, gene_positions
@@ -286,3 +287,23 @@ def test_scgpt_attention_dropout_is_separate_and_saved():
     assert dropped.layers[0].self_attn.dropout == 0.2 and dropped.config()["attention_dropout"] == 0.2
     with pytest.raises(CapeInputError, match="attention_dropout"):
         ScGPTBackbone(10, 0, d_model=16, n_heads=2, n_layers=1, attention_dropout=1.0)
+
+
+@pytest.mark.parametrize("architecture", ["scgpt", "scbert"])
+def test_every_encoding_runs_in_the_default_model_with_step_two_default_dim(architecture):
+    """d = D/2 (CAPE Supp. F.4): Step II's default 32 coordinates in the default 64-wide, 4-head model, split one
+    per rotation plane; every encoding builds and runs a forward pass (22 of 22 backbone × encoding pairs)."""
+    adata = cape_adata(n_cells=12, dim=32)
+    defaults = cape.models.NetworkConfig()
+    assert (defaults.d_model, defaults.n_heads) == (64, 4)
+    for encoding in ENCODINGS:
+        model = CellTransformer(adata, architecture, encoding, max_len=16, seed=0)
+        if encoding == "cape":
+            assert model.backbone.encoding.rotation.layout == "split"
+        if encoding == "tape":
+            assert model.backbone.encoding.layout == "split"
+        batch = _batch(model, adata, n=3)
+        model.module.eval()
+        with torch.no_grad():
+            hidden = model.backbone(batch["gene_ids"], batch["masked_values"], batch["padding_mask"])
+        assert hidden.shape[-1] == 64 and torch.isfinite(hidden).all(), encoding

@@ -21,8 +21,13 @@ rotation of z, and invariant to shifting every position (every Poincaré coordin
 to round-off (research note TAPE-1..3; the maximal HML×I mixing would break the shift invariance, so it is
 not offered).
 
-Positions need a shared layout: d ≤ head_dim/2 coordinates (trailing planes unrotated). Tokens without a
-position start at z = 1; their state then evolves with the context like any other token's.
+Layouts (``layout=``, as CAPE's, :func:`cape.encodings.rotary.layout_for`): ``shared`` — every head starts from
+the same d ≤ head_dim/2 coordinates; ``split`` — the paper's d = D/2 (CAPE Supp. F.4), head h starts from
+coordinates h·p … (h+1)·p − 1. In the split layout a common shift of the positions turns each (head, plane) by
+its own phase, so mixing heads would break the shift invariance: there the updates act per head (head_mix keeps
+its diagonal, and the position MLP becomes z_h ← z_h + (Σ_i W₂[h,i] W₁[h,i] ψ_i(x)) z_h), which keeps all three
+properties exactly. ``auto`` (default) picks shared when d ≤ head_dim/2, else split. Tokens without a position
+start at z = 1; their state then evolves with the context like any other token's.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from torch import Tensor
 from .._errors import CapeInputError
 from .base import EncodingContext, PositionalEncoding, attention_mask
 from .cape import DEFAULT_SCALE
-from .rotary import apply_complex, layout_for, rope_frequencies
+from .rotary import angles_to_heads, apply_complex, layout_for, rope_frequencies
 
 
 class TapeEncoding(PositionalEncoding):
@@ -52,6 +57,8 @@ class TapeEncoding(PositionalEncoding):
         Width I of the position MLP (default 4·n_heads).
     base
         RoPE base for ``init="rope"``.
+    layout
+        ``"auto"``, ``"split"`` or ``"shared"`` for ``init="cape"`` (module docstring); ``init="rope"`` is shared.
     """
 
     name: ClassVar[str] = "tape"
@@ -60,16 +67,18 @@ class TapeEncoding(PositionalEncoding):
     rotary: ClassVar[bool] = True
 
     def __init__(self, *, init: str = "cape", scale: float = DEFAULT_SCALE, hidden: int | None = None,
-                 base: float = 10_000.0, **kwargs: Any) -> None:
+                 base: float = 10_000.0, layout: str = "auto", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         planes = self.head_dim // 2
         if init == "cape":
             vectors = self._need_vectors().float()
             angles = vectors if self.positions.vectors_are_angles else vectors * scale
-            layout_for(angles.shape[1], self.n_heads, planes, "shared")  # raises when d > head_dim/2
-            angles = torch.nn.functional.pad(angles, (0, planes - angles.shape[1]))
+            self.layout = layout_for(angles.shape[1], self.n_heads, planes, layout)  # raises when d does not fit
+            width = planes if self.layout == "shared" else self.n_heads * planes
+            angles = torch.nn.functional.pad(angles, (0, width - angles.shape[1]))
         elif init == "rope":
             self.requires = "cape_dag"
+            self.layout = "shared"
             angles = self._need_order().float()[:, None] * rope_frequencies(planes, base)
         else:
             raise CapeInputError(f"tape init must be 'cape' or 'rope', got '{init}'")
@@ -86,10 +95,11 @@ class TapeEncoding(PositionalEncoding):
     # -- state ----------------------------------------------------------------------------------------------
     def _prepare(self, ctx: EncodingContext) -> None:
         angles = self.angle_table[ctx.gene_ids]
-        angles = angles * ctx.has_position[..., None].to(angles.dtype)  # (B, L, p)
-        b, length, p = angles.shape
-        ctx.state["re"] = angles.cos()[:, None].expand(b, self.n_heads, length, p)
-        ctx.state["im"] = angles.sin()[:, None].expand(b, self.n_heads, length, p)
+        angles = angles * ctx.has_position[..., None].to(angles.dtype)  # (B, L, p) shared, (B, L, H·p) split
+        heads = angles_to_heads(angles, self.n_heads, self.head_dim // 2, self.layout)  # (B, H or 1, L, p)
+        shape = (angles.shape[0], self.n_heads, angles.shape[1], self.head_dim // 2)
+        ctx.state["re"] = heads.cos().expand(shape)
+        ctx.state["im"] = heads.sin().expand(shape)
 
     def state(self, ctx: EncodingContext) -> tuple[Tensor, Tensor]:
         """Current positional state (Re z, Im z), each (B, H, L, head_dim/2)."""
@@ -125,12 +135,17 @@ class TapeEncoding(PositionalEncoding):
         dtype = self.head_mix.dtype  # the state stays in the parameters' precision (fp32 under autocast)
         re, im = ctx.state["re"].to(dtype), ctx.state["im"].to(dtype)
         mix = self.head_mix[layer]
+        per_head = self.layout == "split"  # heads carry different phases: only per-head updates keep invariance
+        if per_head:
+            mix = torch.diag_embed(torch.diagonal(mix))
         re = re + torch.einsum("gh,bhlk->bglk", mix, mixed_re.to(dtype))
         im = im + torch.einsum("gh,bhlk->bglk", mix, mixed_im.to(dtype))
         psi = torch.nn.functional.silu(self.gate[layer](hidden.to(dtype)))  # (B, L, I)
         up, down = self.up[layer], self.down[layer]
 
         def mlp(z: Tensor) -> Tensor:
+            if per_head:
+                return torch.einsum("hi,bli->bhl", up * down, psi)[..., None] * z
             inner = torch.einsum("hi,bhlk->bilk", up, z) * psi.transpose(1, 2)[..., None]
             return torch.einsum("hi,bilk->bhlk", down, inner)
 

@@ -380,5 +380,6 @@ class CellTransformer(CellData):
     def __repr__(self) -> str:
         n = sum(p.numel() for p in self.module.parameters())
         return (f"CellTransformer({self.architecture}, encoding={self.backbone.encoding_name!r}, "
+                f"integration={self.backbone.integration!r}, {self.backbone.attention_kind} attention, "
                 f"{len(self.vocab.genes)} genes, d_model={self.backbone.d_model}, {n:,} parameters, "
                 f"device={self.device})")
