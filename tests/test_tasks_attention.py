@@ -63,8 +63,7 @@ def test_mean_logits_match_explicit_first_layer_for_one_cell():
         model.module.eval()
         bb = model.backbone
         with torch.no_grad():
-            ctx = bb.encoding.begin(batch["gene_ids"], batch["padding_mask"], values=batch["values"])
-            x = bb.encoding.apply_input(bb.embed_tokens(batch["gene_ids"], batch["values"]), ctx)
+            x, ctx = bb.encoder_input(batch["gene_ids"], batch["values"], batch["padding_mask"])
             layer = bb.layers[0]
             x_in = layer.norm1(x) if arch == "scbert" else x  # scBERT is pre-norm
             q, k, _ = layer.self_attn.in_proj(x_in).chunk(3, dim=-1)

@@ -12,18 +12,23 @@ from cape.bench.baselines import run_perturbation_benchmark
 from cape.data.perturbation import simulate_perturbation
 from cape.tasks.perturbation import (
     SUBGROUPS,
+    PerturbationTask,
     condition_genes,
     condition_means,
     simulation_split,
     top_de_genes,
     top_de_mse,
+    top_de_pearson_delta,
     validate_perturbation_data,
 )
 from cape.tasks.perturbation_predictors import (
     AdditivePredictor,
     EmbeddingPerturbationPredictor,
     NoChangePredictor,
+    constant_gene_embeddings,
+    dag_gene_embeddings,
     pca_gene_embeddings,
+    permuted_gene_embeddings,
     random_gene_embeddings,
 )
 
@@ -164,6 +169,41 @@ def test_embedding_predictor_is_seeded_and_learns(sim):
     assert ((fit - truth) ** 2).to_numpy().mean() < 0.5 * ((nochange - truth) ** 2).to_numpy().mean()
 
 
+def test_pearson_delta_brute_force_and_no_variation_is_zero():
+    from scipy.stats import pearsonr
+
+    rng = np.random.default_rng(1)
+    genes = list("abcdefg")
+    control = pd.Series(rng.normal(size=7), index=genes)
+    truth = pd.DataFrame(rng.normal(size=(2, 7)), index=["x", "y"], columns=genes)
+    pred = pd.DataFrame(rng.normal(size=(2, 7)), index=["x", "y"], columns=genes)
+    de = {"x": ["a", "c", "d", "g"], "y": genes}
+    got = top_de_pearson_delta(pred, truth, control, de)
+    for cond, gs in de.items():
+        want = pearsonr(pred.loc[cond, gs] - control[gs], truth.loc[cond, gs] - control[gs])[0]
+        assert got[cond] == pytest.approx(want)
+    flat = pd.DataFrame(np.tile(control.to_numpy(), (2, 1)), index=["x", "y"], columns=genes)  # no change
+    assert (top_de_pearson_delta(flat, truth, control, de) == 0).all()
+    np.testing.assert_allclose(top_de_pearson_delta(truth, truth, control, de), 1.0)
+
+
+def test_uninformative_embeddings_cannot_beat_no_change_or_informative_ones(sim):
+    task = PerturbationTask.build(sim)
+    kw = {"epochs": 150, "hidden": 32, "seed": 0}
+    nochange = NoChangePredictor().fit(sim, task.train).predict(task.split.test)
+    constant = EmbeddingPerturbationPredictor(constant_gene_embeddings(sim.n_vars, 8), **kw).fit(sim, task.train)
+    # no part of the prediction bypasses the embeddings: constant ones predict exactly "no change"
+    pd.testing.assert_frame_equal(constant.predict(task.split.test), nochange, atol=1e-6, rtol=0)
+    scores = {name: task.score(EmbeddingPerturbationPredictor(emb, **kw)) for name, emb in {
+        "constant": constant_gene_embeddings(sim.n_vars, 8),
+        "oracle": dag_gene_embeddings(sim.varp["true_dag"], 8),
+        "permuted": permuted_gene_embeddings(dag_gene_embeddings(sim.varp["true_dag"], 8), seed=0)}.items()}
+    assert scores["constant"]["pearson_delta_overall"] == 0.0
+    assert scores["oracle"]["pearson_delta_overall"] > scores["permuted"]["pearson_delta_overall"]
+    assert scores["oracle"]["pearson_delta_overall"] > 0.2
+    assert scores["constant"]["mse_single"] == pytest.approx(task.score(NoChangePredictor())["mse_single"])
+
+
 def test_embedding_predictor_rejects_wrong_shape(sim):
     with pytest.raises(CapeInputError, match="gene embeddings have 5 rows"):
         EmbeddingPerturbationPredictor(np.zeros((5, 3))).fit(sim, ["G1+ctrl"])
@@ -178,9 +218,14 @@ def test_benchmark_records(sim):
     frame = pd.DataFrame(recs)
     assert set(frame["method"]) == {"no_change", "additive", "embedding_mlp[random]"}
     assert set(frame["subgroup"]) == {"overall", *SUBGROUPS}
-    assert (frame["metric"] == "top20_de_mse").all()
+    assert set(frame["metric"]) == {"top20_de_mse", "top20_de_pearson_delta"}
     ok = frame.dropna(subset=["value"])
-    assert (ok["value"] >= 0).all()
+    assert (ok.loc[ok["metric"] == "top20_de_mse", "value"] >= 0).all()
+    assert ok.loc[ok["metric"] != "top20_de_mse", "value"].abs().max() <= 1
+    # no change predicts no delta: no correlation
+    nochange = frame[(frame["method"] == "no_change") & (frame["metric"] == "top20_de_pearson_delta")]
+    assert (nochange["value"].dropna() == 0).all()
+    frame = frame[frame["metric"] == "top20_de_mse"]
     # Additive equals no change on unseen singles and combos with no seen gene (no shift to add).
     pivot = frame.pivot_table(index="method", columns="subgroup", values="value")
     for g in ("unseen_single", "combo_seen0"):

@@ -28,6 +28,7 @@ from ..tasks.perturbation import (
     summarise,
     top_de_genes,
     top_de_mse,
+    top_de_pearson_delta,
     validate_perturbation_data,
 )
 from ..tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
@@ -92,22 +93,27 @@ def run_perturbation_benchmark(adata: ad.AnnData, *, dataset: str = "data",
                                ) -> list[dict]:
     """Split, DE genes, then no-change, additive and one embedding predictor per entry of ``gene_embeddings``.
 
-    Returns records ``{task, dataset, method, seed, subgroup, metric, value, n_perturbations}``; ``subgroup`` is
-    ``overall`` or one of :data:`SUBGROUPS`. The no-change and additive baselines are deterministic and reported
+    Returns records ``{task, dataset, method, seed, subgroup, metric, value, n_perturbations}`` with metrics
+    ``top{n_de}_de_mse`` and ``top{n_de}_de_pearson_delta``; ``subgroup`` is ``overall`` or one of
+    :data:`SUBGROUPS`. The no-change and additive baselines are deterministic and reported
     once (seed ``None``); each embedding predictor runs once per seed.
     """
     conditions = validate_perturbation_data(adata, condition_key=condition_key, control=control)
     split = simulation_split(conditions, seed=split_seed)
     de = top_de_genes(adata, split.test, condition_key=condition_key, control=control, n_genes=n_de)
     truth = condition_means(adata, split.test, condition_key=condition_key)
+    control_mean = condition_means(adata, [control], condition_key=condition_key).iloc[0]
     train = split.train + split.val  # no model selection here, so validation perturbations are trained on
     sizes = {g: len(c) for g, c in split.test_by_subgroup().items()} | {"overall": len(split.test)}
 
     def records(method: str, seed: int | None, predicted: pd.DataFrame) -> list[dict]:
-        summary = summarise(top_de_mse(predicted, truth, de), split)
-        return [{"task": "perturbation", "dataset": dataset, "method": method, "seed": seed, "subgroup": g,
-                 "metric": f"top{n_de}_de_mse", "value": v, "n_perturbations": sizes[g]}
-                for g, v in summary.items()]
+        out = []
+        for metric, per in ((f"top{n_de}_de_mse", top_de_mse(predicted, truth, de)),
+                            (f"top{n_de}_de_pearson_delta", top_de_pearson_delta(predicted, truth, control_mean, de))):
+            out += [{"task": "perturbation", "dataset": dataset, "method": method, "seed": seed, "subgroup": g,
+                     "metric": metric, "value": v, "n_perturbations": sizes[g]}
+                    for g, v in summarise(per, split).items()]
+        return out
 
     out = []
     for predictor in (NoChangePredictor(), AdditivePredictor()):

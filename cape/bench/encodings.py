@@ -58,7 +58,14 @@ from ..tasks.annotation import annotation_split, logistic_regression_pca, valida
 from ..tasks.clustering import clustering_metrics, kmeans_clusters, pca_embedding
 from ..tasks.labels import checked_labels
 from ..tasks.perturbation import PerturbationTask
-from ..tasks.perturbation_predictors import AdditivePredictor, NoChangePredictor
+from ..tasks.perturbation_predictors import (
+    AdditivePredictor,
+    EmbeddingPerturbationPredictor,
+    NoChangePredictor,
+    constant_gene_embeddings,
+    pca_gene_embeddings,
+    permuted_gene_embeddings,
+)
 from .encodings_models import (
     BACKBONES,
     INTEGRATIONS,
@@ -143,7 +150,7 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
         splits = {s: annotation_split(labels, seed=s) for s in seeds} if task == "annotation" else {}
         if settings.annotation_score_on == "validation":
             splits = {s: validation_part(split, labels) for s, split in splits.items()}
-        records += _baselines(task, data, labels, ptask, seeds, dataset, splits)
+        records += _baselines(task, data, labels, ptask, seeds, dataset, splits, settings.predictor_epochs)
         # Plan every (backbone, integration, variant, seed); a model identical to an earlier one (cape_null = none)
         # runs once.
         plan: list[tuple[str, str, Variant, int, tuple]] = []
@@ -263,7 +270,8 @@ def _run_models(context: _RunContext, unique: dict[tuple, tuple[str, str, Varian
         return {key: future.result() for key, future in futures.items()}
 
 
-def _baselines(task: str, data: ad.AnnData, labels, ptask, seeds, dataset: str, splits: dict) -> list[dict]:
+def _baselines(task: str, data: ad.AnnData, labels, ptask, seeds, dataset: str, splits: dict,
+               predictor_epochs: int) -> list[dict]:
     base = {"task": task, "dataset": dataset, "kind": "baseline", "backbone": "baseline"}
     out = []
     if task == "annotation":
@@ -283,4 +291,14 @@ def _baselines(task: str, data: ad.AnnData, labels, ptask, seeds, dataset: str, 
         for predictor in (NoChangePredictor(), AdditivePredictor()):
             res = ptask.score(predictor)  # deterministic: once
             out += [{**base, "encoding": predictor.name, "seed": None, "metric": m, "value": v} for m, v in res.items()]
+        # The embedding predictor on informative PCA gene embeddings and on two controls that carry no gene
+        # knowledge: an encoding's embeddings should beat the controls, and the controls should not beat no-change.
+        pca = pca_gene_embeddings(ptask.adata, min(16, ptask.adata.n_vars - 1), condition_key=ptask.condition_key,
+                                  control=ptask.control)
+        controls = {"embedding_pca": lambda s: pca, "control_constant": lambda s: constant_gene_embeddings(*pca.shape),
+                    "control_permuted": lambda s: permuted_gene_embeddings(pca, seed=s)}
+        for name, make in controls.items():
+            for seed in seeds:
+                res = ptask.score(EmbeddingPerturbationPredictor(make(seed), epochs=predictor_epochs, seed=seed))
+                out += [{**base, "encoding": name, "seed": seed, "metric": m, "value": v} for m, v in res.items()]
     return out

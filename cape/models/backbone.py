@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from .. import encodings
 from .._errors import CapeInputError
-from ..encodings import GenePositions, PositionalEncoding
+from ..encodings import EncodingContext, GenePositions, PositionalEncoding
 
 #: ``integration=`` values (module docstring).
 INTEGRATIONS = ("complement", "replace")
@@ -129,16 +129,22 @@ class Backbone(nn.Module):
         padding_mask
             ``(B, L)`` bool, True = padding.
         """
-        x = self.embed_tokens(gene_ids, values)
-        if self.identity is not None:  # the static gene embedding kept in "complement" mode
-            x = self.identity.apply_input(x, self.identity.begin(gene_ids, padding_mask))
-        ctx = self.encoding.begin(gene_ids, padding_mask, values=values)
-        # x + input embedding (absolute encodings), or CAPE's input-mode rotation (F.108).
-        x = self.encoding.apply_input(x, ctx)
+        x, ctx = self.encoder_input(gene_ids, values, padding_mask)
         for i, layer in enumerate(self.layers):
             x = layer(x, self.encoding, ctx, i)
             self.encoding.after_layer(ctx, x, i)
         return self.final_norm(x)
+
+    def encoder_input(self, gene_ids: Tensor, values: Tensor, padding_mask: Tensor | None = None
+                      ) -> tuple[Tensor, EncodingContext]:
+        """The first layer's input ``(B, L, d_model)`` and the encoding's context for this batch: token embedding,
+        the static gene embedding kept in ``"complement"`` mode, then the encoding's input term (absolute
+        encodings add, CAPE's F.108 rotates)."""
+        x = self.embed_tokens(gene_ids, values)
+        if self.identity is not None:
+            x = self.identity.apply_input(x, self.identity.begin(gene_ids, padding_mask))
+        ctx = self.encoding.begin(gene_ids, padding_mask, values=values)
+        return self.encoding.apply_input(x, ctx), ctx
 
     @staticmethod
     def cell_embedding(hidden: Tensor) -> Tensor:

@@ -2,9 +2,10 @@
 
 * Input: GEARS format, ``obs["condition"]`` ``"ctrl"`` / ``"A+ctrl"`` / ``"A+B"`` (see :mod:`cape.data.perturbation`).
 * Split: GEARS' "simulation" split, reimplemented from its description (:func:`simulation_split`).
-* Metric: per test perturbation, the MSE between the mean predicted and the mean true expression over its top-20
-  differentially expressed genes (scanpy ``rank_genes_groups`` against control, ``rankby_abs=True``), averaged over
-  perturbations, overall and per subgroup (:func:`evaluate`).
+* Metrics: per test perturbation, over its top-20 differentially expressed genes (scanpy ``rank_genes_groups``
+  against control, ``rankby_abs=True``): the MSE between the mean predicted and the mean true expression, and
+  GEARS'/scGPT's ``pearson_delta``, the Pearson correlation of the predicted and the true change from the control
+  mean; each averaged over perturbations, overall and per subgroup (:meth:`PerturbationTask.evaluate`).
 * Predictors: "no change" (control mean), "additive" (sum of the seen singles' shifts) and
   :class:`EmbeddingPerturbationPredictor`, which maps gene embeddings (e.g. from a transformer backbone) to the
   post-perturbation mean expression.
@@ -220,6 +221,32 @@ def top_de_mse(predicted: pd.DataFrame, truth: pd.DataFrame, de_genes: Mapping[s
     return pd.Series(out, name="top_de_mse")
 
 
+def top_de_pearson_delta(predicted: pd.DataFrame, truth: pd.DataFrame, control_mean: pd.Series,
+                         de_genes: Mapping[str, Sequence[str]]) -> pd.Series:
+    """Per condition: Pearson correlation over its DE genes of the predicted and the true change from the control
+    mean (GEARS' and scGPT's ``pearson_delta``).
+
+    A prediction (or a truth) with no variation over the DE genes — e.g. "no change", every delta 0 — has no
+    defined correlation; it scores 0 (it carries no information about the direction of the change), so that
+    averages over conditions stay finite and such a predictor cannot look good.
+    """
+    out = {}
+    for cond in truth.index:
+        if cond not in predicted.index:
+            raise CapeInputError(f"no prediction for condition {cond!r}")
+        genes = list(de_genes[cond])
+        base = control_mean[genes].to_numpy(float)
+        pred = predicted.loc[cond, genes].to_numpy(float) - base
+        true = truth.loc[cond, genes].to_numpy(float) - base
+        pred, true = pred - pred.mean(), true - true.mean()
+        tol = 1e-9 * max(float(np.abs(base).max(initial=0.0)), 1.0)  # constant up to round-off: no variation
+        if np.abs(pred).max(initial=0.0) <= tol or np.abs(true).max(initial=0.0) <= tol:
+            out[cond] = 0.0
+        else:
+            out[cond] = float((pred @ true) / np.sqrt((pred @ pred) * (true @ true)))
+    return pd.Series(out, name="top_de_pearson_delta")
+
+
 def summarise(per_condition: pd.Series, split: PerturbationSplit) -> dict[str, float]:
     """Average per-condition MSE overall and per subgroup (NaN where a subgroup is empty)."""
     summary = {"overall": float(per_condition.mean())}
@@ -243,6 +270,7 @@ class PerturbationTask:
     train: list[str]
     condition_key: str = "condition"
     control: str = "ctrl"
+    control_mean: pd.Series | None = None
 
     @classmethod
     def build(cls, adata: ad.AnnData, *, condition_key: str = "condition", control: str = "ctrl",
@@ -251,14 +279,16 @@ class PerturbationTask:
         split = simulation_split(conditions, seed=split_seed)
         de = top_de_genes(adata, split.test, condition_key=condition_key, control=control, n_genes=n_de)
         truth = condition_means(adata, split.test, condition_key=condition_key)
-        return cls(adata, split, de, truth, split.train + split.val, condition_key, control)
+        control_mean = condition_means(adata, [control], condition_key=condition_key).iloc[0]
+        return cls(adata, split, de, truth, split.train + split.val, condition_key, control, control_mean)
 
     @property
     def control_cells(self) -> ad.AnnData:
         return self.adata[(self.adata.obs[self.condition_key].astype(str) == self.control).to_numpy()].copy()
 
     def score(self, predictor) -> dict[str, float]:
-        """Fit ``predictor`` on the training perturbations; MSE per subgroup plus all singles / all doubles."""
+        """Fit ``predictor`` on the training perturbations; top-DE MSE and pearson_delta per subgroup plus all
+        singles / all doubles (``mse_*``, ``pearson_delta_*``)."""
         return self.evaluate(predictor)[2]
 
     def evaluate(self, predictor) -> tuple[pd.DataFrame, pd.Series, dict[str, float]]:
@@ -266,10 +296,16 @@ class PerturbationTask:
         predictor.fit(self.adata, self.train, condition_key=self.condition_key, control=self.control)
         predicted = predictor.predict(self.split.test)
         per = top_de_mse(predicted, self.truth, self.de)
-        summary = summarise(per, self.split)
-        n = pd.Series({c: len(condition_genes(c)) for c in per.index})
-        out = {"mse_single": float(per[n == 1].mean()) if (n == 1).any() else float("nan"),
-               "mse_double": float(per[n == 2].mean()) if (n == 2).any() else float("nan"),
-               "mse_overall": summary["overall"]}
-        out |= {f"mse_{g}": v for g, v in summary.items() if g.startswith("combo")}
+        control_mean = self.control_mean
+        if control_mean is None:
+            control_mean = condition_means(self.adata, [self.control], condition_key=self.condition_key).iloc[0]
+        out = {}
+        for name, values in (("mse", per),
+                             ("pearson_delta", top_de_pearson_delta(predicted, self.truth, control_mean, self.de))):
+            summary = summarise(values, self.split)
+            n = pd.Series({c: len(condition_genes(c)) for c in values.index})
+            out |= {f"{name}_single": float(values[n == 1].mean()) if (n == 1).any() else float("nan"),
+                    f"{name}_double": float(values[n == 2].mean()) if (n == 2).any() else float("nan"),
+                    f"{name}_overall": summary["overall"]}
+            out |= {f"{name}_{g}": v for g, v in summary.items() if g.startswith("combo")}
         return predicted, per, out

@@ -82,9 +82,15 @@ class EmbeddingPerturbationPredictor(NoChangePredictor):
     * embeddings are z-scored per dimension, then fixed (not trained);
     * perturbation code ``p = MLP_p(Σ_{k ∈ perturbation} z_k)``: a sum, so a double of two seen genes composes
       their codes and an unseen gene is placed by its embedding alone;
-    * gene-wise decoder: the shift of gene g is ``w · ReLU(U p + V z_g + t·1[g ∈ perturbation]) + b``, one shared
-      network applied to every gene, reading the gene's own embedding (and whether it is itself perturbed, which
-      the experiment design tells us, as in GEARS);
+    * gene-wise decoder: G(p, z_g, δ) = ``w · ReLU(U p + V z_g + t·δ) + b`` with δ = 1[g ∈ perturbation], one
+      shared network applied to every gene, reading the gene's own embedding (and whether it is itself perturbed,
+      which the experiment design tells us, as in GEARS);
+    * the predicted shift is ``G(p, z_g, δ) − G(p₀, 0, δ)`` with p₀ the code of an all-zero embedding sum: no
+      part of the prediction can bypass the embeddings. Without this, the network's biases and the
+      self-indicator alone learnt "every gene moves by the average shift, the target drops", so constant
+      (information-free) embeddings beat informative ones; now constant embeddings (z ≡ 0 after z-scoring)
+      predict exactly the control mean, the no-change baseline, and row-permuted embeddings carry only
+      scrambled knowledge (both are controls in the benchmarks);
     * trained by full-batch Adam on the training perturbations' mean shifts versus control (MSE over all genes),
       for a fixed number of epochs (no early stopping on the test split); prediction = control mean + shift.
 
@@ -180,8 +186,12 @@ class _ShiftModel(nn.Module):
     def forward(self, z: torch.Tensor, indicator: torch.Tensor) -> torch.Tensor:
         # z: genes × d; indicator: perturbations × genes (1 where the gene is perturbed)
         p = self.pert(indicator @ z)  # sum of the perturbed genes' embeddings → code
-        h = self.from_pert(p)[:, None, :] + self.from_gene(z)[None, :, :] + indicator[..., None] * self.self_flag
-        return self.out(torch.relu(h)).squeeze(-1)
+        flag = indicator[..., None] * self.self_flag
+        h = self.from_pert(p)[:, None, :] + self.from_gene(z)[None, :, :] + flag
+        # the same network with every embedding zero (from_gene has no bias): what it predicts without gene
+        # knowledge, subtracted so that an uninformative embedding predicts no change
+        h0 = self.from_pert(self.pert(torch.zeros_like(z[:1])))[:, None, :] + flag
+        return (self.out(torch.relu(h)) - self.out(torch.relu(h0))).squeeze(-1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -221,3 +231,14 @@ def dag_gene_embeddings(adjacency, d: int = 16) -> np.ndarray:
 def random_gene_embeddings(n_genes: int, d: int = 16, *, seed: int = 0) -> np.ndarray:
     """Gaussian random gene embeddings: a control that carries no gene knowledge."""
     return np.random.default_rng(seed).normal(size=(n_genes, d))
+
+
+def constant_gene_embeddings(n_genes: int, d: int = 16) -> np.ndarray:
+    """The same vector for every gene: a control with no gene identity at all (it must not beat no-change)."""
+    return np.ones((n_genes, d))
+
+
+def permuted_gene_embeddings(embeddings: np.ndarray, *, seed: int = 0) -> np.ndarray:
+    """``embeddings`` with its rows (genes) shuffled: the same vectors, attached to the wrong genes."""
+    emb = np.asarray(embeddings)
+    return emb[np.random.default_rng(seed).permutation(emb.shape[0])]

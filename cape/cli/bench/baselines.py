@@ -14,7 +14,13 @@ from ..._errors import CapeInputError
 from ..._io import save_figure, write_json, write_text
 from ..._tables import mean_sd_table
 from ...bench.baselines import run_annotation_baselines, run_clustering_baselines, run_perturbation_benchmark
-from ...tasks.perturbation_predictors import dag_gene_embeddings, pca_gene_embeddings, random_gene_embeddings
+from ...tasks.perturbation_predictors import (
+    constant_gene_embeddings,
+    dag_gene_embeddings,
+    pca_gene_embeddings,
+    permuted_gene_embeddings,
+    random_gene_embeddings,
+)
 from ._data import add_run_options, dataset_keys, dataset_name, load_dataset, perturbation_data
 
 TASKS = ("annotation", "clustering", "perturbation")
@@ -48,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         table = mean_sd_table(records, rows=["method"], columns=["metric"])
     else:
         records = _perturbation(adata, name, seeds, args.quick)
-        table = mean_sd_table(records, rows=["method"], columns=["subgroup"], digits=3)
+        table = mean_sd_table(records, rows=["metric", "method"], columns=["subgroup"], digits=3)
     out = Path(args.out)
     stem = out / f"baselines_{args.task}_{name}"
     write_json(records, stem.with_suffix(".json"))
@@ -61,10 +67,13 @@ def run(args: argparse.Namespace) -> int:
 def _perturbation(adata, name: str, seeds, quick: bool) -> list[dict]:
     adata = perturbation_data("simulated", quick, adata)
     d = min(16, adata.n_vars - 1)
-    embeddings = {f"pca{d}_control": pca_gene_embeddings(adata, d), f"random{d}": random_gene_embeddings(
-        adata.n_vars, d, seed=0)}
+    pca = pca_gene_embeddings(adata, d)
+    embeddings = {f"pca{d}_control": pca, f"random{d}": random_gene_embeddings(adata.n_vars, d, seed=0)}
     if "true_dag" in adata.varp:
         embeddings[f"true_dag{d}"] = dag_gene_embeddings(adata.varp["true_dag"], d)
+    # controls without gene knowledge: they must not beat no-change (constant) or the PCA rows (permuted)
+    embeddings |= {"control_constant": constant_gene_embeddings(adata.n_vars, d),
+                   "control_permuted": permuted_gene_embeddings(pca, seed=0)}
     kwargs = {"epochs": 150} if quick else {}
     return run_perturbation_benchmark(adata, dataset=name, gene_embeddings=embeddings, seeds=seeds,
                                       predictor_kwargs=kwargs)
@@ -74,6 +83,8 @@ def _plot(records: list[dict], task: str, name: str, path: Path) -> None:
     matplotlib.use("agg")
 
     frame = pd.DataFrame(records).dropna(subset=["value"])
+    if task == "perturbation":  # the plot shows the MSE; pearson_delta is in the table
+        frame = frame[frame["metric"].str.endswith("_mse")]
     group = "subgroup" if task == "perturbation" else "metric"
     stats = frame.groupby(["method", group], sort=False)["value"].agg(["mean", "std"]).reset_index()
     methods = list(dict.fromkeys(stats["method"]))
