@@ -85,19 +85,24 @@ def test_every_encoding_forward_backward_and_roundtrip(adata, tmp_path, architec
     assert loaded.backbone.integration == integration
 
 
-@pytest.mark.parametrize("architecture", ["scgpt", "scbert"])
-@pytest.mark.parametrize("encoding", ENCODINGS)
-def test_complement_mode_tells_genes_apart_for_every_encoding(adata, architecture, encoding):
-    """Two cells expressing different genes at equal values give different outputs (issue: scBERT + CAPE could
-    not tell them apart when CAPE only rotated q/k)."""
-    model = CellTransformer(adata, architecture, encoding, **SMALL, integration="complement", seed=2)
+def _two_cells_same_values_other_genes(model: CellTransformer) -> torch.Tensor:
+    """Hidden states of two cells expressing genes 1–4 and genes 5–8 of the vocabulary at the same values."""
     model.module.eval()
     genes = [i for i in range(len(model.vocab)) if i not in (model.vocab.pad_id, model.vocab.cls_id)]
     cls = model.vocab.cls_id
     gene_ids = torch.tensor([[cls, *genes[:4]], [cls, *genes[4:8]]])
     values = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]] * 2)
     with torch.no_grad():
-        out = model.backbone(gene_ids, values)
+        return model.backbone(gene_ids, values)
+
+
+@pytest.mark.parametrize("architecture", ["scgpt", "scbert"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_complement_mode_tells_genes_apart_for_every_encoding(adata, architecture, encoding):
+    """Two cells expressing different genes at equal values give different outputs (issue: scBERT + CAPE could
+    not tell them apart when CAPE only rotated q/k)."""
+    model = CellTransformer(adata, architecture, encoding, **SMALL, integration="complement", seed=2)
+    out = _two_cells_same_values_other_genes(model)
     assert (out[0, 0] - out[1, 0]).abs().max() > 1e-3  # the <cls> (cell) states differ
 
 
@@ -105,14 +110,8 @@ def test_replace_mode_without_encoding_has_no_gene_identity(adata):
     """The paper's CAPE-null (Table 3): integration='replace' with no encoding cannot tell genes apart."""
     for architecture in ("scgpt", "scbert"):
         model = CellTransformer(adata, architecture, "none", **SMALL, integration="replace", seed=3)
-        model.module.eval()
         assert not model.backbone.use_gene_embedding and model.backbone.identity is None
-        genes = [i for i in range(len(model.vocab)) if i not in (model.vocab.pad_id, model.vocab.cls_id)]
-        cls = model.vocab.cls_id
-        gene_ids = torch.tensor([[cls, *genes[:4]], [cls, *genes[4:8]]])
-        values = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]] * 2)
-        with torch.no_grad():
-            out = model.backbone(gene_ids, values)
+        out = _two_cells_same_values_other_genes(model)
         torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-5)
 
 
