@@ -83,10 +83,10 @@ def test_other_bad_input():
         E.get("cape", d_model=D, n_heads=H, n_layers=1, vocab_size=V + 1, positions=positions())
     with pytest.raises(CapeInputError, match="do not fit"):  # 40 coordinates > 4 heads × 4 planes
         E.get("cape", d_model=D, n_heads=H, n_layers=1, vocab_size=V, positions=positions(dim=40))
-    with pytest.raises(CapeInputError, match="do not fit shared"):  # shared TAPE needs d ≤ head_dim/2
+    with pytest.raises(CapeInputError, match="do not fit shared"):  # a shared layout holds d ≤ head_dim/2
         E.get("tape", d_model=D, n_heads=H, n_layers=2, vocab_size=V, positions=positions(dim=8), layout="shared")
-    with pytest.raises(CapeInputError, match="do not fit split"):  # 40 coordinates > 4 heads × 4 planes
-        E.get("tape", d_model=D, n_heads=H, n_layers=2, vocab_size=V, positions=positions(dim=40))
+    with pytest.raises(CapeInputError, match="do not fit split"):  # 20 coordinates > 4 heads × 4 planes
+        E.get("tape", d_model=D, n_heads=H, n_layers=2, vocab_size=V, positions=positions(dim=20))
     with pytest.raises(CapeInputError, match="disagree"):
         GenePositions(vectors=torch.zeros(3, 2), order=torch.zeros(4))
 

@@ -13,7 +13,7 @@ import cape.encodings as E
 from cape import CapeInputError
 from cape.encodings import GenePositions
 from cape.encodings.cape import CapeRotation
-from cape.encodings.rotary import apply_rotary, rotate_embedding
+from cape.encodings.rotary import apply_complex, apply_rotary, rotate_embedding
 
 V = 10
 
@@ -148,19 +148,6 @@ def test_rope_relative_law_on_real_valued_order():
             torch.testing.assert_close((a[0] @ a[1].transpose(-1, -2))[0, 0, m, n], want)
 
 
-def test_grape_m_uses_every_coordinate_and_loads_shared_frequencies_of_older_models():
-    e = torch.rand(V, 16) - 0.5  # d_pos = D/2 = 4 heads × 4 planes
-    grape = E.get("grape_m", d_model=32, n_heads=4, n_layers=1, vocab_size=V, positions=GenePositions(vectors=e))
-    used = (grape.frequencies != 0).any(dim=(0, 1))
-    assert used.all() and grape.frequencies.shape == (4, 4, 16)
-    # a state dict saved when W was one (p, d_pos) block for every head
-    old = {k: v for k, v in grape.state_dict().items()}
-    block = torch.randn(4, 16)
-    old["frequencies"] = block
-    grape.load_state_dict(old)
-    torch.testing.assert_close(grape.frequencies.detach(), block[None].repeat(4, 1, 1))
-
-
 def test_grape_m_canonical_planes_equal_rope():
     order = torch.randperm(V).float()
     pos = GenePositions(order=order)
@@ -174,18 +161,86 @@ def test_grape_m_canonical_planes_equal_rope():
     torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("dim", [4, 16], ids=["shared", "split"])
-def test_grape_m_default_init_is_cape_and_learned_basis_keeps_translation_invariance(dim):
+@pytest.mark.parametrize(("dim", "layout"), [(4, "shared"), (16, "split")])
+def test_grape_m_default_init_is_cape_with_the_same_layout(dim, layout):
+    """d_pos = head_dim/2 (shared) or n_heads·head_dim/2 (split, the paper's D/2): GRAPE-M at init is CAPE."""
     e = torch.rand(V, dim) - 0.5
     pos = GenePositions(vectors=e)
     cape = E.get("cape", d_model=32, n_heads=4, n_layers=1, vocab_size=V, positions=pos)
     grape = E.get("grape_m", d_model=32, n_heads=4, n_layers=1, vocab_size=V, positions=pos)
+    assert cape.rotation.layout == grape.layout == layout
+    assert grape.frequencies.shape == (4, 4, dim)
+    # every coordinate is read by exactly one plane (of one head, or of every head when shared)
+    used = (grape.frequencies != 0).any(dim=(0, 1))
+    assert used.all()
     ids = torch.arange(V)[None]
     q, k = torch.randn(2, 1, 4, V, 8).unbind(0)
     a = cape.transform_qk(q, k, cape.begin(ids, None), 0)
     b = grape.transform_qk(q, k, grape.begin(ids, None), 0)  # basis = I at init
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
+
+def test_grape_m_initial_frequencies_follow_the_global_plane_index():
+    """Plane c = h·p + k (split) or k (shared) reads coordinate c mod d_pos at frequency (π/4)·2^(−⌊c/d_pos⌋)."""
+    for dim, layout in [(6, "split"), (3, "shared"), (16, "split"), (3, "split")]:
+        pos = GenePositions(vectors=torch.rand(V, dim) - 0.5)
+        w = E.get("grape_m", d_model=32, n_heads=4, n_layers=1, vocab_size=V, positions=pos, layout=layout,
+                  learn_basis=False).frequencies.detach()
+        for h in range(4):
+            for k in range(4):
+                c = 4 * h + k if layout == "split" else k
+                want = torch.zeros(dim)
+                want[c % dim] = math.pi / 4 * 2.0 ** (-(c // dim))
+                torch.testing.assert_close(w[h, k], want)
+    with pytest.raises(CapeInputError, match="scalar position"):
+        E.get("grape_m", d_model=32, n_heads=4, n_layers=1, vocab_size=V,
+              positions=GenePositions(order=torch.arange(V).float()), layout="split")
+    with pytest.raises(CapeInputError, match="unknown rotary layout"):
+        E.get("grape_m", d_model=32, n_heads=4, n_layers=1, vocab_size=V, positions=pos, layout="diagonal")
+
+
+@pytest.mark.parametrize("source", ["vectors", "order"])
+def test_grape_m_loads_a_state_dict_with_shared_frequencies(source):
+    """Models saved before W was per head stored it as (p, d_pos): it loads, shared by every head, same output."""
+    g = torch.Generator().manual_seed(7)
+    pos = GenePositions(vectors=torch.rand(V, 4, generator=g) - 0.5, order=torch.randperm(V, generator=g).float())
+
+    def build():
+        return E.get("grape_m", d_model=32, n_heads=4, n_layers=1, vocab_size=V, positions=pos, source=source).double()
+
+    old = build()
+    with torch.no_grad():
+        old.basis_generator.normal_(generator=g)
+    shared = torch.randn(old.frequencies.shape[1:], generator=g, dtype=torch.float64)  # the old (p, d_pos)
+    state = old.state_dict()
+    state["frequencies"] = shared
+    with torch.no_grad():
+        old.frequencies.copy_(shared.expand_as(old.frequencies))
+    ids = torch.randint(0, V, (2, 7), generator=g)
+    q, k = torch.randn(2, 2, 4, 7, 8, generator=g, dtype=torch.float64).unbind(0)
+    # the old forward: one (B, 1, L, p) rotation, θ = x Wᵀ with W (p, d_pos), broadcast over heads
+    ctx = old.begin(ids, None)
+    x = old.position_table[ids] * ctx.has_position[..., None].double()
+    angles = (x @ shared.t())[:, None]
+    z = torch.polar(torch.ones_like(angles), angles)
+    basis = old.basis()[None]
+    want = apply_complex(q @ basis, z), apply_complex(k @ basis, z)
+    new = build()
+    new.load_state_dict(state)
+    assert new.frequencies.shape == (4, 4, old.frequencies.shape[-1])
+    got = new.transform_qk(q, k, new.begin(ids, None), 0)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, old.transform_qk(q, k, old.begin(ids, None), 0), rtol=1e-12, atol=1e-12)
+    with pytest.raises(RuntimeError, match="size mismatch"):  # other shapes still fail loudly
+        build().load_state_dict({**state, "frequencies": torch.zeros(3, 3)})
+
+
+@pytest.mark.parametrize("dim", [4, 16])
+def test_grape_m_learned_frequencies_and_basis_keep_translation_invariance(dim):
+    e = torch.rand(V, dim) - 0.5
+    pos = GenePositions(vectors=e)
+    ids = torch.arange(V)[None]
+    q, k = torch.randn(2, 1, 4, V, 8).unbind(0)
     g = torch.Generator().manual_seed(5)
 
     def logits(vectors):

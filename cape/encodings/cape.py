@@ -8,10 +8,16 @@ a position (``<cls>``, padding, genes outside the graph) get angle 0, the identi
 
 Where the d angle coordinates go (see :func:`cape.encodings.rotary.layout_for`):
 
-* ``layout="split"``: coordinates split across heads, d = n_heads·head_dim/2 (head h uses coordinates h·p…);
+* ``layout="split"``: coordinates split across heads, d = n_heads·head_dim/2 = D/2 (head h uses coordinates
+  h·p … (h+1)·p − 1, p = head_dim/2). This is the paper's setting (Supp. F.4, Eq. 26: one coordinate per
+  rotation plane of the D-wide q/k) and the default pipeline's: Step II embeds in 32 dimensions, the default
+  model has D = 64 (4 heads × 8 planes);
 * ``layout="shared"``: every head uses the same coordinates, d = head_dim/2;
 * ``layout="auto"`` (default): shared when d ≤ head_dim/2, else split; a smaller d than the layout holds
   leaves the trailing planes unrotated (exactly as if those coordinates were 0), more raises CapeInputError.
+
+TAPE (``init="cape"``) and GRAPE-M start from these same layouts (:mod:`cape.encodings.tape`,
+:mod:`cape.encodings.grape_m`): at initialisation each equals CAPE with the same layout.
 
 ``mode="input"`` (F.108) rotates the token embedding itself, x ← R(φ_v)x with d ≤ d_model/2, instead of q
 and k; ``mode="both"`` does both. ``both`` is what a backbone uses when CAPE *replaces* its gene-identity embedding
