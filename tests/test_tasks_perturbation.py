@@ -15,6 +15,7 @@ from cape.tasks.perturbation import (
     PerturbationTask,
     condition_genes,
     condition_means,
+    downstream_de,
     simulation_split,
     top_de_genes,
     top_de_mse,
@@ -312,3 +313,14 @@ def test_simulation_split_reproduces_gears():
     assert sorted(split.test) == GEARS_0_1_2_SEED1["test"]
     for group, conds in GEARS_0_1_2_SEED1["subgroup"].items():
         assert sorted(split.test_by_subgroup()[group]) == conds
+
+
+def test_downstream_scores_leave_the_perturbed_genes_out(sim):
+    task = PerturbationTask.build(sim)
+    downstream = downstream_de(task.de)
+    for cond, genes in downstream.items():
+        assert set(genes) == set(task.de[cond]) - set(condition_genes(cond))
+    scores = task.score(AdditivePredictor())
+    assert {"mse_downstream_overall", "pearson_delta_downstream_overall"} <= set(scores)
+    truth_only = task.score(NoChangePredictor())
+    assert truth_only["pearson_delta_downstream_overall"] == 0.0

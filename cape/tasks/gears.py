@@ -77,6 +77,7 @@ from .perturbation import (
     PerturbationTask,
     condition_genes,
     condition_means,
+    downstream_de,
     simulation_split,
     top_de_genes,
     top_de_mse,
@@ -324,8 +325,7 @@ def mse_excluding_targets(predicted: pd.DataFrame, task) -> float:
     to 0 — usually the largest DE effect.
     """
 
-    de = {c: [g for g in genes if g not in condition_genes(c)] for c, genes in task.de.items()}
-    return float(top_de_mse(predicted.loc[list(task.truth.index)], task.truth, de).mean())
+    return float(top_de_mse(predicted.loc[list(task.truth.index)], task.truth, downstream_de(task.de)).mean())
 
 
 def _best_val(log: str) -> float:

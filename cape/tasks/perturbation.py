@@ -247,6 +247,16 @@ def top_de_pearson_delta(predicted: pd.DataFrame, truth: pd.DataFrame, control_m
     return pd.Series(out, name="top_de_pearson_delta")
 
 
+def downstream_de(de_genes: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """Each condition's DE genes without the perturbed genes themselves: the downstream effects only.
+
+    In knock-out data the target's own drop is usually the largest DE effect, and any gene embedding that tells
+    genes apart (or carries their expression level) lets a predictor find it; scores on the downstream genes
+    show what an embedding knows beyond that.
+    """
+    return {c: [g for g in genes if g not in condition_genes(c)] for c, genes in de_genes.items()}
+
+
 def summarise(per_condition: pd.Series, split: PerturbationSplit) -> dict[str, float]:
     """Average per-condition MSE overall and per subgroup (NaN where a subgroup is empty)."""
     summary = {"overall": float(per_condition.mean())}
@@ -288,7 +298,8 @@ class PerturbationTask:
 
     def score(self, predictor) -> dict[str, float]:
         """Fit ``predictor`` on the training perturbations; top-DE MSE and pearson_delta per subgroup plus all
-        singles / all doubles (``mse_*``, ``pearson_delta_*``)."""
+        singles / all doubles (``mse_*``, ``pearson_delta_*``), and both over the downstream DE genes only
+        (``*_downstream_overall``, :func:`downstream_de`)."""
         return self.evaluate(predictor)[2]
 
     def evaluate(self, predictor) -> tuple[pd.DataFrame, pd.Series, dict[str, float]]:
@@ -308,4 +319,8 @@ class PerturbationTask:
                     f"{name}_double": float(values[n == 2].mean()) if (n == 2).any() else float("nan"),
                     f"{name}_overall": summary["overall"]}
             out |= {f"{name}_{g}": v for g, v in summary.items() if g.startswith("combo")}
+        downstream = downstream_de(self.de)
+        out["mse_downstream_overall"] = float(top_de_mse(predicted, self.truth, downstream).mean())
+        out["pearson_delta_downstream_overall"] = float(
+            top_de_pearson_delta(predicted, self.truth, control_mean, downstream).mean())
         return predicted, per, out
