@@ -56,7 +56,8 @@ METRICS = {
     "annotation": ("accuracy", "macro_f1"),
     "clustering": ("ARI", "NMI", "ASW"),
     "perturbation": ("mse_single", "mse_double", "mse_combo_seen0", "mse_combo_seen1", "mse_combo_seen2",
-                     "mse_overall", "pearson_delta_single", "pearson_delta_double", "pearson_delta_overall",
+                     "mse_overall", "pearson_delta_single", "pearson_delta_double", "pearson_delta_combo_seen0",
+                     "pearson_delta_combo_seen1", "pearson_delta_combo_seen2", "pearson_delta_overall",
                      "mse_downstream_overall", "pearson_delta_downstream_overall"),
 }
 
