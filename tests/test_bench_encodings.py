@@ -213,7 +213,12 @@ def test_clustering_and_perturbation_records(labelled, perturbed):
     assert {r["metric"] for r in models} <= set(bm.METRICS["perturbation"])
     assert {"mse_single", "mse_double", "mse_overall"} <= {r["metric"] for r in models}
     assert all(r["value"] >= 0 for r in models if not math.isnan(r["value"]))
-    assert {r["encoding"] for r in pert if r["kind"] == "baseline"} == {"no_change", "additive"}
+    assert {r["encoding"] for r in pert if r["kind"] == "baseline"} == {
+        "no_change", "additive", "embedding_pca", "control_constant", "control_permuted"}
+    base = {(r["encoding"], r["metric"]): r["value"] for r in pert if r["kind"] == "baseline"}
+    # the constant control is no change exactly; pearson_delta of a prediction without variation is 0
+    assert base[("control_constant", "mse_single")] == pytest.approx(base[("no_change", "mse_single")])
+    assert base[("control_constant", "pearson_delta_overall")] == 0.0
     # Steps I-III ran on control cells only (the cells the backbone is pretrained on)
     n_control = int((perturbed.obs["condition"] == "ctrl").sum())
     assert n_control < perturbed.n_obs
