@@ -10,3 +10,27 @@ def dense(x, dtype=np.float64) -> np.ndarray:
     """``x`` (a NumPy array, a SciPy sparse matrix or array-like) as a dense NumPy array of ``dtype`` (``None``:
     keep the input's dtype)."""
     return np.asarray(x.toarray() if sp.issparse(x) else x, dtype=dtype)
+
+
+#: A column whose standard deviation is at most this fraction of its largest magnitude is constant: NumPy's
+#: two-pass standard deviation of a constant column is round-off (~1e-17 of its value), not zero, and dividing by
+#: it would turn the round-off into z-scores of order one.
+CONSTANT_COLUMN_RTOL = 1e-9
+
+
+def zscore_columns(x) -> tuple[np.ndarray, np.ndarray]:
+    """Each column of ``x`` centred and divided by its standard deviation, in float64.
+
+    Returns ``(z, constant)``: constant columns (standard deviation within :data:`CONSTANT_COLUMN_RTOL` of the
+    column's largest magnitude, zero included) are exactly 0 in ``z`` and flagged in the boolean ``constant``.
+    """
+    x = dense(x)
+    if x.ndim != 2:
+        raise ValueError(f"zscore_columns expects a 2-D array, got shape {x.shape}")
+    if x.shape[0] == 0:
+        return x.copy(), np.ones(x.shape[1], dtype=bool)
+    sd = x.std(axis=0)
+    constant = sd <= CONSTANT_COLUMN_RTOL * np.abs(x).max(axis=0)
+    z = (x - x.mean(axis=0)) / np.where(constant, 1.0, sd)
+    z[:, constant] = 0.0
+    return z, constant

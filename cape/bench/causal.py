@@ -33,6 +33,7 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .. import data
+from .._arrays import zscore_columns
 from .._errors import CapeInputError
 from .._io import save_figure, write_json, write_text
 from .._tables import mean_sd_table
@@ -90,10 +91,8 @@ def _dataset(setting: str, seed: int, n_samples: int | None):
 
 
 def standardized(X: np.ndarray) -> np.ndarray:
-    """Each column centred and divided by its standard deviation (constant columns only centred)."""
-    X = np.asarray(X, dtype=np.float64)
-    sd = X.std(axis=0)
-    return (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+    """Each column centred and divided by its standard deviation (constant columns become 0)."""
+    return zscore_columns(X)[0]
 
 
 def _run_cape(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, float]:

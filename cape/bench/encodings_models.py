@@ -17,6 +17,7 @@ import scanpy as sc
 import scipy.sparse as sp
 
 from .. import encodings, tl
+from .._arrays import zscore_columns
 from .._errors import CapeInputError
 from ..models import CellTransformer
 from ..tasks.annotation import annotation_metrics, fine_tune_cells, roles
@@ -178,13 +179,11 @@ def correlation_graph(x, k: int = 5) -> sp.csr_matrix:
     with the larger weighted degree (similarity hub) to the smaller, ties by column index. The result is acyclic
     and carries no causal direction learnt from the data.
     """
-    x = np.asarray(x.toarray() if sp.issparse(x) else x, dtype=np.float64)
-    sd = x.std(axis=0)
-    z = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
-    corr = np.abs(z.T @ z / max(x.shape[0], 1))
+    z, constant = zscore_columns(x)
+    corr = np.abs(z.T @ z / max(z.shape[0], 1))
     np.fill_diagonal(corr, 0.0)
-    corr[:, sd <= 0] = 0.0
-    corr[sd <= 0, :] = 0.0
+    corr[:, constant] = 0.0
+    corr[constant, :] = 0.0
     n = corr.shape[0]
     k = min(k, n - 1)
     rows = np.repeat(np.arange(n), k)

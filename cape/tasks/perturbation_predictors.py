@@ -18,7 +18,7 @@ import torch
 from sklearn.decomposition import PCA
 from torch import nn
 
-from .._arrays import dense
+from .._arrays import dense, zscore_columns
 from .._errors import CapeInputError
 from .perturbation import CONTROL, condition_genes, condition_means
 
@@ -129,8 +129,7 @@ class EmbeddingPerturbationPredictor(NoChangePredictor):
                                  f"{adata.n_vars} genes")
         if not train:
             raise CapeInputError("no training perturbations")
-        sd = self.gene_embeddings.std(axis=0)
-        z = (self.gene_embeddings - self.gene_embeddings.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+        z, _ = zscore_columns(self.gene_embeddings)
         target = _shifts(adata, train, self.control_mean_, condition_key)
         start = time.perf_counter()
         with _torch_threads(self.num_threads), torch.random.fork_rng(devices=[]):
