@@ -176,7 +176,8 @@ def test_annotation_records_table_and_files(labelled, tmp_path):
     md = (tmp_path / "annotation_tiny.md").read_text()
     assert "| scgpt (complement) | trainable_absolute † |" in md and "| scbert (replace) | static_absolute † |" in md
     assert "| scbert (complement) | grape_a [softmax] |" in md
-    table_rows = [line for line in md.splitlines() if line.startswith("| scgpt") or line.startswith("| scbert")]
+    main_table = md.split("## Paired differences")[0]
+    table_rows = [line for line in main_table.splitlines() if line.startswith(("| scgpt", "| scbert"))]
     assert len(table_rows) == 16
     assert (tmp_path / "annotation_tiny.png").stat().st_size > 0
 
@@ -395,3 +396,60 @@ def test_validation_scoring_never_touches_the_test_cells(labelled, monkeypatch):
     assert scored == [set(inner.test)]
     with pytest.raises(CapeInputError, match="annotation_score_on"):
         replace(TINY, annotation_score_on="train")
+
+
+# ------------------------------------------------------------------------------------------------ oracle arm
+def test_oracle_rows_read_the_true_dag(perturbed):
+    rows = {v.name: v for v in bm.variants(["cape_oracle", "rope_oracle"])}
+    assert (rows["cape_oracle"].encoding, rows["cape_oracle"].positions) == ("cape", "true_dag")
+    assert (rows["rope_oracle"].encoding, rows["rope_oracle"].positions) == ("rope", "true_dag")
+    control = perturbed[perturbed.obs["condition"] == "ctrl"].copy()
+    data = bm.prepare_expression(control, TINY.n_genes)
+    sets, timings = bm.position_sets(data, ["true_dag"], TINY, seed=0, device="cpu")
+    oracle = sets["true_dag"]
+    np.testing.assert_allclose(oracle.varp["cape_dag"].toarray(), np.abs(data.varp["true_dag"].toarray()))
+    assert "causal_graph" not in oracle.uns["cape"]  # Step I did not run: the graph is the truth
+    assert {"cape_lorentz", "cape_angles"} <= set(oracle.varm)
+    assert ("true_dag", "I_true_dag", "n_edges") in {(t["position_set"], t["step"], t["metric"]) for t in timings}
+
+
+def test_oracle_rows_say_when_the_data_has_no_true_graph(labelled, tmp_path):
+    result = be.run_encodings_benchmark(labelled, "clustering", dataset="tiny", label_key="cell_type",
+                                        encoding_names=["cape_null", "cape_oracle"], backbones=["scgpt"],
+                                        integrations=["complement"], seeds=[0], settings=TINY, out=tmp_path)
+    skipped = [r for r in result.records if r["kind"] == "skipped"]
+    assert [r["encoding"] for r in skipped] == ["cape_oracle"] and "no true graph" in skipped[0]["reason"]
+    assert any(r["kind"] == "model" and r["encoding"] == "cape_null" for r in result.records)
+    assert "no true graph" in (tmp_path / "clustering_tiny.md").read_text()
+
+
+def test_paired_section_and_file_with_several_seeds(perturbed, tmp_path):
+    result = be.run_encodings_benchmark(perturbed, "perturbation", dataset="sim", seeds=[0, 1, 2],
+                                        encoding_names=["trainable_absolute", "cape_null", "cape_oracle"],
+                                        backbones=["scgpt"], integrations=["replace"], settings=TINY, out=tmp_path)
+    md = result.paths["md"].read_text()
+    assert "## Paired differences over seeds" in md and "Δ vs default [95 % CI]" in md and "Δ vs cape_null" in md
+    paired = json.loads(result.paths["paired"].read_text())
+    row = next(r for r in paired if r["encoding"] == "cape_oracle" and r["metric"] == "mse_overall"
+               and r["reference"] == "cape_null")
+    assert row["n"] == 3 and row["integration"] == "replace" and row["verdict"] in (
+        "better", "no detectable difference", "worse")
+    values = {r["seed"]: r["value"] for r in result.records if r["kind"] == "model" and r["metric"] == "mse_overall"
+              and r["encoding"] in ("cape_oracle",)}
+    nulls = {r["seed"]: r["value"] for r in result.records if r["kind"] == "model" and r["metric"] == "mse_overall"
+             and r["encoding"] == "cape_null"}
+    assert row["difference"] == pytest.approx(np.mean([values[s] - nulls[s] for s in (0, 1, 2)]))
+
+
+def test_simulated_grn_dataset_per_task(monkeypatch):
+    from cape.cli.bench import _data
+    from cape.tasks.labels import manifest_key
+
+    small = dict(n_genes=20, n_edges=30, n_control=60, n_cell_types=3, n_programs=2, n_single=4, n_double=2,
+                 n_cells_per_perturbation=5, seed=0)
+    monkeypatch.setitem(_data.GRN_SIMULATIONS, "quick", small)
+    cells = _data.load_dataset("simulated_grn", "annotation", quick=True)
+    assert cells.n_obs == 60 and set(cells.obs["condition"]) == {"ctrl"}
+    assert manifest_key(cells, "labels") == "cell_type" and "true_dag" in cells.varp
+    knockouts = _data.perturbation_data("simulated_grn", quick=True)
+    assert knockouts.n_obs == 60 + 6 * 5 and "G0" not in set(knockouts.obs["condition"])

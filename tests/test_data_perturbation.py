@@ -10,10 +10,10 @@ import pytest
 
 from cape import CapeInputError
 from cape.data.perturbation import (
-    _sem_sample,
     gears_condition,
     random_dag,
     sachs_interventions,
+    sem_sample,
     simulate_perturbation,
 )
 
@@ -70,8 +70,8 @@ def test_knockout_reaches_exactly_the_descendants(seed):
     topo = list(nx.topological_sort(graph))
     basal = rng.uniform(0.5, 2.0, 12)
     k = next(g for g in topo if graph.out_degree(g) > 0)
-    base = _sem_sample(w, basal, topo, 40, (), 0.3, np.random.default_rng(7))
-    knocked = _sem_sample(w, basal, topo, 40, (k,), 0.3, np.random.default_rng(7))
+    base = sem_sample(w, basal, topo, 40, (), 0.3, np.random.default_rng(7))
+    knocked = sem_sample(w, basal, topo, 40, (k,), 0.3, np.random.default_rng(7))
     descendants = nx.descendants(graph, k)
     for g in range(12):
         if g == k:

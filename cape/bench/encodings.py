@@ -70,6 +70,7 @@ from .encodings_models import (
     BACKBONES,
     INTEGRATIONS,
     METRICS,
+    NO_TRUE_DAG,
     TASKS,
     BenchmarkResult,
     BenchSettings,
@@ -82,7 +83,7 @@ from .encodings_models import (
     prepare_expression,
     variants,
 )
-from .encodings_report import markdown_report, plot_results
+from .encodings_report import markdown_report, paired_frame, plot_results
 
 logger = logging.getLogger("cape")
 
@@ -202,6 +203,10 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
                         "md": write_text(markdown_report(result, task, dataset, info), stem.with_suffix(".md")),
                         "png": stem.with_suffix(".png")}
         plot_results(records, task, dataset, result.paths["png"])
+        if len(seeds) > 1:
+            paired = paired_frame(records, task)
+            result.paths["paired"] = write_json(paired.to_dict(orient="records"),
+                                                stem.with_name(stem.name + "_paired.json"))
     return result
 
 
@@ -224,6 +229,8 @@ def _model_outcome(context: _RunContext, backbone: str, integration: str, varian
     """Train and score one model: (metric values, seconds, None, attention kind), or (None, 0, reason, None) if it
     cannot be built."""
     t0 = time.perf_counter()
+    if variant.positions not in context.sets:
+        return None, 0.0, NO_TRUE_DAG, None
     pos_data = context.sets[variant.positions]
     try:
         model = build_model(pos_data, backbone, variant, context.settings, seed, context.device, integration)

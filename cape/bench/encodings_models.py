@@ -47,10 +47,20 @@ ABLATIONS = {
     "cape_wo_csl": ("cape", "correlation"),
     "cape_wo_hyperbolic": ("cape", "euclidean"),
     "cape_wo_rotary": ("cape_additive", "cape"),
+    # The oracle arm: Steps II-III (and RoPE's order) on the data's true DAG instead of Step I's graph.
+    "cape_oracle": ("cape", "true_dag"),
+    "rope_oracle": ("rope", "true_dag"),
 }
 
 
-POSITION_SETS = ("cape", "correlation", "euclidean")  # plus "none": the expression data without Steps I-III
+POSITION_SETS = ("cape", "correlation", "euclidean", "true_dag")  # plus "none": the data without Steps I-III
+
+
+#: Where a simulation keeps its true weighted DAG (``A[i, j] != 0``: i → j).
+TRUE_DAG_KEY = "true_dag"
+
+
+NO_TRUE_DAG = f"no true graph: the dataset has no varp['{TRUE_DAG_KEY}'] (only simulations know theirs)"
 
 
 METRICS = {
@@ -202,7 +212,9 @@ def correlation_graph(x, k: int = 5) -> sp.csr_matrix:
 def position_sets(adata: ad.AnnData, needed: Sequence[str], settings: BenchSettings, *, seed: int = 0,
                   device: str | None = None) -> tuple[dict[str, ad.AnnData], list[dict]]:
     """Steps I–III once per position set: ``cape`` (causal DAG → hyperbolic → rotary), ``euclidean`` (the same DAG
-    embedded in Euclidean space by plain SGD) and ``correlation`` (|corr| kNN graph → hyperbolic → rotary).
+    embedded in Euclidean space by plain SGD), ``correlation`` (|corr| kNN graph → hyperbolic → rotary) and
+    ``true_dag`` (the data's ``varp["true_dag"]`` in place of Step I, weights by magnitude; left out, with a log
+    line, when the data has no true graph).
 
     Returns ``{set name: AnnData with the set's var/varm/varp keys}`` and timing records.
     """
@@ -251,6 +263,21 @@ def position_sets(adata: ad.AnnData, needed: Sequence[str], settings: BenchSetti
                     {"position_set": "correlation", "step": "II_III_embedding", "metric": "seconds",
                      "value": time.perf_counter() - start - seconds_graph}]
         out["correlation"] = pos
+    if "true_dag" in needed:
+        if TRUE_DAG_KEY not in adata.varp:
+            logger.warning("oracle rows not run: %s", NO_TRUE_DAG)
+        else:
+            pos = adata.copy()
+            start = time.perf_counter()
+            # Step II reads magnitudes; the sign (activation or repression) is not a position.
+            pos.varp["cape_dag"] = abs(sp.csr_matrix(pos.varp[TRUE_DAG_KEY], dtype=np.float64))
+            tl.hyperbolic_embedding(pos, geometry="hyperbolic", optimizer="rsgd", **embed)
+            tl.rotary_encoding(pos)
+            timings += [{"position_set": "true_dag", "step": "II_III_embedding", "metric": "seconds",
+                         "value": time.perf_counter() - start},
+                        {"position_set": "true_dag", "step": "I_true_dag", "metric": "n_edges",
+                         "value": int(pos.varp["cape_dag"].nnz)}]
+            out["true_dag"] = pos
     return out, timings
 
 

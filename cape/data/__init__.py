@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .expression import simulate_expression  # noqa: F401  (10x-shaped UMI or TPM matrices)
 from .fetch import cache_dir
+from .grn_cells import simulate_grn_cells  # noqa: F401  (cell types and knock-outs on a known gene DAG, as counts)
 from .manifest import Manifest, get_manifest, manifest_dir, manifests, read_manifest
 from .perturbation import sachs_interventions, simulate_perturbation  # noqa: F401  (GEARS-format perturbation data)
 from .read import read, validate_adata

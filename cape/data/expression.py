@@ -29,6 +29,12 @@ def _regulated_log_expression(n_cells: int, w: np.ndarray, noise: float, rng: np
     return z / np.maximum(z.std(axis=0), 1e-12) * noise
 
 
+def negative_binomial_counts(mu: np.ndarray, dispersion: float, rng: np.random.Generator) -> np.ndarray:
+    """Negative-binomial counts with means ``mu`` and shape θ = ``dispersion`` (variance μ + μ²/θ), drawn as the
+    Poisson–gamma mixture."""
+    return rng.poisson(rng.gamma(dispersion, mu / dispersion))
+
+
 def simulate_expression(n_cells: int, n_genes: int, *, kind: str = "umi", n_cell_types: int = 5,
                         n_regulated: int = 200, edges_per_gene: float = 1.5, depth: float | None = None,
                         dispersion: float = 2.0, seed: int = 0, chunk_cells: int = 512) -> ad.AnnData:
@@ -96,7 +102,7 @@ def simulate_expression(n_cells: int, n_genes: int, *, kind: str = "umi", n_cell
         log_mu[:, regulated] += z[rows]
         p = np.exp(log_mu - log_mu.max(axis=1, keepdims=True))
         mu = p / p.sum(axis=1, keepdims=True) * library[rows, None]
-        counts = rng.poisson(rng.gamma(dispersion, mu / dispersion)).astype(np.float32)
+        counts = negative_binomial_counts(mu, dispersion, rng).astype(np.float32)
         if kind == "tpm":
             rate = counts / length
             chunks.append((rate / np.maximum(rate.sum(axis=1, keepdims=True), 1e-12) * 1e6).astype(np.float32))

@@ -43,20 +43,22 @@ def random_dag(n_genes: int, n_edges: int, *, weight_range: tuple[float, float] 
     return w
 
 
-def _sem_sample(w: np.ndarray, basal: np.ndarray, topo: list[int], n_cells: int, knocked: tuple[int, ...],
-                noise: float, rng: np.random.Generator) -> np.ndarray:
+def sem_sample(w: np.ndarray, basal: np.ndarray, topo: list[int], n_cells: int, knocked: tuple[int, ...],
+               noise: float, rng: np.random.Generator) -> np.ndarray:
     """Cells from the SEM ``x_j = softplus(b_j + Σ_i W_ij · x_i / (1 + x_i) + ε_j)``; ``do(x_k = 0)`` for knocked k.
+
+    ``basal`` is one drive per gene (shape genes) or one per cell and gene (cells × genes).
 
     Genes are visited in topological order, so a knockout reaches every descendant and nothing else. The saturating
     regulation ``x / (1 + x)`` (a Hill function with n = 1) and the softplus output make the SEM nonlinear and keep
     values non-negative, on a log-expression-like scale (about 0–5).
     """
-    x = np.zeros((n_cells, len(basal)))
+    x = np.zeros((n_cells, w.shape[0]))
     eps = rng.normal(0.0, noise, size=x.shape)
     for j in topo:
         if j in knocked:
             continue  # do(x_j = 0): the gene's own mechanism is cut; its children see 0
-        drive = basal[j] + (x / (1.0 + x)) @ w[:, j] + eps[:, j]
+        drive = basal[..., j] + (x / (1.0 + x)) @ w[:, j] + eps[:, j]
         x[:, j] = np.logaddexp(0.0, drive)
     return x
 
@@ -97,7 +99,7 @@ def simulate_perturbation(
     """Simulate single and double knockouts on a known gene DAG, in GEARS format.
 
     Control cells come from a nonlinear structural equation model on a random DAG (see :func:`random_dag` and
-    :func:`_sem_sample`). Each perturbation sets its genes to 0 (``do(gene = 0)``) and re-samples the cells, so the
+    :func:`sem_sample`). Each perturbation sets its genes to 0 (``do(gene = 0)``) and re-samples the cells, so the
     effect propagates to all descendants in topological order. Perturbed genes are drawn preferring genes with
     children (knocking out a sink only changes the gene itself); doubles are pairs of single-perturbed genes, as
     in Norman et al. (2019), where most combinations' genes are also perturbed alone.
@@ -151,11 +153,11 @@ def simulate_perturbation(
     pairs = list(combinations(singles, 2))
     doubles = [pairs[i] for i in sorted(rng.choice(len(pairs), size=n_double, replace=False))] if n_double else []
 
-    blocks = [_sem_sample(w, basal, topo, n_control, (), noise, rng)]
+    blocks = [sem_sample(w, basal, topo, n_control, (), noise, rng)]
     conditions = [CONTROL] * n_control
     n_perturbed = [0] * n_control
     for knocked in [(g,) for g in singles] + doubles:
-        blocks.append(_sem_sample(w, basal, topo, n_cells_per_perturbation, knocked, noise, rng))
+        blocks.append(sem_sample(w, basal, topo, n_cells_per_perturbation, knocked, noise, rng))
         conditions += [gears_condition(tuple(names[g] for g in knocked))] * n_cells_per_perturbation
         n_perturbed += [len(knocked)] * n_cells_per_perturbation
 

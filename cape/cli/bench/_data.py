@@ -10,7 +10,8 @@ import anndata as ad
 
 from ... import data
 from ..._errors import CapeInputError
-from ...data.perturbation import BENCHMARK_SIMULATIONS, sachs_interventions, simulate_perturbation
+from ...data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
+from ...data.perturbation import BENCHMARK_SIMULATIONS, CONTROL, sachs_interventions, simulate_perturbation
 from ...tasks.labels import manifest_key
 
 #: Where every benchmark writes ``<name>.{json,md,png}`` unless ``--out`` says otherwise.
@@ -28,12 +29,30 @@ def dataset_name(dataset: str) -> str:
     return Path(dataset).stem if dataset.endswith(".h5ad") else dataset
 
 
-def load_dataset(name: str, task: str) -> ad.AnnData | None:
-    """A registered dataset or an ``.h5ad`` file; ``None`` for ``"simulated"`` (perturbation only)."""
+#: The simulation of cell types and knock-outs on a known gene DAG (:func:`cape.data.grn_cells.simulate_grn_cells`):
+#: every task runs on it, and CAPE on its true DAG is the oracle arm.
+GRN_DATASET = "simulated_grn"
+
+
+def grn_dataset(task: str, quick: bool) -> ad.AnnData:
+    """The ``simulated_grn`` data (quick or full size): its control cells for annotation and clustering (labels
+    ``cell_type``), every cell for perturbation."""
+    adata = simulate_grn_cells(**GRN_SIMULATIONS["quick" if quick else "full"])
+    if task != "perturbation":
+        adata = adata[adata.obs["condition"] == CONTROL].copy()
+    adata.uns.setdefault("cape", {})["dataset"] = {"name": GRN_DATASET, "keys": {"labels": "cell_type"}}
+    return adata
+
+
+def load_dataset(name: str, task: str, quick: bool = False) -> ad.AnnData | None:
+    """A registered dataset, an ``.h5ad`` file or ``simulated_grn``; ``None`` for ``"simulated"`` (perturbation
+    only)."""
     if name == "simulated":
         if task != "perturbation":
             raise CapeInputError("dataset 'simulated' is the perturbation simulation; use --task perturbation")
         return None
+    if name == GRN_DATASET:
+        return grn_dataset(task, quick)
     if name.endswith(".h5ad") or Path(name).exists():
         return data.read(name, expect_counts=False)
     return data.load(name)
@@ -51,7 +70,7 @@ def perturbation_data(name: str, quick: bool, adata: ad.AnnData | None = None) -
     if adata is None:
         if name == "simulated":
             return simulate_perturbation(**BENCHMARK_SIMULATIONS["quick" if quick else "full"])
-        adata = load_dataset(name, "perturbation")
+        adata = load_dataset(name, "perturbation", quick)
     if "observational" in adata.obs and "target" in adata.obs:  # Sachs 2005
         adata = sachs_interventions(adata)
     return adata

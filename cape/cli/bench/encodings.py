@@ -34,7 +34,8 @@ def register(bench) -> None:
                          description="Writes <out>/<task>_<dataset>.{json,md,png}. " + mode_note + ".")
     p.add_argument("--task", choices=TASKS, required=True)
     p.add_argument("--dataset", required=True,
-                   help="a registered dataset (cape data list), 'simulated' (perturbation) or an .h5ad path")
+                   help="a registered dataset (cape data list), 'simulated' (perturbation), 'simulated_grn' (cell "
+                        "types and knock-outs on a known DAG: every task, with the oracle rows) or an .h5ad path")
     p.add_argument("--label-key", default=None, help="obs column with labels (default: the dataset manifest's)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="model seeds (default 0 1 2; --quick: 0)")
     p.add_argument("--encodings", nargs="+", default=None,
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "perturbation":
         adata = perturbation_data(args.dataset, args.quick)
     else:
-        adata = load_dataset(args.dataset, args.task)
+        adata = load_dataset(args.dataset, args.task, args.quick)
         label_key, _ = dataset_keys(adata, args)
         if label_key is None:
             raise CapeInputError(f"dataset {name} has no label key in its manifest; pass --label-key")
