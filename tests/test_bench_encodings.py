@@ -453,3 +453,14 @@ def test_simulated_grn_dataset_per_task(monkeypatch):
     assert manifest_key(cells, "labels") == "cell_type" and "true_dag" in cells.varp
     knockouts = _data.perturbation_data("simulated_grn", quick=True)
     assert knockouts.n_obs == 60 + 6 * 5 and "G0" not in set(knockouts.obs["condition"])
+
+
+def test_default_alias_runs_each_backbones_own_default(labelled):
+    result = be.run_encodings_benchmark(labelled, "clustering", dataset="tiny", label_key="cell_type",
+                                        encoding_names=["default", "cape_null"], integrations=["complement"],
+                                        seeds=[0], settings=TINY, out=None)
+    ran = {(r["backbone"], r["encoding"]) for r in result.records if r["kind"] == "model"}
+    assert ran == {("scgpt", "trainable_absolute"), ("scbert", "static_absolute"), ("scgpt", "cape_null"),
+                   ("scbert", "cape_null")}
+    with pytest.raises(CapeInputError, match="and default"):
+        bm.variants(["defualt"])

@@ -78,6 +78,7 @@ from .encodings_models import (
     annotation_run,
     build_model,
     clustering_run,
+    for_backbone,
     perturbation_run,
     position_sets,
     prepare_expression,
@@ -158,7 +159,7 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
         unique: dict[tuple, tuple[str, str, Variant, int]] = {}
         for backbone in backbones:
             for integration in integrations:
-                for variant in rows:
+                for variant in (for_backbone(v, backbone) for v in rows):
                     for seed in seeds:
                         key = (backbone, integration, variant.encoding, variant.positions, seed)
                         unique.setdefault(key, (backbone, integration, variant, seed))

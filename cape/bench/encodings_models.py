@@ -85,14 +85,30 @@ class Variant:
     positions: str = "cape"  # "cape", "correlation", "euclidean" or "none"
 
 
+#: The name that stands for each backbone's own default encoding (:data:`DEFAULT_ENCODING`) in a list of variants.
+DEFAULT_ALIAS = "default"
+
+
 def variants(names: Sequence[str] | None = None) -> list[Variant]:
-    """The rows to run: registry encodings by name, ablations by their names (default: all of both)."""
+    """The rows to run: registry encodings by name, ablations by their names (default: all of both), and
+    ``"default"`` for each backbone's default encoding only (see :func:`for_backbone`)."""
     known = [*encodings.available(), *ABLATIONS]
     names = list(dict.fromkeys(names)) if names else known
-    unknown = [n for n in names if n not in known]
+    unknown = [n for n in names if n not in known and n != DEFAULT_ALIAS]
     if unknown:
-        raise CapeInputError(f"unknown encoding(s) {', '.join(unknown)}; available: {', '.join(known)}")
-    return [Variant(n, *ABLATIONS[n]) if n in ABLATIONS else Variant(n, n, _position_set(n)) for n in names]
+        raise CapeInputError(f"unknown encoding(s) {', '.join(unknown)}; available: {', '.join(known)} "
+                             f"and {DEFAULT_ALIAS} (each backbone's own)")
+    return [Variant(n, *ABLATIONS[n]) if n in ABLATIONS
+            else Variant(n, n, "none") if n == DEFAULT_ALIAS
+            else Variant(n, n, _position_set(n)) for n in names]
+
+
+def for_backbone(variant: Variant, backbone: str) -> Variant:
+    """``variant`` as it runs on ``backbone``: the ``"default"`` alias becomes that backbone's default encoding."""
+    if variant.name != DEFAULT_ALIAS:
+        return variant
+    name = DEFAULT_ENCODING[backbone]
+    return Variant(name, name, _position_set(name))
 
 
 def _position_set(encoding: str) -> str:

@@ -40,7 +40,8 @@ def register(bench) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="model seeds (default 0 1 2; --quick: 0)")
     p.add_argument("--encodings", nargs="+", default=None,
                    help="encodings and ablations (default: all of `cape encodings` + cape_null, cape_wo_csl, "
-                        "cape_wo_hyperbolic, cape_wo_rotary)")
+                        "cape_wo_hyperbolic, cape_wo_rotary); 'default' runs each backbone's own default only; "
+                        "cape_oracle / rope_oracle use the data's true DAG (simulations)")
     p.add_argument("--backbones", nargs="+", default=list(BACKBONES), help="scgpt and/or scbert (both)")
     p.add_argument("--score-on", choices=["test", "validation"], default="test",
                    help="annotation: score the 70 %% test cells (default), or fine-tune on half of the 30 %% "
