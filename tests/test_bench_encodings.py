@@ -299,7 +299,8 @@ def test_every_benchmark_config_names_a_valid_run():
     import yaml
 
     expected = {"annotation_pbmc68k_reduced", "clustering_pbmc68k_reduced", "clustering_krumsiek11",
-                "perturbation_simulated", "perturbation_sachs2005", "ablation_perturbation_simulated"}
+                "perturbation_simulated", "perturbation_sachs2005", "ablation_perturbation_simulated",
+                *(f"oracle_{task}_simulated_grn" for task in bm.TASKS)}
     configs = {p.stem: yaml.safe_load(p.read_text()) for p in (REPO / "configs/benchmarks").glob("*.yaml")}
     assert expected <= set(configs)
     for name in expected:
@@ -308,6 +309,7 @@ def test_every_benchmark_config_names_a_valid_run():
         bm.variants(bench.get("encodings"))  # every name is known
         assert set(bench.get("backbones", bm.BACKBONES)) <= set(bm.BACKBONES)
         assert len(bench.get("seeds", [0, 1, 2])) >= 3
+    assert all(len(configs[f"oracle_{task}_simulated_grn"]["benchmark"]["seeds"]) >= 10 for task in bm.TASKS)
 
 
 def test_an_encoding_that_cannot_be_built_is_reported_and_the_rest_runs(labelled):
