@@ -22,7 +22,7 @@ from .._errors import CapeInputError
 from ..models import CellTransformer
 from ..tasks.annotation import annotation_metrics, fine_tune_cells, roles
 from ..tasks.clustering import cluster_embedding
-from ..tasks.perturbation import PerturbationTask
+from ..tasks.perturbation import PerturbationTask, condition_genes
 from ..tasks.perturbation_predictors import EmbeddingPerturbationPredictor
 
 logger = logging.getLogger("cape")
@@ -171,7 +171,8 @@ class BenchSettings:
 # data and positions
 # ----------------------------------------------------------------------------------------------------------------
 def prepare_expression(adata: ad.AnnData, n_genes: int) -> ad.AnnData:
-    """Dense-safe, non-negative, log-scale copy restricted to the ``n_genes`` most dispersed genes (scanpy seurat).
+    """Dense-safe, non-negative, log-scale copy restricted to the ``n_genes`` most dispersed genes (scanpy seurat),
+    plus the perturbed genes of GEARS-format data (``obs["condition"]``), which the perturbation task needs.
 
     Small negative values (krumsiek11's simulation noise) are clipped to 0 with a log line: the backbones bin
     non-negative log expression.
@@ -192,7 +193,12 @@ def prepare_expression(adata: ad.AnnData, n_genes: int) -> ad.AnnData:
         tmp = out.copy()
         tmp.uns.pop("log1p", None)
         sc.pp.highly_variable_genes(tmp, n_top_genes=n_genes, flavor="seurat")
-        out = out[:, tmp.var["highly_variable"].to_numpy()].copy()
+        keep = tmp.var["highly_variable"].to_numpy()
+        conditions = out.obs["condition"].astype(str).unique() if "condition" in out.obs else []
+        if "ctrl" in conditions:  # GEARS format; as GEARS' processing: the HVGs and every perturbed gene
+            targets = {g for c in conditions for g in condition_genes(c)}
+            keep = keep | out.var_names.isin(list(targets))
+        out = out[:, keep].copy()
     out.var["cape_used"] = True
     return out
 

@@ -12,13 +12,14 @@ from . import (
     encodings,
     gears,
     non_relativity,
+    paper_runtime,
     pretrain,
     properties,
 )
 
 #: In the order ``cape bench --help`` lists them.
 BENCH_MODULES = (attention, non_relativity, causal, causal_scale, pretrain, embedding, properties, baselines,
-                 encodings, gears)
+                 encodings, gears, paper_runtime)
 
 
 def register(commands) -> None:

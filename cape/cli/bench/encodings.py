@@ -57,8 +57,13 @@ def register(bench) -> None:
                         "number of cores: same results, the full tables in a fraction of the time")
     p.add_argument("--positions-seed", type=int, default=0, help="seed of Steps I-III, shared by all runs (0)")
     for flag, kind, what in [("--n-genes", int, "genes kept (most dispersed)"), ("--d-model", int, "model width"),
-                             ("--n-layers", int, "layers"), ("--max-len", int, "tokens per cell"),
+                             ("--n-layers", int, "layers"), ("--n-heads", int, "attention heads"),
+                             ("--max-len", int, "tokens per cell"),
+                             ("--batch-size", int, "cells per training step"),
+                             ("--lr", float, "learning rate (pretraining and fine-tuning)"),
                              ("--pretrain-epochs", int, "masked-value epochs"),
+                             ("--annotation-pretrain-epochs", int, "masked-value epochs before annotation "
+                                                                   "fine-tuning"),
                              ("--fine-tune-epochs", int, "annotation fine-tuning epochs"),
                              ("--causal-epochs", int, "Step I epochs"), ("--causal-tau", float, "Step I threshold τ"),
                              ("--embed-epochs", int, "Step II epochs"), ("--embed-dim", int, "Step II dimension"),
@@ -79,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         if label_key is None:
             raise CapeInputError(f"dataset {name} has no label key in its manifest; pass --label-key")
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    overrides = {k: getattr(args, k) for k in ("n_genes", "d_model", "n_layers", "max_len", "pretrain_epochs",
+    overrides = {k: getattr(args, k) for k in ("n_genes", "d_model", "n_layers", "n_heads", "max_len", "batch_size",
+                                               "lr", "pretrain_epochs", "annotation_pretrain_epochs",
                                                "fine_tune_epochs", "causal_epochs", "causal_tau", "embed_epochs",
                                                "embed_dim", "predictor_epochs")}
     bench_settings = BenchSettings.for_mode(args.quick, annotation_score_on=args.score_on, **overrides)

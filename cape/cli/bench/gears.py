@@ -42,6 +42,12 @@ def register(bench) -> None:
     p.add_argument("--causal-tau", type=float, default=None, help="Step I threshold τ (default: the encodings "
                                                                    "benchmark's, 0.2)")
     p.add_argument("--causal-epochs", type=int, default=None, help="Step I epochs (default 100)")
+    p.add_argument("--n-genes", type=int, default=None,
+                   help="genes kept (most dispersed, plus every perturbed gene; default: the encodings benchmark's)")
+    p.add_argument("--embed-dim", type=int, default=None, help="Step II dimension (default: the encodings "
+                                                               "benchmark's, d_model / 2)")
+    p.add_argument("--embed-epochs", type=int, default=None, help="Step II epochs (default: the encodings "
+                                                                  "benchmark's)")
     p.set_defaults(func=run)
 
 
@@ -58,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
                                  out=args.out, name=args.name, threads=args.threads,
                                  device=cape_settings.device or "auto",
                                  settings_overrides={"causal_tau": args.causal_tau,
-                                                     "causal_epochs": args.causal_epochs})
+                                                     "causal_epochs": args.causal_epochs, "n_genes": args.n_genes,
+                                                     "embed_dim": args.embed_dim,
+                                                     "embed_epochs": args.embed_epochs})
     logging.getLogger("cape").info("wrote %s (%.1f min)", ", ".join(map(str, result["paths"].values())),
                                    result["seconds"] / 60)
     return 0
