@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from .expression import simulate_expression  # noqa: F401  (10x-shaped UMI or TPM matrices)
+from .expression import simulate_expression  # 10x-shaped UMI or TPM matrices
 from .fetch import cache_dir
-from .grn_cells import simulate_grn_cells  # noqa: F401  (cell types and knock-outs on a known gene DAG, as counts)
+from .grn_cells import simulate_grn_cells  # cell types and knock-outs on a known gene DAG, as counts
 from .manifest import Manifest, get_manifest, manifest_dir, manifests, read_manifest
-from .perturbation import sachs_interventions, simulate_perturbation  # noqa: F401  (GEARS-format perturbation data)
+from .perturbation import sachs_interventions, simulate_perturbation  # GEARS-format perturbation data
 from .read import read, validate_adata
 from .registry import available, fetch, load
-from .simulate import simulate_sem  # noqa: F401  (gcastle SEM simulator; castle.datasets imported on call, quietly)
+from .simulate import simulate_sem  # gcastle SEM simulator; castle.datasets imported on call, quietly
 
 __all__ = [
     "Manifest",
@@ -22,5 +22,10 @@ __all__ = [
     "manifests",
     "read",
     "read_manifest",
+    "sachs_interventions",
+    "simulate_expression",
+    "simulate_grn_cells",
+    "simulate_perturbation",
+    "simulate_sem",
     "validate_adata",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
-from .dag_comparison import dag_comparison  # noqa: F401  (paper Fig. 3a/b)
-from .graph import dag  # noqa: F401  (the learnt DAG of a run)
-from .poincare import generality, poincare  # noqa: F401  (Step II embedding; paper Fig. 3c)
+from .dag_comparison import dag_comparison  # paper Fig. 3a/b
+from .graph import dag  # the learnt DAG of a run
+from .poincare import generality, poincare  # Step II embedding; paper Fig. 3c
+
+__all__ = ["dag", "dag_comparison", "generality", "poincare"]

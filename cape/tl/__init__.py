@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-from .causal_graph import causal_graph  # noqa: F401  (Step I)
-from .hyperbolic import hyperbolic_embedding  # noqa: F401  (Step II)
-from .pipeline import cape  # noqa: F401  (Steps I-III)
-from .rotary import rotary_encoding  # noqa: F401  (Step III)
-from .tasks import annotate, cluster, predict_perturbation  # noqa: F401  (downstream tasks)
+from .causal_graph import causal_graph  # Step I
+from .hyperbolic import hyperbolic_embedding  # Step II
+from .pipeline import cape  # Steps I-III
+from .rotary import rotary_encoding  # Step III
+from .tasks import annotate, cluster, predict_perturbation  # downstream tasks
+
+__all__ = [
+    "annotate",
+    "cape",
+    "causal_graph",
+    "cluster",
+    "hyperbolic_embedding",
+    "predict_perturbation",
+    "rotary_encoding",
+]
