@@ -48,13 +48,19 @@ def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titl
         ``adata.varp["true_dag"]`` and ``adata.varp["cape_dag"]``.
     labels
         Node names (default 0 … M−1).
-
-    Graphs of more than :data:`MAX_NODES` genes are drawn on the genes with an edge in either graph (at most
-    MAX_NODES of them, by degree), with a log line; they are never densified whole.
     titles
         Titles of the two columns.
     show, return_fig
         As in scanpy: show the figure (default when not returning it), or return it.
+
+    Notes
+    -----
+    Graphs of more than :data:`MAX_NODES` genes are drawn on the genes with an edge in either graph (at most
+    MAX_NODES of them, by degree), with a log line; they are never densified whole.
+
+    Reads
+    -----
+    No AnnData: two matrices, e.g. ``varp["true_dag"]`` and ``varp["cape_dag"]``.
     """
 
     labels = [str(x) for x in labels] if labels is not None else None

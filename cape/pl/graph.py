@@ -15,7 +15,7 @@ __all__ = ["dag"]
 def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cape_generality", ax=None,
         show: bool | None = None, return_fig: bool = False, title: str | None = None):
     """Draw ``varp[key]`` on its ``n_genes`` genes of highest ``var[order_by]`` (or highest degree), in layers
-    by topological generation (causes on top), edge width by |weight|, red for negative weights.
+    by topological generation (causes on top), edge width by ``|weight|``, red for negative weights.
 
     Parameters
     ----------
@@ -27,6 +27,10 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
         ``var`` column ranking the genes (default: PageRank generality; degree when the column is absent).
     ax, show, return_fig, title
         scanpy conventions.
+
+    Reads
+    -----
+    ``varp["cape_dag"]`` (``key``) and ``var["cape_generality"]`` (``order_by``).
     """
 
     if key not in adata.varp:

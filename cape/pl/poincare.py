@@ -57,6 +57,11 @@ def poincare(adata: ad.AnnData, color: str | None = "cape_generality", *, edges:
         Matplotlib axes to draw into (3-D axes for a ball).
     show, return_fig
         Show the figure / return it (scanpy conventions).
+
+    Reads
+    -----
+    ``varm["cape_poincare"]`` (``basis``), ``varp["cape_dag"]`` (``dag_key``), ``var["cape_generality"]``
+    (``color``) and ``var["cape_embedded"]``.
     """
 
     pos = _positions(adata, basis)
@@ -128,6 +133,23 @@ def generality(adata: ad.AnnData, *, basis: str = "cape_poincare", key: str = "c
 
     General genes (high π) should sit near the origin; the title gives Spearman(π, −‖e‖). The ``labels``
     genes with the highest π are named.
+
+    Parameters
+    ----------
+    adata
+        AnnData after :func:`cape.tl.hyperbolic_embedding`.
+    basis
+        ``varm`` key of the Poincaré coordinates.
+    key
+        ``var`` column of the generality π.
+    labels
+        How many of the most general genes to name.
+    ax, show, return_fig
+        scanpy conventions.
+
+    Reads
+    -----
+    ``varm["cape_poincare"]`` (``basis``) and ``var["cape_generality"]`` (``key``).
     """
 
     pos = _positions(adata, basis)

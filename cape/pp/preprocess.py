@@ -29,7 +29,25 @@ def _values(x) -> np.ndarray:
 def detect_scale(adata: ad.AnnData) -> str:
     """Classify ``adata.X``: ``"counts"`` (non-negative integers), ``"log"`` (log-normalised already, from
     scanpy's ``uns["log1p"]`` marker or non-integer values ≤ 30) or ``"continuous"`` (other non-negative values,
-    e.g. TPM or intensities)."""
+    e.g. TPM or intensities).
+
+    Parameters
+    ----------
+    adata
+        Cells × genes.
+
+    Returns
+    -------
+    ``"counts"``, ``"log"`` or ``"continuous"``.
+
+    Reads
+    -----
+    ``X`` and ``uns["log1p"]``.
+
+    Writes
+    ------
+    Nothing: ``adata`` is left unchanged.
+    """
     if "log1p" in adata.uns:
         return "log"
     values = _values(adata.X)
@@ -81,6 +99,16 @@ def preprocess(
         ``"seurat"`` (log data, default), ``"cell_ranger"`` or ``"seurat_v3"`` (needs counts and scikit-misc).
     copy
         Return a modified copy instead of working in place.
+
+    Reads
+    -----
+    ``X`` (counts or log-normalised expression) and ``uns["log1p"]`` when present.
+
+    Writes
+    ------
+    ``X`` (normalised and log1p-transformed, filtered cells and genes removed), ``layers["counts"]`` (when the
+    input held counts), ``var["cape_used"]``, ``var["highly_variable"]`` and scanpy's other HVG columns,
+    ``obs["n_genes"]``, ``uns["log1p"]``, ``uns["cape"]["preprocess"]``.
 
     Returns
     -------

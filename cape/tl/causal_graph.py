@@ -138,7 +138,7 @@ def causal_graph(
     rank
         Rank r of A = UVᵀ. ``None``, or r ≥ the number of genes, uses a dense A (logged).
     tau
-        Edge threshold τ ∈ [0, 1): |A_ij| ≤ τ is dropped (the paper uses 0.2), or ``"auto"`` (default): the
+        Edge threshold τ ∈ [0, 1): ``|A_ij| ≤ τ`` is dropped (the paper uses 0.2), or ``"auto"`` (default): the
         paper's 0.2 where it already gives an edge to at least ``min_positioned`` of the genes, else the
         largest τ that does, but not below :data:`AUTO_TAU_FLOOR` (weights at the optimiser's noise level).
         With few cells the fitted weights are small (e.g. below 0.2 everywhere), and a fixed 0.2 would leave
@@ -169,17 +169,24 @@ def causal_graph(
         a graph below it raises :class:`~cape.CapeInputError` naming the cause and the remedy; with a fixed
         τ the same line is logged as a warning. 0 turns the check off.
 
+    Reads
+    -----
+    ``X`` (or ``layers[layer]``) and the gene selection ``var["cape_used"]`` (``use_genes``).
+
+    Writes
+    ------
+    - ``varp["cape_dag"]`` (``key_added``): CSR float32 n_vars × n_vars, ``A[i, j] ≠ 0`` means gene i → gene j,
+      always a DAG, zero outside the genes used;
+    - ``var["cape_used"]``: the genes that took part in the graph;
+    - ``uns["cape"]["causal_graph"]``: parameters, seed, per-epoch loss/h/ρ/α, wall time, number of edges and of
+      edges removed to break cycles, dropped constant genes; ``tau_used`` and ``tau_rule`` (``"fixed"``,
+      ``"auto: paper"`` or ``"auto: positioning"``), ``max_weight``, ``n_positioned`` and ``positioned_fraction``,
+      and ``threshold_scan``: arrays ``tau`` (:data:`SCAN_TAUS` and ``tau_used``, descending), ``n_edges`` (edges
+      of the DAG at that τ), ``n_positioned``, ``positioned_fraction``.
+
     Returns
     -------
-    ``None`` (or the copy). Sets
-    ``varp[key_added]``: CSR float32 n_vars × n_vars, A[i, j] ≠ 0 means gene i → gene j, always a DAG,
-    zero outside the genes used;
-    ``var["cape_used"]``: the genes that took part in the graph;
-    ``uns["cape"]["causal_graph"]``: parameters, seed, per-epoch loss/h/ρ/α, wall time, number of edges
-    and of edges removed to break cycles, dropped constant genes; ``tau_used`` and ``tau_rule`` (``"fixed"``,
-    ``"auto: paper"`` or ``"auto: positioning"``), ``max_weight``, ``n_positioned`` and
-    ``positioned_fraction``, and ``threshold_scan``: arrays ``tau`` (:data:`SCAN_TAUS` and ``tau_used``,
-    descending), ``n_edges`` (edges of the DAG at that τ), ``n_positioned``, ``positioned_fraction``.
+    ``None``, or the copy when ``copy=True``.
 
     Raises
     ------

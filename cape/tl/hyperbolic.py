@@ -96,6 +96,15 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
     copy
         Return a modified copy instead of writing into ``adata``.
 
+    Reads
+    -----
+    ``varp["cape_dag"]`` (``dag_key``, or ``adjacency``) and ``var["cape_used"]``.
+
+    Writes
+    ------
+    ``varm["cape_lorentz"]``, ``varm["cape_poincare"]``, ``var["cape_generality"]``, ``var["cape_embedded"]``,
+    ``var["cape_connected"]``, ``uns["cape"]["hyperbolic_embedding"]``.
+
     Returns
     -------
     ``None``, or the copy when ``copy=True``. Sets ``varm["cape_lorentz"]``, ``varm["cape_poincare"]``,

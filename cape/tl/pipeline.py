@@ -23,9 +23,38 @@ def cape(adata: ad.AnnData, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 
 
     Step I is :func:`cape.tl.causal_graph` with ``causal_kwargs`` (plus ``device`` and ``seed``); Step II is
     :func:`hyperbolic_embedding` with the arguments above and ``embed_kwargs``; Step III is
-    :func:`rotary_encoding` with ``scale``. Sets every field the three steps set (``varp["cape_dag"]``,
-    ``varm["cape_lorentz"]``, ``varm["cape_poincare"]``, ``var["cape_generality"]``, ``varm["cape_angles"]``,
-    ``uns["cape"]``).
+    :func:`rotary_encoding` with ``scale``.
+
+    Parameters
+    ----------
+    adata
+        Cells × genes, preprocessed (e.g. by :func:`cape.pp.preprocess`).
+    dim, k_hop, lambda_g, restart, epochs, optimizer, geometry
+        Step II, see :func:`cape.tl.hyperbolic_embedding`.
+    scale
+        Step III's c, see :func:`cape.tl.rotary_encoding`.
+    causal_kwargs, embed_kwargs
+        Further keywords of :func:`cape.tl.causal_graph` and :func:`cape.tl.hyperbolic_embedding`.
+    device
+        ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``, for Steps I and II.
+    seed
+        Seed of Steps I and II (``None``: ``cape.settings.seed``).
+    copy
+        Return a modified copy instead of writing into ``adata``.
+
+    Reads
+    -----
+    ``X`` and ``var["cape_used"]`` (see :func:`cape.tl.causal_graph`).
+
+    Writes
+    ------
+    Every field the three steps write: ``varp["cape_dag"]``, ``var["cape_used"]``, ``varm["cape_lorentz"]``,
+    ``varm["cape_poincare"]``, ``var["cape_generality"]``, ``var["cape_embedded"]``, ``var["cape_connected"]``,
+    ``varm["cape_angles"]``, and ``uns["cape"]`` (one entry per step and ``uns["cape"]["pipeline"]``).
+
+    Returns
+    -------
+    ``None``, or the copy when ``copy=True``.
     """
     adata = adata.copy() if copy else adata
     seed = resolve_seed(seed)

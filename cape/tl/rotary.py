@@ -30,6 +30,14 @@ def rotary_encoding(adata: ad.AnnData, scale: float = math.pi / 4, *, key: str =
     copy
         Return a modified copy instead of writing into ``adata``.
 
+    Reads
+    -----
+    ``varm["cape_poincare"]`` (``key``).
+
+    Writes
+    ------
+    ``varm["cape_angles"]`` (``key_added``), ``uns["cape"]["rotary_encoding"]``.
+
     Returns
     -------
     ``None`` or the copy. Sets ``varm[key_added]`` (n_vars, d) and ``uns["cape"]["rotary_encoding"]``.

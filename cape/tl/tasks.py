@@ -77,6 +77,15 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
     copy
         Work on a copy and return it.
 
+    Reads
+    -----
+    ``X``, ``obs[label_key]``, and the positions ``encoding`` needs (for ``"cape"``: ``varm["cape_angles"]`` or
+    ``varm["cape_poincare"]``, ``varp["cape_dag"]``, ``var["cape_used"]``; see :func:`cape.models.gene_positions`).
+
+    Writes
+    ------
+    ``obs["cape_prediction"]`` (``key_added``), ``obs["cape_split"]``, ``uns["cape"]["annotate"]``.
+
     Returns
     -------
     ``None`` (the copy when ``copy=True``). The metrics ``{"accuracy", "macro_f1", "n_fine_tune", "n_test"}`` on
@@ -130,6 +139,14 @@ def cluster(adata: ad.AnnData, label_key: str | None = None, *, obsm_key: str = 
     copy
         Work on a copy and return it.
 
+    Reads
+    -----
+    ``obsm["X_cape"]`` (``obsm_key``) and ``obs[label_key]``.
+
+    Writes
+    ------
+    ``obs["cape_cluster"]`` (``key_added``), ``uns["cape"]["cluster"]``.
+
     Returns
     -------
     ``None`` (the copy when ``copy=True``). The metrics ``{"ARI", "NMI", "ASW", "k"}`` (only ``k`` without labels)
@@ -172,6 +189,14 @@ def predict_perturbation(adata: ad.AnnData, *, gene_embedding_key: str = "cape_g
     ``varm[gene_embedding_key]`` (e.g. written by :meth:`cape.models.CellTransformer.embed` on control cells) is
     trained on the training perturbations and scored by the top-``n_de`` DE-gene MSE on the test perturbations,
     next to the no-change and additive baselines.
+
+    Reads
+    -----
+    ``X``, ``obs["condition"]`` (``condition_key``) and ``varm["cape_gene_embedding"]`` (``gene_embedding_key``).
+
+    Writes
+    ------
+    ``uns["cape_perturbation"]`` (``key_added``), ``uns["cape"]["predict_perturbation"]``.
 
     Returns
     -------
