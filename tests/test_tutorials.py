@@ -57,8 +57,12 @@ def test_tutorial_runs(path, tmp_path, monkeypatch):
         if reason:
             pytest.skip(reason)
         monkeypatch.setenv("CAPE_CACHE_DIR", str(USER_CACHE))
-    # The kernel inherits the environment: render figures (MPLBACKEND=agg would only warn on plt.show()).
+    # The kernel inherits the environment: render figures (MPLBACKEND=agg would only warn on plt.show()), and use one
+    # thread: on a busy machine two spinning OpenMP threads per kernel stalled notebooks 01 and 02 past the 600 s
+    # cell limit (three other processes at full load), where one thread ran them in 26 s and 15 s.
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.setenv(variable, "1")
     book = nbformat.read(path, as_version=4)
     NotebookClient(book, timeout=TIMEOUT_S, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
