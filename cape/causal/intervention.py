@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 import numpy as np
+import scipy.sparse as sp
+import torch
+from scipy.special import expit
 
 __all__ = ["StructuralEquations", "descendants", "intervene", "learned_equations", "linear_equations",
            "topological_order"]
@@ -135,7 +138,7 @@ class StructuralEquations:
     def _mlp(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray) -> np.ndarray:
         """y_j = x_j + Σ_h w2_jh·silu(w1_jh·x_j + b1_jh) + b2_j (the element-wise MLP of the model)."""
         pre = x[..., None] * w1 + b1
-        return x + (pre / (1.0 + np.exp(-pre)) * w2).sum(-1) + b2
+        return x + (pre * expit(pre) * w2).sum(-1) + b2
 
     def features(self, x: np.ndarray, genes: slice | np.ndarray = slice(None)) -> np.ndarray:
         """F = (f(u) − m)/s for data x (cells × the selected genes)."""
@@ -201,14 +204,12 @@ def learned_equations(model, mean: np.ndarray, std: np.ndarray, X: np.ndarray, d
                       batch: int = 4096) -> StructuralEquations:
     """Step I's structural equations from a fitted :class:`~cape.causal.VariationalNotears`.
 
-    ``mean``/``std`` are the standardisation the trainer applied to X; ``dag`` the thresholded adjacency
-    (feature-space weights, A[i, j]: i → j). The normalisation of f(X) is taken from all of X's cells (what
-    training's batch statistics estimate): per-gene mean and standard deviation for ``feature_norm="gene"``
-    or ``"data"`` (times the model's ``feature_scale``), one shared scale for ``"global"``.
+    X (dense or sparse, read in row chunks) is the matrix the model was fitted on; ``mean``/``std`` the
+    standardisation the trainer applied to it; ``dag`` the thresholded adjacency (feature-space weights,
+    A[i, j]: i → j). The normalisation of f(X) is taken from all of X's cells (what training's batch
+    statistics estimate): per-gene mean and standard deviation for ``feature_norm="gene"`` or ``"data"``
+    (divided by the model's ``feature_scale``), one shared scale for ``"global"``.
     """
-    import torch  # the model's parameters; the equations themselves are NumPy
-
-    X = np.asarray(X, dtype=np.float64)
     mean = np.asarray(mean, dtype=np.float64)
     std = np.asarray(std, dtype=np.float64)
 
@@ -219,7 +220,9 @@ def learned_equations(model, mean: np.ndarray, std: np.ndarray, X: np.ndarray, d
     h_sum = np.zeros(X.shape[1])
     h_sq = np.zeros(X.shape[1])
     for s in range(0, X.shape[0], batch):
-        h = StructuralEquations._mlp((X[s:s + batch] - mean) / std, *enc)
+        rows = X[s:s + batch]
+        rows = rows.toarray() if sp.issparse(rows) else np.asarray(rows)
+        h = StructuralEquations._mlp((rows.astype(np.float64) - mean) / std, *enc)
         h_sum += h.sum(0)
         h_sq += (h * h).sum(0)
     n = max(X.shape[0], 1)
