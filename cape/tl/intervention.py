@@ -90,7 +90,6 @@ def intervention_values(intervention: Mapping[str, float | str], genes, obs_mean
             message = (f"do({gene} = {v:.4g}) lies outside the observed range [{obs_min[i]:.4g}, {obs_max[i]:.4g}]: "
                        "the structural equations extrapolate there")
             warnings.warn(message, UserWarning, stacklevel=3)
-            logger.warning(message)
         out[i] = v
     return out
 
@@ -198,7 +197,6 @@ def predict_intervention(
         message = (f"{', '.join(no_effect)} ha{'s' if len(no_effect) == 1 else 've'} no descendants in the graph: "
                    "the prediction for every other gene is the no-change baseline")
         warnings.warn(message, UserWarning, stacklevel=2)
-        logger.warning(message)
 
     predicted, reference = intervene(eq, X, do, mode=mode, n_cells=n_cells, seed=seed)
     shift = np.zeros(adata.n_vars)
