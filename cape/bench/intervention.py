@@ -38,9 +38,9 @@ from .._errors import CapeInputError
 from .._io import save_figure, write_json, write_text
 from ..causal import fit_variational_notears, intervene, learned_equations, linear_equations, make_dag
 from ..causal.intervention import descendants
+from ..causal.postprocess import choose_tau
 from ..data.perturbation import CONTROL, sachs_interventions
 from ..tasks.perturbation import condition_genes
-from ..tl.causal_graph import _choose_tau
 from .peers import PEERS, run_peer
 
 __all__ = ["QUICK", "SMALL_TAU", "run_intervention_benchmark", "shift_metrics"]
@@ -70,7 +70,7 @@ def _graphs_from_cape(X: np.ndarray, seed: int, epochs: int, variant: str = "cap
     """Step I (one of :data:`CAPE_VARIANTS`) on X: method name → (equations kind, DAG, fit)."""
     fit = fit_variational_notears(X.astype(np.float32), rank=None, epochs=epochs, seed=seed, device="cpu",
                                   progress_desc=f"Step I ({variant})", **CAPE_VARIANTS[variant])
-    tau, rule = _choose_tau(fit.adjacency, "auto", 0.5)
+    tau, rule = choose_tau(fit.adjacency, "auto", 0.5)
     out = {}
     for suffix, t in (("", tau), (f"_tau{SMALL_TAU:g}", SMALL_TAU)):
         dag, _ = make_dag(fit.adjacency, t)

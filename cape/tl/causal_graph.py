@@ -15,17 +15,13 @@ from .. import __version__
 from .._errors import CapeInputError
 from .._settings import resolve_device, resolve_seed, seed_everything
 from ..causal import MIN_CELLS, fit_variational_notears, learned_equations, make_dag, positioned_genes, tau_positioning
+from ..causal.postprocess import AUTO_TAU_FLOOR, AUTO_TAU_MAX, choose_tau
 from ..causal.trainer import gene_moments
 
 __all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "MIN_CELLS", "SCAN_TAUS", "causal_graph"]
 
 logger = logging.getLogger("cape")
 
-#: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
-AUTO_TAU_MAX = 0.2
-#: ``tau="auto"`` never goes below this: Adam moves every weight by about lr (3e-3) per step, so weights
-#: without support hover at that scale (a fit on gene-wise shuffled data tops out near 0.003).
-AUTO_TAU_FLOOR = 0.01
 #: Thresholds at which ``uns["cape"]["causal_graph"]["threshold_scan"]`` counts surviving edges and genes.
 SCAN_TAUS = (0.2, 0.1, 0.05, 0.02, 0.01)
 
@@ -98,17 +94,6 @@ def _threshold_scan(A: np.ndarray, taus) -> dict[str, np.ndarray]:
 def _format_scan(scan: dict[str, np.ndarray]) -> str:
     return ", ".join(f"{t:.3g}: {e} ({f:.0%})" for t, e, f in
                      zip(scan["tau"], scan["n_edges"], scan["positioned_fraction"], strict=True))
-
-
-def _choose_tau(A: np.ndarray, tau: float | str, min_positioned: float) -> tuple[float, str]:
-    """The threshold to use and how it was chosen (``"fixed"``, ``"auto: paper"``, ``"auto: positioning"``)."""
-
-    if tau != "auto":
-        return float(tau), "fixed"
-    if positioned_genes(A, AUTO_TAU_MAX).mean() >= min_positioned:
-        return AUTO_TAU_MAX, "auto: paper"
-    # The largest τ that still positions the requested fraction, but never into the optimiser's noise.
-    return max(tau_positioning(A, min_positioned), AUTO_TAU_FLOOR), "auto: positioning"
 
 
 def _equations_record(fit, X, dag: np.ndarray, genes: np.ndarray, layer: str | None) -> dict:
@@ -259,7 +244,7 @@ def causal_graph(
                                       batch_size=batch_size, lr=lr, device=dev, seed=seed, h_every=h_every)
     except FloatingPointError as err:
         raise CapeInputError(f"{err}; try a smaller lr (got {lr}) or check X for extreme values") from err
-    tau_used, tau_rule = _choose_tau(fit.adjacency, tau, min_positioned)
+    tau_used, tau_rule = choose_tau(fit.adjacency, tau, min_positioned)
     dag, removed = make_dag(fit.adjacency, tau_used)
     if removed:
         logger.info("removed %d edge(s) to break cycles left after thresholding", removed)
