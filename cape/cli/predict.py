@@ -8,6 +8,7 @@ import logging
 import matplotlib
 import pandas as pd
 
+from .. import pl
 from .._errors import CapeInputError
 from .._io import atomic_path, save_figure, write_h5ad
 from .._settings import resolve_seed
@@ -73,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
     fig = None
     if args.plot is not None:  # everything is computed before the first file is written: no partial outputs
         matplotlib.use("agg")
-        from .. import pl
-
         fig = pl.intervention(adata, key=args.key_added, n_genes=args.top, return_fig=True)
     write_h5ad(result, out)
     if args.table is not None:
