@@ -3,7 +3,8 @@
 Step I is fitted on the observational cells only (cd3cd28 and cd3cd28+icam2, log1p, as
 :func:`cape.data.sachs_interventions` makes them). For each perturbation condition whose target protein is
 measured, every method predicts do(target = the target's mean in that condition) counterfactually on the
-observational cells, and the predicted mean shift of each protein is compared with the measured one
+observational cells (and, as a second rule, do(target = a low or high level set by the reagent's documented
+action, see :data:`VALUE_RULES`)), and the predicted mean shift of each protein is compared with the measured one
 (condition mean − observational mean). Evaluated genes: the target's descendants in the consensus graph
 (``varp["true_graph"]``, the same set for every method; conditions whose target has none are left out of
 that set) and, as a second set, every other measured protein.
@@ -56,6 +57,14 @@ QUICK = {"seeds": 1, "epochs": 30, "peers": ["notears"], "budget": 60.0, "varian
 CAPE_VARIANTS = {"cape": {}, "cape_raw": {"standardize": "none", "feature_norm": "data"},
                  "cape_l01": {"lambda_sparse": 0.1}}
 EVAL_SETS = ("descendants", "all_other")
+#: How the value v of do(target = v) is chosen. ``measured``: the target's mean in the perturbed condition.
+#: ``activity``: most of Sachs' reagents act on a protein's activity, not on the measured phospho-level (U0126
+#: inhibits MEK's kinase activity while phospho-MEK rises), so the reagent's known action sets the value
+#: instead: an inhibitor sets the target to its 1st percentile in the observational cells, an activator to its
+#: 99th. The actions are the reagents' documented ones (Sachs et al. 2005, Table 1), not fitted to any outcome.
+VALUE_RULES = ("measured", "activity")
+REAGENT_ACTION = {"cd3cd28+aktinhib": -1, "cd3cd28+g0076": -1, "cd3cd28+psitect": -1, "cd3cd28+u0126": -1,
+                  "cd3cd28+ly": -1, "pma": +1, "b2camp": +1}
 
 
 def shift_metrics(predicted: np.ndarray, true: np.ndarray) -> dict[str, float]:
@@ -109,7 +118,11 @@ def run_intervention_benchmark(out: str | Path = "results/bench", *, quick: bool
     control_mean = X.mean(0)
     targets = {c: genes.index(condition_genes(c)[0]) for c in conditions}
     true_shift = {c: np.asarray(sachs.X[labels == c], dtype=np.float64).mean(0) - control_mean for c in conditions}
-    value = {c: float(np.asarray(sachs.X[labels == c], dtype=np.float64)[:, targets[c]].mean()) for c in conditions}
+    measured = {c: float(np.asarray(sachs.X[labels == c], dtype=np.float64)[:, targets[c]].mean()) for c in conditions}
+    reagent = {c: str(sachs.obs["sachs_condition"][labels == c].iloc[0]) for c in conditions}
+    activity = {c: float(np.percentile(X[:, targets[c]], 1 if REAGENT_ACTION.get(reagent[c], -1) < 0 else 99))
+                for c in conditions}
+    values = {"measured": measured, "activity": activity}
     src, dst = np.nonzero(consensus)
     eval_genes = {c: {"descendants": np.flatnonzero(descendants(len(genes), src, dst, [targets[c]])),
                       "all_other": np.array([i for i in range(len(genes)) if i != targets[c]])} for c in conditions}
@@ -117,19 +130,19 @@ def run_intervention_benchmark(out: str | Path = "results/bench", *, quick: bool
     records: list[dict] = []
 
     def score(method: str, seed: int | None, eq, n_edges: int) -> None:
-        for c in conditions:
+        for rule, c in ((r, c) for r in VALUE_RULES for c in conditions):
             if eq is None:
                 shift = np.zeros(len(genes))
             else:
-                predicted, _ = intervene(eq, X, {targets[c]: value[c]}, mode="counterfactual")
+                predicted, _ = intervene(eq, X, {targets[c]: values[rule][c]}, mode="counterfactual")
                 shift = predicted.mean(0) - control_mean
             for subset, idx in eval_genes[c].items():
                 if not idx.size:
                     continue
                 m = shift_metrics(shift[idx], true_shift[c][idx])
-                records.extend({"method": method, "seed": seed, "condition": c, "target": genes[targets[c]],
-                                "genes": subset, "n_genes": int(idx.size), "n_edges": n_edges, "metric": k,
-                                "value": v} for k, v in m.items())
+                records.extend({"method": method, "seed": seed, "values": rule, "condition": c,
+                                "target": genes[targets[c]], "genes": subset, "n_genes": int(idx.size),
+                                "n_edges": n_edges, "metric": k, "value": v} for k, v in m.items())
 
     score("no_change", None, None, 0)
     # The consensus graph holds one cycle (plcg → PIP2 → PIP3 → plcg); a refit needs a DAG, so make_dag drops the
@@ -156,23 +169,24 @@ def run_intervention_benchmark(out: str | Path = "results/bench", *, quick: bool
     _add_beats(records)
     out = Path(out)
     write_json(records, out / "intervention.json")
-    write_text(_markdown(records, n_seeds, quick, value, genes, targets, dropped), out / "intervention.md")
+    write_text(_markdown(records, n_seeds, quick, values, genes, targets, dropped), out / "intervention.md")
     save_figure(_figure(records), out / "intervention.png")
     return records
 
 
 def _add_beats(records: list[dict]) -> None:
     """``beats_no_change`` per method, seed, condition and gene set (1 when its MSE is below no change's)."""
-    base = {(r["condition"], r["genes"]): r["value"] for r in records
+    base = {(r["values"], r["condition"], r["genes"]): r["value"] for r in records
             if r["method"] == "no_change" and r["metric"] == "mse"}
-    extra = [{**r, "metric": "beats_no_change", "value": float(r["value"] < base[(r["condition"], r["genes"])])}
+    extra = [{**r, "metric": "beats_no_change",
+              "value": float(r["value"] < base[(r["values"], r["condition"], r["genes"])])}
              for r in records if r["metric"] == "mse" and r["method"] != "no_change"]
     records.extend(extra)
 
 
-def summary_table(records: list[dict], genes: str = "descendants") -> pd.DataFrame:
+def summary_table(records: list[dict], genes: str = "descendants", values: str = "measured") -> pd.DataFrame:
     """Per method: conditions won against no change (seed-mean MSE below it), mean MSE and sign accuracy, edges."""
-    frame = pd.DataFrame([r for r in records if r["genes"] == genes])
+    frame = pd.DataFrame([r for r in records if r["genes"] == genes and r["values"] == values])
     per = frame.groupby(["method", "condition", "metric"], sort=False)["value"].mean().unstack("metric")
     base = per.xs("no_change", level="method")["mse"]
     rows = []
@@ -185,23 +199,28 @@ def summary_table(records: list[dict], genes: str = "descendants") -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-def _markdown(records, n_seeds, quick, value, genes, targets, dropped) -> str:
+def _markdown(records, n_seeds, quick, values, genes, targets, dropped) -> str:
     lines = [f"# Intervention prediction on Sachs 2005{' (quick)' if quick else ''}", "",
              "Step I fitted on the observational cells (cd3cd28, cd3cd28+icam2; log1p); each method predicts "
              "do(target = its mean in the condition) counterfactually on those cells. Step I seeds "
              f"0–{n_seeds - 1} (cape rows: mean over seeds); peers seed 0.", "",
-             "Intervention values (log1p): " + ", ".join(f"{c} → {genes[targets[c]]} = {v:.3g}"
-                                                         for c, v in value.items()), "",
+             "Intervention values (log1p), rule `measured` (the target's mean in the condition): "
+             + ", ".join(f"{c} → {genes[targets[c]]} = {v:.3g}" for c, v in values["measured"].items()) + "; rule "
+             "`activity` (the reagent's documented action: inhibitor → the target's 1st percentile in the "
+             "observational cells, activator → its 99th): "
+             + ", ".join(f"{c} → {v:.3g}" for c, v in values["activity"].items()), "",
              "consensus_linear refits the consensus graph without "
              + (", ".join(dropped) or "no edge") + " (the edge closing its one cycle).", ""]
-    for subset, title in (("descendants", "Genes: the target's descendants in the consensus graph"),
-                          ("all_other", "Genes: every other measured protein")):
-        table = summary_table(records, subset)
-        lines += [f"## {title}", "", "| method | beats no change | mean MSE | mean sign accuracy | edges |",
-                  "|---|---|---|---|---|"]
+    sets = (("descendants", "the target's descendants in the consensus graph"),
+            ("all_other", "every other measured protein"))
+    for rule, (subset, title) in ((r, s) for r in VALUE_RULES for s in sets):
+        table = summary_table(records, subset, rule)
+        lines += [f"## Values `{rule}`; genes: {title}", "",
+                  "| method | beats no change | mean MSE | mean sign accuracy | edges |", "|---|---|---|---|---|"]
         lines += [f"| {r['method']} | {r['beats no change']} | {r['mean MSE']:.4f} | {r['mean sign accuracy']:.3f} | "
                   f"{r['edges']:.1f} |" for r in table.to_dict("records")]
-        frame = pd.DataFrame([r for r in records if r["genes"] == subset and r["metric"] in ("mse", "sign_accuracy")])
+        frame = pd.DataFrame([r for r in records if r["genes"] == subset and r["values"] == rule
+                              and r["metric"] in ("mse", "sign_accuracy")])
         per = frame.groupby(["condition", "method", "metric"], sort=False)["value"].mean().unstack("metric")
         lines += ["", "Per condition (MSE / sign accuracy):", "", "| condition | method | MSE | sign accuracy |",
                   "|---|---|---|---|"]
@@ -212,16 +231,19 @@ def _markdown(records, n_seeds, quick, value, genes, targets, dropped) -> str:
 
 def _figure(records: list[dict]):
     matplotlib.use("Agg")
-    frame = pd.DataFrame([r for r in records if r["genes"] == "descendants" and r["metric"] == "mse"])
-    per = frame.groupby(["condition", "method"], sort=False)["value"].mean().unstack("method")
-    methods = list(per.columns)
-    fig, ax = plt.subplots(figsize=(2 + 0.9 * len(per.index) * max(1, len(methods)) / 4, 3.8))
-    width = 0.8 / max(1, len(methods))
-    for i, m in enumerate(methods):
-        ax.bar(np.arange(len(per.index)) + i * width, per[m].to_numpy(), width, label=m)
-    ax.set_xticks(np.arange(len(per.index)) + 0.4 - width / 2, per.index, rotation=20, fontsize=7)
-    ax.set_ylabel("MSE of descendants' mean shift")
-    ax.set_title("Sachs 2005: predicted vs measured intervention effects (lower is better)")
-    ax.legend(fontsize=6, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig, axes = plt.subplots(len(VALUE_RULES), 1, figsize=(12, 3.6 * len(VALUE_RULES)), squeeze=False)
+    for ax, rule in zip(axes[:, 0], VALUE_RULES, strict=True):
+        frame = pd.DataFrame([r for r in records if r["genes"] == "descendants" and r["metric"] == "mse"
+                              and r["values"] == rule])
+        per = frame.groupby(["condition", "method"], sort=False)["value"].mean().unstack("method")
+        methods = list(per.columns)
+        width = 0.8 / max(1, len(methods))
+        for i, m in enumerate(methods):
+            ax.bar(np.arange(len(per.index)) + i * width, per[m].to_numpy(), width, label=m)
+        ax.set_xticks(np.arange(len(per.index)) + 0.4 - width / 2, per.index, fontsize=7)
+        ax.set_ylabel("MSE of descendants' mean shift")
+        ax.set_title(f"Sachs 2005, values '{rule}': predicted vs measured intervention effects (lower is better)",
+                     fontsize=9)
+        ax.legend(fontsize=6, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
