@@ -146,3 +146,21 @@ def test_sachs_interventions_needs_its_columns():
     raw.obs["observational"] = False
     with pytest.raises(CapeInputError, match="no observational cells"):
         sachs_interventions(raw)
+
+
+def test_sem_hill_default_is_the_saturating_regulation_and_validates():
+    """hill=(1, 1) is x / (1 + x) bit for bit (the perturbation benchmarks' data); (K, n) = (2, 2) is x²/(4 + x²)."""
+    rng = np.random.default_rng(0)
+    w = random_dag(8, 12, rng=rng)
+    topo = list(nx.topological_sort(nx.from_numpy_array(w != 0, create_using=nx.DiGraph)))
+    basal = rng.uniform(0.5, 2.0, 8)
+    x = sem_sample(w, basal, topo, 30, (), 0.3, np.random.default_rng(1))
+    eps = np.random.default_rng(1).normal(0.0, 0.3, size=x.shape)
+    for j in topo:  # each gene from its parents' sampled values, by the formula
+        np.testing.assert_array_equal(x[:, j], np.logaddexp(0.0, basal[j] + (x / (1.0 + x)) @ w[:, j] + eps[:, j]))
+    x2 = sem_sample(w, basal, topo, 30, (), 0.3, np.random.default_rng(1), hill=(2.0, 2.0))
+    for j in topo:
+        np.testing.assert_allclose(x2[:, j], np.logaddexp(0.0, basal[j] + (x2**2 / (4.0 + x2**2)) @ w[:, j]
+                                                          + eps[:, j]))
+    with pytest.raises(CapeInputError, match="hill"):
+        sem_sample(w, basal, topo, 5, (), 0.3, rng, hill=(0.0, 2.0))

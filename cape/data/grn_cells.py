@@ -84,7 +84,8 @@ def simulate_grn_cells(
     n_double: int = 30,
     n_cells_per_perturbation: int = 30,
     *,
-    noise: float = 0.3,
+    noise: float = 1.0,
+    hill: tuple[float, float] = (2.0, 2.0),
     depth: float = 1_000.0,
     dispersion: float = 5.0,
     dropout_midpoint: float = 0.5,
@@ -92,13 +93,15 @@ def simulate_grn_cells(
 ) -> ad.AnnData:
     """Cells of several types and single/double knock-outs, from a known gene DAG, as counts and log expression.
 
-    Biology: the nonlinear structural equations of :func:`cape.data.simulate_perturbation`,
-    ``x_j = softplus(b_cj + Σ_i W_ij · x_i / (1 + x_i) + ε_j)``, on a random DAG with signed weights. The
+    Biology: the nonlinear structural equations of :func:`cape.data.simulate_perturbation` on a log scale,
+    ``x_j = softplus(b_cj + Σ_i W_ij · h(x_i) + ε_j)`` with the Hill regulation ``h(x) = xⁿ / (Kⁿ + xⁿ)``, on a
+    random DAG with signed weights. The
     ``n_programs`` genes with the most descendants are program regulators; cell type t sets their basal drive
     ``b`` high (on) or low (off) by its binary code, other genes share one basal drive per gene. Knock-outs fix
     ``do(x_k = 0)`` in cells drawn from the same cell-type mixture as the controls.
 
-    Technique: gene ``j``'s transcripts in cell ``c`` are ``x_cj · a_j`` (``a_j`` a log-normal gene abundance),
+    Technique: gene ``j``'s transcripts in cell ``c`` are ``(e^x_cj − 1) · a_j`` (``a_j`` a log-normal gene
+    abundance),
     captured in proportion to a log-normal library size around ``depth``, sampled negative-binomially
     (shape ``dispersion``) and dropped out with probability ``1 / (1 + μ / dropout_midpoint)``.
 
@@ -115,7 +118,11 @@ def simulate_grn_cells(
         Single- and two-gene knock-outs (regulators preferred; doubles pair single-perturbed genes, as in
         Norman 2019) and cells per knock-out.
     noise
-        Standard deviation of the structural equations' Gaussian noise.
+        Standard deviation of the structural equations' Gaussian noise (log scale).
+    hill
+        ``(K, n)`` of the regulation: the defaults respond around the genes' typical levels, so a parent's
+        variation reaches its children through the counts' technical noise (with ``x / (1 + x)`` and noise 0.3,
+        parent–child correlations in the counts are no larger than between unrelated genes).
     depth, dispersion, dropout_midpoint
         Median library size (UMIs per cell over these genes), negative-binomial shape, dropout midpoint in UMIs
         (0: no dropout beyond sampling zeros).
@@ -163,13 +170,14 @@ def simulate_grn_cells(
     for knocked, cell_types in [((), control_types)] + [
             (k, rng.integers(0, n_cell_types, size=n_cells_per_perturbation))
             for k in [(g,) for g in singles] + doubles]:
-        blocks.append(sem_sample(w, basal_by_type[cell_types], topo, len(cell_types), knocked, noise, rng))
+        blocks.append(sem_sample(w, basal_by_type[cell_types], topo, len(cell_types), knocked, noise, rng, hill=hill))
         types.append(cell_types)
         conditions += [gears_condition(tuple(names[g] for g in knocked))] * len(cell_types)
         n_perturbed += [len(knocked)] * len(cell_types)
     x = np.vstack(blocks)
     abundance = np.exp(rng.normal(0.0, 1.0, size=n_genes))
-    counts, library = _technical_counts(x, abundance, depth, dispersion, dropout_midpoint, rng)
+    # x is log-scale: transcripts ∝ e^x − 1, so a knocked-out gene (x = 0) has none
+    counts, library = _technical_counts(np.expm1(x), abundance, depth, dispersion, dropout_midpoint, rng)
 
     order = [CONTROL, *dict.fromkeys(conditions[n_control:])]
     obs = pd.DataFrame({"cell_type": pd.Categorical([f"type{t}" for t in np.concatenate(types)],
@@ -188,12 +196,13 @@ def simulate_grn_cells(
     adata.varp["true_dag"] = sp.csr_matrix(w)
     adata.uns["simulation"] = {
         "simulator": "cape.data.simulate_grn_cells",
-        "model": "softplus(b_type + W^T x/(1+x) + eps); counts NB(library · x · a), dropout; do(gene=0) knock-outs",
+        "model": "x = softplus(b_type + W^T x^n/(K^n+x^n) + eps); counts NB(library · (e^x - 1) · a), dropout; "
+                 "do(gene=0) knock-outs",
         "n_genes": n_genes, "n_edges": int((w != 0).sum()), "n_control": n_control, "n_cell_types": n_cell_types,
         "n_programs": n_programs, "program_genes": [names[g] for g in programs],
         "codes": {f"type{t}": codes[t].astype(int).tolist() for t in range(n_cell_types)},
         "n_single": n_single, "n_double": n_double, "n_cells_per_perturbation": n_cells_per_perturbation,
-        "noise": noise, "depth": depth, "dispersion": dispersion, "dropout_midpoint": dropout_midpoint,
-        "seed": seed,
+        "noise": noise, "hill": list(hill), "depth": depth, "dispersion": dispersion,
+        "dropout_midpoint": dropout_midpoint, "seed": seed,
     }
     return adata

@@ -44,21 +44,26 @@ def random_dag(n_genes: int, n_edges: int, *, weight_range: tuple[float, float] 
 
 
 def sem_sample(w: np.ndarray, basal: np.ndarray, topo: list[int], n_cells: int, knocked: tuple[int, ...],
-               noise: float, rng: np.random.Generator) -> np.ndarray:
-    """Cells from the SEM ``x_j = softplus(b_j + Σ_i W_ij · x_i / (1 + x_i) + ε_j)``; ``do(x_k = 0)`` for knocked k.
+               noise: float, rng: np.random.Generator, *, hill: tuple[float, float] = (1.0, 1.0)) -> np.ndarray:
+    """Cells from the SEM ``x_j = softplus(b_j + Σ_i W_ij · h(x_i) + ε_j)``; ``do(x_k = 0)`` for knocked k.
 
-    ``basal`` is one drive per gene (shape genes) or one per cell and gene (cells × genes).
+    ``basal`` is one drive per gene (shape genes) or one per cell and gene (cells × genes). The regulation is the
+    Hill function ``h(x) = xⁿ / (Kⁿ + xⁿ)`` with ``hill = (K, n)``; the default (1, 1) is ``x / (1 + x)``.
 
     Genes are visited in topological order, so a knockout reaches every descendant and nothing else. The saturating
-    regulation ``x / (1 + x)`` (a Hill function with n = 1) and the softplus output make the SEM nonlinear and keep
-    values non-negative, on a log-expression-like scale (about 0–5).
+    regulation and the softplus output make the SEM nonlinear and keep values non-negative, on a
+    log-expression-like scale (about 0–5).
     """
+    half, n = hill
+    if not (half > 0 and n > 0):
+        raise CapeInputError(f"hill must be (K > 0, n > 0), got {hill}")
     x = np.zeros((n_cells, w.shape[0]))
     eps = rng.normal(0.0, noise, size=x.shape)
     for j in topo:
         if j in knocked:
             continue  # do(x_j = 0): the gene's own mechanism is cut; its children see 0
-        drive = basal[..., j] + (x / (1.0 + x)) @ w[:, j] + eps[:, j]
+        powered = x**n
+        drive = basal[..., j] + (powered / (half**n + powered)) @ w[:, j] + eps[:, j]
         x[:, j] = np.logaddexp(0.0, drive)
     return x
 
