@@ -140,7 +140,7 @@ def run_intervention_benchmark(out: str | Path = "results/bench", *, quick: bool
                 if not idx.size:
                     continue
                 m = shift_metrics(shift[idx], true_shift[c][idx])
-                records.extend({"method": method, "seed": seed, "values": rule, "condition": c,
+                records.extend({"method": method, "seed": seed, "value_rule": rule, "condition": c,
                                 "target": genes[targets[c]], "genes": subset, "n_genes": int(idx.size),
                                 "n_edges": n_edges, "metric": k, "value": v} for k, v in m.items())
 
@@ -176,17 +176,17 @@ def run_intervention_benchmark(out: str | Path = "results/bench", *, quick: bool
 
 def _add_beats(records: list[dict]) -> None:
     """``beats_no_change`` per method, seed, condition and gene set (1 when its MSE is below no change's)."""
-    base = {(r["values"], r["condition"], r["genes"]): r["value"] for r in records
+    base = {(r["value_rule"], r["condition"], r["genes"]): r["value"] for r in records
             if r["method"] == "no_change" and r["metric"] == "mse"}
     extra = [{**r, "metric": "beats_no_change",
-              "value": float(r["value"] < base[(r["values"], r["condition"], r["genes"])])}
+              "value": float(r["value"] < base[(r["value_rule"], r["condition"], r["genes"])])}
              for r in records if r["metric"] == "mse" and r["method"] != "no_change"]
     records.extend(extra)
 
 
 def summary_table(records: list[dict], genes: str = "descendants", values: str = "measured") -> pd.DataFrame:
     """Per method: conditions won against no change (seed-mean MSE below it), mean MSE and sign accuracy, edges."""
-    frame = pd.DataFrame([r for r in records if r["genes"] == genes and r["values"] == values])
+    frame = pd.DataFrame([r for r in records if r["genes"] == genes and r["value_rule"] == values])
     per = frame.groupby(["method", "condition", "metric"], sort=False)["value"].mean().unstack("metric")
     base = per.xs("no_change", level="method")["mse"]
     rows = []
@@ -219,7 +219,7 @@ def _markdown(records, n_seeds, quick, values, genes, targets, dropped) -> str:
                   "| method | beats no change | mean MSE | mean sign accuracy | edges |", "|---|---|---|---|---|"]
         lines += [f"| {r['method']} | {r['beats no change']} | {r['mean MSE']:.4f} | {r['mean sign accuracy']:.3f} | "
                   f"{r['edges']:.1f} |" for r in table.to_dict("records")]
-        frame = pd.DataFrame([r for r in records if r["genes"] == subset and r["values"] == rule
+        frame = pd.DataFrame([r for r in records if r["genes"] == subset and r["value_rule"] == rule
                               and r["metric"] in ("mse", "sign_accuracy")])
         per = frame.groupby(["condition", "method", "metric"], sort=False)["value"].mean().unstack("metric")
         lines += ["", "Per condition (MSE / sign accuracy):", "", "| condition | method | MSE | sign accuracy |",
@@ -234,7 +234,7 @@ def _figure(records: list[dict]):
     fig, axes = plt.subplots(len(VALUE_RULES), 1, figsize=(12, 3.6 * len(VALUE_RULES)), squeeze=False)
     for ax, rule in zip(axes[:, 0], VALUE_RULES, strict=True):
         frame = pd.DataFrame([r for r in records if r["genes"] == "descendants" and r["metric"] == "mse"
-                              and r["values"] == rule])
+                              and r["value_rule"] == rule])
         per = frame.groupby(["condition", "method"], sort=False)["value"].mean().unstack("method")
         methods = list(per.columns)
         width = 0.8 / max(1, len(methods))
