@@ -304,7 +304,8 @@ def causal_graph(
         "wall_time": float(time.perf_counter() - start),
         "versions": {"cape": str(__version__), "torch": str(torch.__version__)},
     }
-    record["equations"] = _equations_record(fit, X, dag, genes, layer)
+    if fit.model is not None:  # a CausalFit built without its model (e.g. from a stored adjacency) has none
+        record["equations"] = _equations_record(fit, X, dag, genes, layer)
     adata.uns.setdefault("cape", {})["causal_graph"] = record
     logger.info("causal graph: %d genes, %d edges (%d removed to break cycles), %.1f s",
                 n_genes, rows.size, removed, record["wall_time"])
