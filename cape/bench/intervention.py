@@ -238,8 +238,9 @@ def _figure(records: list[dict]):
         per = frame.groupby(["condition", "method"], sort=False)["value"].mean().unstack("method")
         methods = list(per.columns)
         width = 0.8 / max(1, len(methods))
+        colors = plt.get_cmap("tab20")
         for i, m in enumerate(methods):
-            ax.bar(np.arange(len(per.index)) + i * width, per[m].to_numpy(), width, label=m)
+            ax.bar(np.arange(len(per.index)) + i * width, per[m].to_numpy(), width, label=m, color=colors(i % 20))
         ax.set_xticks(np.arange(len(per.index)) + 0.4 - width / 2, per.index, fontsize=7)
         ax.set_ylabel("MSE of descendants' mean shift")
         ax.set_title(f"Sachs 2005, values '{rule}': predicted vs measured intervention effects (lower is better)",
