@@ -223,7 +223,7 @@ def _markdown(records, n_seeds, quick, values, genes, targets, dropped) -> str:
         frame = pd.DataFrame([r for r in records if r["genes"] == subset and r["value_rule"] == rule
                               and r["metric"] in ("mse", "sign_accuracy")])
         per = frame.groupby(["condition", "method", "metric"], sort=False)["value"].mean().unstack("metric")
-        lines += ["", "beats no change: conditions where the MSE is below no change's, counted per seed, mean over seeds.",
+        lines += ["", "beats no change: conditions with an MSE below no change's, per seed, mean over seeds.",
                   "", "Per condition (MSE / sign accuracy):", "", "| condition | method | MSE | sign accuracy |",
                   "|---|---|---|---|"]
         lines += [f"| {c} | {m} | {row['mse']:.4f} | {row['sign_accuracy']:.3f} |" for (c, m), row in per.iterrows()]
