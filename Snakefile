@@ -16,6 +16,7 @@ include: "workflows/rules/causal.smk"
 include: "workflows/rules/embed.smk"
 include: "workflows/rules/train.smk"
 include: "workflows/rules/evaluate.smk"
+include: "workflows/rules/predict.smk"
 
 
 # configs/benchmarks/*.yaml set benchmark.task and .dataset: the workflow then makes that table, not the pipeline

@@ -466,3 +466,11 @@ def test_default_alias_runs_each_backbones_own_default(labelled):
                    ("scbert", "cape_null")}
     with pytest.raises(CapeInputError, match="and default"):
         bm.variants(["defualt"])
+
+
+def test_cpu_seconds_count_finished_worker_processes():
+    """The report's CPU time includes the --jobs workers' (reaped children), not just the parent's."""
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    before = be._cpu_seconds()
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    assert be._cpu_seconds() - before >= 0.3

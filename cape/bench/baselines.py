@@ -32,6 +32,7 @@ from ..tasks.perturbation import (
     validate_perturbation_data,
 )
 from ..tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+from ..tasks.perturbation_scm import SCMPerturbationPredictor
 
 
 def run_annotation_baselines(adata: ad.AnnData, label_key: str, *, dataset: str = "data",
@@ -90,8 +91,13 @@ def run_perturbation_benchmark(adata: ad.AnnData, *, dataset: str = "data",
                                gene_embeddings: Mapping[str, np.ndarray] | None = None,
                                condition_key: str = "condition", control: str = CONTROL, split_seed: int = 1,
                                seeds: Sequence[int] = (0,), n_de: int = 20, predictor_kwargs: dict | None = None,
-                               ) -> list[dict]:
-    """Split, DE genes, then no-change, additive and one embedding predictor per entry of ``gene_embeddings``.
+                               scm: Mapping[str, dict] | None = None) -> list[dict]:
+    """Split, DE genes, then no-change, additive, one embedding predictor per entry of ``gene_embeddings`` and one
+    structural-equation predictor per entry of ``scm``.
+
+    ``scm`` maps a row name to :class:`~cape.tasks.perturbation_scm.SCMPerturbationPredictor` arguments; rows
+    that learn a graph (``graph`` None) run once per seed (the seed of Step I), rows on a given graph once
+    (seed ``None``: least squares is deterministic). The method name is ``scm_<equations>[<name>]``.
 
     Returns records ``{task, dataset, method, seed, subgroup, metric, value, n_perturbations}`` with metrics
     ``top{n_de}_de_mse`` and ``top{n_de}_de_pearson_delta``; ``subgroup`` is ``overall`` or one of
@@ -124,4 +130,10 @@ def run_perturbation_benchmark(adata: ad.AnnData, *, dataset: str = "data",
             model = EmbeddingPerturbationPredictor(emb, seed=seed, **(predictor_kwargs or {}))
             model.fit(adata, train, condition_key=condition_key, control=control)
             out += records(f"{model.name}[{name}]", seed, model.predict(split.test))
+    for name, kwargs in (scm or {}).items():
+        learns = kwargs.get("graph") is None
+        for seed in (seeds if learns else [None]):
+            model = SCMPerturbationPredictor(**kwargs, **({"seed": seed} if learns else {}))
+            model.fit(adata, train, condition_key=condition_key, control=control)
+            out += records(f"scm_{model.equations}[{name}]", seed, model.predict(split.test))
     return out

@@ -360,4 +360,4 @@ class BenchmarkResult:
     settings: BenchSettings
     seconds: float
     paths: dict[str, Path]
-    cpu_seconds: float = float("nan")  # this process's CPU time: comparable across machine loads
+    cpu_seconds: float = float("nan")  # CPU time with the --jobs workers': comparable across machine loads

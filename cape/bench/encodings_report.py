@@ -127,7 +127,8 @@ def markdown_report(result: BenchmarkResult, task: str, dataset: str, info: dict
               f"dropout {s.dropout}; {_pretrain_note(task, s)}; {_task_note(task, s)} Step I: {s.causal_epochs} "
               f"epochs, rank {s.causal_rank}, τ {s.causal_tau}; Step II: d {s.embed_dim}, {s.embed_epochs} epochs; "
               f"w/o-CSL graph: |corr| {s.corr_neighbors}-NN. "
-              f"Wall time {result.seconds / 60:.1f} min (CPU time {result.cpu_seconds / 60:.1f} min) on "
+              f"Wall time {result.seconds / 60:.1f} min (CPU time {result.cpu_seconds / 60:.1f} min, workers "
+              f"included) on "
               f"{info['cpu_count']} CPU core(s) ({info['machine']}, "
               f"{info['threads']} torch thread(s), 1-min load average at the end {info['load_average']:.1f})"
               + (" — quick mode." if info["quick"] else "."), ""]

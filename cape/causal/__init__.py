@@ -15,6 +15,14 @@ from .acyclicity import (
     hadamard_square_factors,
     trace_expm,
 )
+from .intervention import (
+    StructuralEquations,
+    descendants,
+    intervene,
+    learned_equations,
+    linear_equations,
+    topological_order,
+)
 from .model import ElementwiseMLP, VariationalNotears
 from .postprocess import is_dag, make_dag, positioned_genes, tau_positioning, threshold
 from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
@@ -24,19 +32,25 @@ __all__ = [
     "CausalFit",
     "ElementwiseMLP",
     "LinearisedAcyclicity",
+    "StructuralEquations",
     "VariationalNotears",
     "acyclicity",
     "acyclicity_dense",
     "acyclicity_low_rank",
     "acyclicity_power_series",
     "acyclicity_weights",
+    "descendants",
     "fit_variational_notears",
     "gene_moments",
     "hadamard_square_factors",
+    "intervene",
     "is_dag",
+    "learned_equations",
+    "linear_equations",
     "make_dag",
     "positioned_genes",
     "tau_positioning",
     "threshold",
+    "topological_order",
     "trace_expm",
 ]

@@ -7,7 +7,14 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-__all__ = ["is_dag", "make_dag", "positioned_genes", "tau_positioning", "threshold"]
+__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "choose_tau", "is_dag", "make_dag", "positioned_genes", "tau_positioning",
+           "threshold"]
+
+#: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
+AUTO_TAU_MAX = 0.2
+#: ``tau="auto"`` never goes below this: Adam moves every weight by about lr (3e-3) per step, so weights
+#: without support hover at that scale (a fit on gene-wise shuffled data tops out near 0.003).
+AUTO_TAU_FLOOR = 0.01
 
 
 def threshold(A: np.ndarray, tau: float) -> np.ndarray:
@@ -97,3 +104,19 @@ def tau_positioning(A: np.ndarray, fraction: float) -> float:
     k = max(1, int(np.ceil(fraction * per_gene.size)))
     value = per_gene[k - 1]
     return float(np.nextafter(value, value.dtype.type(0))) if value > 0 else 0.0
+
+
+def choose_tau(A: np.ndarray, tau: float | str, min_positioned: float) -> tuple[float, str]:
+    """The threshold to use and how it was chosen (``"fixed"``, ``"auto: paper"``, ``"auto: positioning"``).
+
+    ``tau="auto"``: :data:`AUTO_TAU_MAX` where it already gives an edge to at least ``min_positioned`` of the
+    genes, else the largest τ that does, but not below :data:`AUTO_TAU_FLOOR` (the rule of
+    :func:`cape.tl.causal_graph`).
+    """
+
+    if tau != "auto":
+        return float(tau), "fixed"
+    if positioned_genes(A, AUTO_TAU_MAX).mean() >= min_positioned:
+        return AUTO_TAU_MAX, "auto: paper"
+    # The largest τ that still positions the requested fraction, but never into the optimiser's noise.
+    return max(tau_positioning(A, min_positioned), AUTO_TAU_FLOOR), "auto: positioning"

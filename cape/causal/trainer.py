@@ -73,6 +73,11 @@ class CausalFit:
         Per epoch: ``loss``, ``nelbo``, ``h``, ``rho``, ``alpha``, ``seconds``.
     epochs_run, converged, wall_time, device, rank, h_every, compiled_mlp
         Bookkeeping of the run (``rank`` None = dense).
+    model
+        The fitted :class:`VariationalNotears` (eval mode): its encoder and decoder are the structural
+        equations that :func:`cape.causal.intervention.learned_equations` reads.
+    mean, std
+        The per-gene standardisation applied to X before the model saw it (float64).
     """
 
     adjacency: np.ndarray
@@ -84,6 +89,9 @@ class CausalFit:
     rank: int | None = None
     h_every: int = 1
     compiled_mlp: bool = False
+    model: VariationalNotears | None = None
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
 
 
 def gene_moments(X) -> tuple[np.ndarray, np.ndarray]:
@@ -321,6 +329,9 @@ def fit_variational_notears(
     if hasattr(bar, "close"):
         bar.close()
 
+    model.eval()
+    for mlp in (model.encoder_mlp, model.decoder_mlp):
+        mlp.compiled = False  # eager kernels from here on: the compiled ones hold the training process's graphs
     with torch.no_grad():
         A = model.adjacency().detach().float().cpu().numpy().copy()
     np.fill_diagonal(A, 0.0)
@@ -334,4 +345,7 @@ def fit_variational_notears(
         rank=rank,
         h_every=h_every,
         compiled_mlp=bool(compile_mlp),
+        model=model,
+        mean=np.asarray(mean, dtype=np.float64),
+        std=np.asarray(std, dtype=np.float64),
     )

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from .. import __version__
 from .._errors import CapeInputError
 from .._settings import default_threads, resolve_device, settings
-from . import bench, causal, data, embed, encode, encodings, evaluate, preprocess, train
+from . import bench, causal, data, embed, encode, encodings, evaluate, predict, preprocess, train
 from ._io import positive_int
 
 #: In the order ``cape --help`` lists them.
-COMMAND_MODULES = (bench, data, preprocess, encodings, causal, train, embed, encode, evaluate)
+COMMAND_MODULES = (bench, data, preprocess, encodings, causal, predict, train, embed, encode, evaluate)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -12,6 +12,7 @@ from .clustering import clustering_metrics, kmeans_clusters
 from .labels import SPLIT_KEY, checked_labels, resolve_label_key
 from .perturbation import PerturbationTask, simulation_split, top_de_mse
 from .perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+from .perturbation_scm import SCMPerturbationPredictor
 
 __all__ = [
     "SPLIT_KEY",
@@ -19,6 +20,7 @@ __all__ = [
     "EmbeddingPerturbationPredictor",
     "NoChangePredictor",
     "PerturbationTask",
+    "SCMPerturbationPredictor",
     "annotation_metrics",
     "annotation_split",
     "checked_labels",

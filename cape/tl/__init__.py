@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .causal_graph import causal_graph  # Step I
 from .hyperbolic import hyperbolic_embedding  # Step II
+from .intervention import predict_intervention  # do() on Step I's equations
 from .pipeline import cape  # Steps I-III
 from .rotary import rotary_encoding  # Step III
 from .tasks import annotate, cluster, predict_perturbation  # downstream tasks
@@ -14,6 +15,7 @@ __all__ = [
     "causal_graph",
     "cluster",
     "hyperbolic_embedding",
+    "predict_intervention",
     "predict_perturbation",
     "rotary_encoding",
 ]

@@ -14,18 +14,14 @@ import torch
 from .. import __version__
 from .._errors import CapeInputError
 from .._settings import resolve_device, resolve_seed, seed_everything
-from ..causal import MIN_CELLS, fit_variational_notears, make_dag, positioned_genes, tau_positioning
+from ..causal import MIN_CELLS, fit_variational_notears, learned_equations, make_dag, positioned_genes, tau_positioning
+from ..causal.postprocess import AUTO_TAU_FLOOR, AUTO_TAU_MAX, choose_tau
 from ..causal.trainer import gene_moments
 
 __all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "MIN_CELLS", "SCAN_TAUS", "causal_graph"]
 
 logger = logging.getLogger("cape")
 
-#: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
-AUTO_TAU_MAX = 0.2
-#: ``tau="auto"`` never goes below this: Adam moves every weight by about lr (3e-3) per step, so weights
-#: without support hover at that scale (a fit on gene-wise shuffled data tops out near 0.003).
-AUTO_TAU_FLOOR = 0.01
 #: Thresholds at which ``uns["cape"]["causal_graph"]["threshold_scan"]`` counts surviving edges and genes.
 SCAN_TAUS = (0.2, 0.1, 0.05, 0.02, 0.01)
 
@@ -100,15 +96,15 @@ def _format_scan(scan: dict[str, np.ndarray]) -> str:
                      zip(scan["tau"], scan["n_edges"], scan["positioned_fraction"], strict=True))
 
 
-def _choose_tau(A: np.ndarray, tau: float | str, min_positioned: float) -> tuple[float, str]:
-    """The threshold to use and how it was chosen (``"fixed"``, ``"auto: paper"``, ``"auto: positioning"``)."""
-
-    if tau != "auto":
-        return float(tau), "fixed"
-    if positioned_genes(A, AUTO_TAU_MAX).mean() >= min_positioned:
-        return AUTO_TAU_MAX, "auto: paper"
-    # The largest τ that still positions the requested fraction, but never into the optimiser's noise.
-    return max(tau_positioning(A, min_positioned), AUTO_TAU_FLOOR), "auto: positioning"
+def _equations_record(fit, X, dag: np.ndarray, genes: np.ndarray, layer: str | None) -> dict:
+    """What prediction needs from Step I (see ``equations`` in :func:`causal_graph`), h5ad-serialisable."""
+    eq = learned_equations(fit.model, fit.mean, fit.std, X, dag)
+    if sp.issparse(X):
+        low, high = (np.asarray(m(axis=0).toarray(), dtype=np.float64).ravel() for m in (X.min, X.max))
+    else:
+        low, high = np.asarray(X.min(0), dtype=np.float64), np.asarray(X.max(0), dtype=np.float64)
+    return {**eq.to_dict(), "genes": np.asarray([str(g) for g in genes], dtype=object), "layer": layer or "X",
+            "obs_min": low, "obs_max": high, "obs_mean": gene_moments(X)[0]}
 
 
 def causal_graph(
@@ -182,7 +178,13 @@ def causal_graph(
       edges removed to break cycles, dropped constant genes; ``tau_used`` and ``tau_rule`` (``"fixed"``,
       ``"auto: paper"`` or ``"auto: positioning"``), ``max_weight``, ``n_positioned`` and ``positioned_fraction``,
       and ``threshold_scan``: arrays ``tau`` (:data:`SCAN_TAUS` and ``tau_used``, descending), ``n_edges`` (edges
-      of the DAG at that τ), ``n_positioned``, ``positioned_fraction``.
+      of the DAG at that τ), ``n_positioned``, ``positioned_fraction``; ``equations``: the fitted structural
+      equations that :func:`cape.tl.predict_intervention` evaluates (arrays and strings only): ``genes`` (the genes
+      used, in model order), ``layer``, ``kind`` = ``"learned"``, the DAG's edges ``source``/``target``/``weight``
+      (indices into ``genes``, feature-space weights), ``order`` (a topological order), the standardisation
+      ``mean``/``std``, the encoder and decoder MLPs ``enc_*``/``dec_*``, the feature normalisation
+      ``feat_mean``/``feat_scale``, and each gene's observed ``obs_min``/``obs_max``/``obs_mean`` (for the range
+      check and the ``"2x"`` convenience).
 
     Returns
     -------
@@ -249,7 +251,7 @@ def causal_graph(
                                       batch_size=batch_size, lr=lr, device=dev, seed=seed, h_every=h_every)
     except FloatingPointError as err:
         raise CapeInputError(f"{err}; try a smaller lr (got {lr}) or check X for extreme values") from err
-    tau_used, tau_rule = _choose_tau(fit.adjacency, tau, min_positioned)
+    tau_used, tau_rule = choose_tau(fit.adjacency, tau, min_positioned)
     dag, removed = make_dag(fit.adjacency, tau_used)
     if removed:
         logger.info("removed %d edge(s) to break cycles left after thresholding", removed)
@@ -309,6 +311,8 @@ def causal_graph(
         "wall_time": float(time.perf_counter() - start),
         "versions": {"cape": str(__version__), "torch": str(torch.__version__)},
     }
+    if fit.model is not None:  # a CausalFit built without its model (e.g. from a stored adjacency) has none
+        record["equations"] = _equations_record(fit, X, dag, genes, layer)
     adata.uns.setdefault("cape", {})["causal_graph"] = record
     logger.info("causal graph: %d genes, %d edges (%d removed to break cycles), %.1f s",
                 n_genes, rows.size, removed, record["wall_time"])

@@ -73,5 +73,6 @@ def input_files(wildcards):
 
 
 def final_outputs():
-    """Final targets of the workflow: the last stage of the pipeline for this run."""
-    return [f"results/{RUN}/report.md", f"results/{RUN}/metrics.json"]
+    """Final targets of the workflow: the last stage of the pipeline for this run (and predictions when asked)."""
+    predictions = [f"results/{RUN}/predict/shifts.tsv"] if config["predict"]["intervene"] else []
+    return [f"results/{RUN}/report.md", f"results/{RUN}/metrics.json", *predictions]

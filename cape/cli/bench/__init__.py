@@ -11,6 +11,7 @@ from . import (
     embedding,
     encodings,
     gears,
+    intervention,
     non_relativity,
     paper_runtime,
     pretrain,
@@ -18,8 +19,8 @@ from . import (
 )
 
 #: In the order ``cape bench --help`` lists them.
-BENCH_MODULES = (attention, non_relativity, causal, causal_scale, pretrain, embedding, properties, baselines,
-                 encodings, gears, paper_runtime)
+BENCH_MODULES = (attention, non_relativity, causal, causal_scale, intervention, pretrain, embedding, properties,
+                 baselines, encodings, gears, paper_runtime)
 
 
 def register(commands) -> None:

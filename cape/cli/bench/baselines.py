@@ -28,7 +28,8 @@ TASKS = ("annotation", "clustering", "perturbation")
 
 def register(bench) -> None:
     p = bench.add_parser("baselines", help="task baselines: LR-on-PCA, PCA/ComBat/Harmony/Scanorama + k-means, "
-                                           "no-change/additive/embedding perturbation predictors")
+                                           "no-change/additive/embedding/structural-equation perturbation "
+                                           "predictors")
     p.add_argument("--task", choices=TASKS, required=True)
     p.add_argument("--dataset", required=True,
                    help="a registered dataset (cape data list), 'simulated' (perturbation) or an .h5ad path")
@@ -75,8 +76,14 @@ def _perturbation(adata, name: str, seeds, quick: bool) -> list[dict]:
     embeddings |= {"control_constant": constant_gene_embeddings(adata.n_vars, d),
                    "control_permuted": permuted_gene_embeddings(pca, seed=0)}
     kwargs = {"epochs": 150} if quick else {}
+    # Structural-equation predictors fitted on the control cells only: Step I's graph with its learned equations
+    # and refit by least squares, and (simulations) the true DAG refit the same way, the oracle.
+    step1 = {"epochs": 30} if quick else {}
+    scm = {"cape": {"equations": "learned", **step1}, "cape_graph": {"equations": "linear", **step1}}
+    if "true_dag" in adata.varp:
+        scm["true_dag"] = {"equations": "linear", "graph": adata.varp["true_dag"]}
     return run_perturbation_benchmark(adata, dataset=name, gene_embeddings=embeddings, seeds=seeds,
-                                      predictor_kwargs=kwargs)
+                                      predictor_kwargs=kwargs, scm=scm)
 
 
 def _plot(records: list[dict], task: str, name: str, path: Path) -> None:

@@ -1,0 +1,361 @@
+"""Interventions on a structural equation model: do(x_g = v) propagated in topological order.
+
+Two kinds of structural equations over M genes, both with one equation per gene and a DAG of parents:
+
+* ``"learned"``: Step I's SEM (:class:`~cape.causal.VariationalNotears`). With u = (x − μ)/σ the trainer's
+  standardisation, the encoder feature of gene j is F_j = (f_j(u_j) − m_j)/s_j (f_j its element-wise MLP,
+  m_j and s_j the normalisation of f(X)), and the SEM is linear in those features,
+  F_j = Σ_i A_ij F_i + Z_j, with the decoder reading them back, x_j = μ_j + σ_j·g_j(F_j) + r_j
+  (r_j the decoder's residual). A is the thresholded DAG.
+* ``"linear"``: x_j = b_j + Σ_i W_ij x_i + e_j, each gene refit on its graph parents by least squares
+  (:func:`linear_equations`): works with any graph (a consensus graph, a peer's), in the data's units.
+
+Abduction recovers each cell's exogenous terms (Z, r or e) from its observed x. ``do`` then fixes the
+intervened genes and recomputes their descendants in topological order:
+
+* counterfactual: every cell keeps its own exogenous terms; the change is propagated as a difference
+  (ΔF_j = Σ_i A_ij ΔF_i, x'_j = x_j + σ_j·(g_j(F_j + ΔF_j) − g_j(F_j))), so a gene the intervention does
+  not reach keeps its observed value bit for bit, and do(x_g = observed x_g) returns the data exactly;
+* interventional: each gene's exogenous terms are drawn independently (the SEM's independent noise) from
+  those abducted on the observed cells, new cells are generated from the roots down, and the shift is
+  measured against cells generated from the same draws without the intervention.
+
+NumPy only (float64); no AnnData: :func:`cape.tl.predict_intervention` is the AnnData-facing tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+import scipy.sparse as sp
+import torch
+from scipy.special import expit
+
+__all__ = ["StructuralEquations", "descendants", "intervene", "learned_equations", "linear_equations",
+           "topological_order"]
+
+KINDS = ("learned", "linear")
+MODES = ("counterfactual", "interventional")
+#: Arrays a ``"learned"`` model holds besides the graph (the element-wise MLPs and the two normalisations).
+_LEARNED_KEYS = ("mean", "std", "enc_w1", "enc_b1", "enc_w2", "enc_b2", "feat_mean", "feat_scale",
+                 "dec_w1", "dec_b1", "dec_w2", "dec_b2")
+
+
+def topological_order(n_genes: int, source: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """A topological order of the graph with edges source[k] → target[k] (every gene listed once).
+
+    Raises ``ValueError`` when the edges contain a cycle.
+    """
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n_genes))
+    graph.add_edges_from(zip(np.asarray(source).tolist(), np.asarray(target).tolist(), strict=True))
+    try:
+        # lexicographic: the same graph always gives the same order
+        return np.asarray(list(nx.lexicographical_topological_sort(graph)), dtype=np.int64)
+    except nx.NetworkXUnfeasible as err:
+        raise ValueError("the graph of the structural equations has a cycle") from err
+
+
+def descendants(n_genes: int, source: np.ndarray, target: np.ndarray, genes) -> np.ndarray:
+    """Boolean mask of the genes reachable from ``genes`` by a directed path (the genes themselves excluded)."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n_genes))
+    graph.add_edges_from(zip(np.asarray(source).tolist(), np.asarray(target).tolist(), strict=True))
+    mask = np.zeros(n_genes, dtype=bool)
+    for g in genes:
+        mask[list(nx.descendants(graph, int(g)))] = True
+    mask[list(map(int, genes))] = False
+    return mask
+
+
+@dataclass
+class StructuralEquations:
+    """One structural equation per gene over a DAG given as weighted edges ``source → target``.
+
+    Attributes
+    ----------
+    kind
+        ``"learned"`` (Step I's encoder, feature-space SEM and decoder) or ``"linear"`` (least squares on the
+        parents, in data units); see the module docstring.
+    source, target, weight
+        The edges (gene indices) and their weights: A_ij in feature space (learned) or W_ij (linear).
+    order
+        A topological order of all genes.
+    intercept
+        Linear only: b_j.
+    params
+        Learned only: the arrays of :data:`_LEARNED_KEYS` (standardisation ``mean``/``std``, encoder MLP
+        ``enc_*``, feature normalisation ``feat_mean``/``feat_scale``, decoder MLP ``dec_*``).
+    """
+
+    kind: str
+    source: np.ndarray
+    target: np.ndarray
+    weight: np.ndarray
+    order: np.ndarray
+    intercept: np.ndarray | None = None
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        self.source = np.asarray(self.source, dtype=np.int64)
+        self.target = np.asarray(self.target, dtype=np.int64)
+        self.weight = np.asarray(self.weight, dtype=np.float64)
+        self.order = np.asarray(self.order, dtype=np.int64)
+        if self.kind == "learned":
+            missing = [k for k in _LEARNED_KEYS if k not in self.params]
+            if missing:
+                raise ValueError(f"learned structural equations lack {', '.join(missing)}")
+            self.params = {k: np.asarray(self.params[k], dtype=np.float64) for k in _LEARNED_KEYS}
+        elif self.intercept is None:
+            raise ValueError("linear structural equations need an intercept per gene")
+        else:
+            self.intercept = np.asarray(self.intercept, dtype=np.float64)
+
+    @property
+    def n_genes(self) -> int:
+        return int(self.order.size)
+
+    # --- graph ----------------------------------------------------------------------------------------
+    def parents(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per gene: (parent indices, edge weights)."""
+        out = []
+        for j in range(self.n_genes):
+            k = np.flatnonzero(self.target == j)
+            out.append((self.source[k], self.weight[k]))
+        return out
+
+    def descendants(self, genes) -> np.ndarray:
+        """Boolean mask of the genes downstream of ``genes`` (see :func:`descendants`)."""
+        return descendants(self.n_genes, self.source, self.target, genes)
+
+    # --- per-gene maps (learned) ----------------------------------------------------------------------
+    @staticmethod
+    def _mlp(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray) -> np.ndarray:
+        """y_j = x_j + Σ_h w2_jh·silu(w1_jh·x_j + b1_jh) + b2_j (the element-wise MLP of the model)."""
+        pre = x[..., None] * w1 + b1
+        return x + (pre * expit(pre) * w2).sum(-1) + b2
+
+    def features(self, x: np.ndarray, genes: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """F = (f(u) − m)/s for data x (cells × the selected genes)."""
+        p = self.params
+        u = (x - p["mean"][genes]) / p["std"][genes]
+        h = self._mlp(u, p["enc_w1"][genes], p["enc_b1"][genes], p["enc_w2"][genes], p["enc_b2"][genes])
+        return (h - p["feat_mean"][genes]) / p["feat_scale"][genes]
+
+    def decode(self, F: np.ndarray, genes: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """μ + σ·g(F): the decoder's reading of features F in data units."""
+        p = self.params
+        g = self._mlp(F, p["dec_w1"][genes], p["dec_b1"][genes], p["dec_w2"][genes], p["dec_b2"][genes])
+        return p["mean"][genes] + p["std"][genes] * g
+
+    # --- abduction ------------------------------------------------------------------------------------
+    def abduct(self, X: np.ndarray) -> dict[str, np.ndarray]:
+        """Each cell's exogenous terms: ``{"F", "Z", "R"}`` (learned) or ``{"E"}`` (linear)."""
+        X = np.asarray(X, dtype=np.float64)
+        parents = self.parents()
+        if self.kind == "linear":
+            E = X - self.intercept
+            for j, (pa, w) in enumerate(parents):
+                if pa.size:
+                    E[:, j] -= X[:, pa] @ w
+            return {"E": E}
+        F = self.features(X)
+        Z = F.copy()
+        for j, (pa, w) in enumerate(parents):
+            if pa.size:
+                Z[:, j] -= F[:, pa] @ w
+        return {"F": F, "Z": Z, "R": X - self.decode(F)}
+
+    # --- storage --------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, np.ndarray | str]:
+        """Arrays and strings only (h5ad-serialisable)."""
+        out: dict[str, np.ndarray | str] = {"kind": self.kind, "source": self.source, "target": self.target,
+                                            "weight": self.weight, "order": self.order}
+        if self.kind == "linear":
+            out["intercept"] = self.intercept
+        else:
+            out |= {k: v for k, v in self.params.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> StructuralEquations:
+        """The inverse of :meth:`to_dict` (extra keys are ignored)."""
+        kind = str(d["kind"])
+        params = {k: np.asarray(d[k]) for k in _LEARNED_KEYS} if kind == "learned" else {}
+        return cls(kind=kind, source=np.asarray(d["source"]), target=np.asarray(d["target"]),
+                   weight=np.asarray(d["weight"]), order=np.asarray(d["order"]),
+                   intercept=np.asarray(d["intercept"]) if kind == "linear" else None, params=params)
+
+
+def _edges(dag: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    dag = np.asarray(dag)
+    if dag.ndim != 2 or dag.shape[0] != dag.shape[1]:
+        raise ValueError(f"the graph must be a square adjacency matrix, got shape {dag.shape}")
+    source, target = np.nonzero(dag)
+    return source, target, dag[source, target].astype(np.float64)
+
+
+def learned_equations(model, mean: np.ndarray, std: np.ndarray, X: np.ndarray, dag: np.ndarray,
+                      batch: int = 4096) -> StructuralEquations:
+    """Step I's structural equations from a fitted :class:`~cape.causal.VariationalNotears`.
+
+    X (dense or sparse, read in row chunks) is the matrix the model was fitted on; ``mean``/``std`` the
+    standardisation the trainer applied to it; ``dag`` the thresholded adjacency (feature-space weights,
+    A[i, j]: i → j). The normalisation of f(X) is taken from all of X's cells (what training's batch
+    statistics estimate): per-gene mean and standard deviation for ``feature_norm="gene"`` or ``"data"``
+    (divided by the model's ``feature_scale``), one shared scale for ``"global"``.
+    """
+    mean = np.asarray(mean, dtype=np.float64)
+    std = np.asarray(std, dtype=np.float64)
+
+    def mlp(m) -> list[np.ndarray]:
+        return [t.detach().double().cpu().numpy() for t in (m.w1, m.b1, m.w2, m.b2)]
+
+    enc, dec = mlp(model.encoder_mlp), mlp(model.decoder_mlp)
+    h_sum = np.zeros(X.shape[1])
+    h_sq = np.zeros(X.shape[1])
+    for s in range(0, X.shape[0], batch):
+        rows = X[s:s + batch]
+        rows = rows.toarray() if sp.issparse(rows) else np.asarray(rows)
+        h = StructuralEquations._mlp((rows.astype(np.float64) - mean) / std, *enc)
+        h_sum += h.sum(0)
+        h_sq += (h * h).sum(0)
+    n = max(X.shape[0], 1)
+    feat_mean = h_sum / n
+    var = np.maximum(h_sq / n - feat_mean**2, 0.0)
+    eps = float(getattr(model.feature_norm, "eps", 1e-5))
+    if isinstance(model.feature_norm, torch.nn.BatchNorm1d):
+        feat_scale = np.sqrt(var + eps) / model.feature_scale.detach().double().cpu().numpy()
+    else:  # GlobalScaleNorm: one scale for all genes
+        feat_scale = np.full(X.shape[1], np.sqrt(var.mean() + eps))
+    source, target, weight = _edges(dag)
+    params = {"mean": mean, "std": std, "enc_w1": enc[0], "enc_b1": enc[1], "enc_w2": enc[2], "enc_b2": enc[3],
+              "feat_mean": feat_mean, "feat_scale": feat_scale, "dec_w1": dec[0], "dec_b1": dec[1],
+              "dec_w2": dec[2], "dec_b2": dec[3]}
+    return StructuralEquations("learned", source, target, weight, topological_order(X.shape[1], source, target),
+                               params=params)
+
+
+def linear_equations(X: np.ndarray, dag: np.ndarray, ridge: float = 1e-8) -> StructuralEquations:
+    """Refit each gene on its parents in ``dag`` (any nonzero entry i → j) by least squares with an intercept.
+
+    Only the graph's pattern is used; ``ridge`` (relative to each parent's variance) only guards against
+    collinear parents.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    source, target, _ = _edges(dag)
+    n_genes = X.shape[1]
+    order = topological_order(n_genes, source, target)
+    mean = X.mean(0)
+    intercept = mean.copy()
+    weight = np.zeros(source.size)
+    Xc = X - mean
+    for j in range(n_genes):
+        k = np.flatnonzero(target == j)
+        if not k.size:
+            continue
+        P = Xc[:, source[k]]
+        gram = P.T @ P
+        gram[np.diag_indices_from(gram)] += ridge * np.maximum(np.diag(gram), 1e-12)
+        w = np.linalg.solve(gram, P.T @ Xc[:, j])
+        weight[k] = w
+        intercept[j] = mean[j] - mean[source[k]] @ w
+    return StructuralEquations("linear", source, target, weight, order, intercept=intercept)
+
+
+def intervene(eq: StructuralEquations, X: np.ndarray, do: Mapping[int, float | np.ndarray], *,
+              mode: str = "counterfactual", n_cells: int | None = None, seed: int = 0
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Cells under do(x_g = v) for every g → v in ``do``, and the matching cells without the intervention.
+
+    Parameters
+    ----------
+    eq
+        The structural equations.
+    X
+        Observed cells × genes in the equations' units (the cells abduction reads).
+    do
+        Gene index → value: a scalar, or one value per output cell.
+    mode
+        ``"counterfactual"``: the observed cells (``n_cells`` of them, drawn without replacement when fewer
+        than X's rows, else all), each keeping its abducted exogenous terms; the reference is X itself.
+        ``"interventional"``: ``n_cells`` (default: X's rows) new cells from exogenous terms drawn per gene
+        from the abducted ones; the reference is generated from the same draws without intervention.
+    seed
+        Seeds the draws.
+
+    Returns
+    -------
+    (predicted, reference), both n_cells × genes. Their column means differ only on the intervened genes and
+    their descendants.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    X = np.asarray(X, dtype=np.float64)
+    n_obs = X.shape[0]
+    rng = np.random.default_rng(seed)
+    noise = eq.abduct(X)
+    parents = eq.parents()
+    if mode == "counterfactual":
+        if n_cells is not None and n_cells < n_obs:
+            rows = np.sort(rng.choice(n_obs, size=n_cells, replace=False))
+            X = X[rows]
+            noise = {k: v[rows] for k, v in noise.items()}
+        values = {int(g): np.broadcast_to(np.asarray(v, dtype=np.float64), X.shape[:1]) for g, v in do.items()}
+        return _counterfactual(eq, X, noise, parents, values), X.copy()
+    n = n_obs if n_cells is None else int(n_cells)
+    draw = rng.integers(0, n_obs, size=(n, eq.n_genes))  # per gene an independent donor cell
+    cols = np.arange(eq.n_genes)
+    drawn = {k: v[draw, cols] for k, v in noise.items() if k != "F"}
+    values = {int(g): np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)) for g, v in do.items()}
+    return _generate(eq, drawn, parents, values, n), _generate(eq, drawn, parents, {}, n)
+
+
+def _counterfactual(eq, X, noise, parents, values) -> np.ndarray:
+    out = X.copy()
+    delta = np.zeros_like(X)  # change of x (linear) or of F (learned), exactly 0 where nothing changes
+    for j in eq.order.tolist():
+        if j in values:
+            out[:, j] = values[j]
+            if eq.kind == "linear":
+                delta[:, j] = values[j] - X[:, j]
+            else:
+                delta[:, j] = eq.features(values[j][:, None], np.array([j]))[:, 0] - noise["F"][:, j]
+            delta[values[j] == X[:, j], j] = 0.0  # the observed value: nothing changes, exactly
+            continue
+        pa, w = parents[j]
+        if not pa.size or not delta[:, pa].any():
+            continue
+        delta[:, j] = delta[:, pa] @ w
+        if eq.kind == "linear":
+            out[:, j] = X[:, j] + delta[:, j]
+        else:
+            idx = np.array([j])
+            F = noise["F"][:, idx]
+            out[:, j] = X[:, j] + (eq.decode(F + delta[:, idx], idx) - eq.decode(F, idx))[:, 0]
+    return out
+
+
+def _generate(eq, noise, parents, values, n) -> np.ndarray:
+    out = np.zeros((n, eq.n_genes))
+    latent = np.zeros((n, eq.n_genes))  # x (linear) or F (learned)
+    for j in eq.order.tolist():
+        pa, w = parents[j]
+        idx = np.array([j])
+        if j in values:
+            out[:, j] = values[j]
+            latent[:, j] = values[j] if eq.kind == "linear" else eq.features(values[j][:, None], idx)[:, 0]
+            continue
+        drive = latent[:, pa] @ w if pa.size else 0.0
+        if eq.kind == "linear":
+            latent[:, j] = eq.intercept[j] + drive + noise["E"][:, j]
+            out[:, j] = latent[:, j]
+        else:
+            latent[:, j] = drive + noise["Z"][:, j]
+            out[:, j] = eq.decode(latent[:, idx], idx)[:, 0] + noise["R"][:, j]
+    return out

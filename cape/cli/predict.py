@@ -1,0 +1,85 @@
+"""``cape predict``: knock-out / over-expression predictions from Step I's structural equations."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import matplotlib
+import pandas as pd
+
+from .. import pl
+from .._errors import CapeInputError
+from .._io import atomic_path, save_figure, write_h5ad
+from .._settings import resolve_seed
+from ..tl.intervention import EQUATIONS, load_equations, predict_intervention
+from ._io import check_output, positive_int, read_input
+
+logger = logging.getLogger("cape")
+
+
+def parse_interventions(items: list[str]) -> dict[str, str]:
+    """``["GENE=0", "GENE2=2x"]`` → ``{"GENE": "0", "GENE2": "2x"}`` (one-line error on a malformed item)."""
+    out: dict[str, str] = {}
+    for item in items:
+        gene, sep, value = item.rpartition("=")
+        if not sep or not gene.strip() or not value.strip():
+            raise CapeInputError(f"--intervene {item!r}: expected GENE=VALUE (a number, ko, or a multiple such as 2x)")
+        if gene.strip() in out:
+            raise CapeInputError(f"--intervene names {gene.strip()} twice")
+        out[gene.strip()] = value.strip()
+    return out
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("predict", help="predict knock-outs / over-expression with Step I's equations")
+    parser.add_argument("--input", "-i", required=True, help="input .h5ad with Step I's graph (from `cape causal`)")
+    parser.add_argument("--intervene", nargs="+", required=True, metavar="GENE=VALUE",
+                        help="do(GENE = VALUE): a number in the units Step I was fitted on, ko (= 0), or a multiple "
+                             "of the gene's observed mean such as 2x")
+    parser.add_argument("--output", "--out", "-o", dest="output", required=True,
+                        help="output .h5ad: the input with layers[KEY] (counterfactual over all cells), or the "
+                             "predicted cells (interventional / --n-cells)")
+    parser.add_argument("--mode", choices=["counterfactual", "interventional"], default="counterfactual",
+                        help="counterfactual (default): each observed cell keeps its noise; interventional: new "
+                             "cells from sampled noise")
+    parser.add_argument("--equations", choices=EQUATIONS, default="learned",
+                        help="learned (Step I's encoder/SEM/decoder) or linear (least-squares refit on the graph)")
+    parser.add_argument("--graph", default=None, help="varp key of the graph for --equations linear (cape_dag)")
+    parser.add_argument("--n-cells", type=positive_int, default=None, help="cells to predict (default: all)")
+    parser.add_argument("--key-added", default="cape_intervention", help="layer/var/uns key (cape_intervention)")
+    parser.add_argument("--table", default=None, help="also write the predicted mean shift per gene (.tsv)")
+    parser.add_argument("--plot", default=None, help="also plot the top predicted shifts (.png)")
+    parser.add_argument("--top", type=positive_int, default=20, help="genes in the plot (20)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    intervention = parse_interventions(args.intervene)
+    out = check_output(args.output, args.input)
+    outputs = [str(out)]
+    if args.table is not None:
+        outputs.append(str(check_output(args.table, args.input, *outputs, suffix=".tsv", option="--table")))
+    if args.plot is not None:
+        check_output(args.plot, args.input, *outputs, suffix=".png", option="--plot")
+    adata = read_input(args.input, expect_counts=False)
+    load_equations(adata)  # names the missing step before anything else
+    cells = predict_intervention(adata, intervention, n_cells=args.n_cells, mode=args.mode, equations=args.equations,
+                                 seed=resolve_seed(None), key_added=args.key_added,
+                                 graph=args.graph)
+    result = cells if cells is not None else adata
+    shifts = pd.DataFrame({"gene": adata.var_names.astype(str),
+                           "shift": adata.var[f"{args.key_added}_shift"].to_numpy(float)})
+    shifts = shifts.reindex(shifts["shift"].abs().sort_values(ascending=False, kind="stable").index)
+    fig = None
+    if args.plot is not None:  # everything is computed before the first file is written: no partial outputs
+        matplotlib.use("agg")
+        fig = pl.intervention(adata, key=args.key_added, n_genes=args.top, return_fig=True)
+    write_h5ad(result, out)
+    if args.table is not None:
+        with atomic_path(args.table) as tmp:
+            shifts.to_csv(tmp, sep="\t", index=False)
+    if fig is not None:
+        save_figure(fig, args.plot)
+    logger.info("wrote %s", ", ".join(p for p in (str(out), args.table, args.plot) if p))
+    return 0

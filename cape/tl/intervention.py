@@ -1,0 +1,243 @@
+"""``cape.tl.predict_intervention``: knock-outs and over-expression in Step I's structural equations, on an AnnData."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+import warnings
+from collections.abc import Mapping
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .._errors import CapeInputError
+from ..causal.intervention import MODES, StructuralEquations, intervene, linear_equations
+from ._uns import h5ad_safe
+
+__all__ = ["EQUATIONS", "intervention_values", "load_equations", "predict_intervention"]
+
+logger = logging.getLogger("cape")
+
+#: ``equations=``: Step I's fitted encoder/SEM/decoder, or each gene refit on its parents by least squares.
+EQUATIONS = ("learned", "linear")
+_MULTIPLE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*x\s*$")
+_KNOCK_OUT = {"ko", "knockout", "knock-out", "0"}
+
+_NO_MODEL = ("AnnData has no Step I model (uns['cape']['causal_graph']['equations']): run cape.tl.causal_graph "
+             "(`cape causal`) first")
+
+
+def load_equations(adata: ad.AnnData) -> dict:
+    """Step I's stored equations record (see :func:`cape.tl.causal_graph`), or a one-line error naming the step."""
+    record = adata.uns.get("cape", {}).get("causal_graph") if isinstance(adata.uns.get("cape"), Mapping) else None
+    if not isinstance(record, Mapping) or not isinstance(record.get("equations"), Mapping):
+        if isinstance(record, Mapping):
+            raise CapeInputError(_NO_MODEL.replace("first", "again (this graph was learnt by a cape without "
+                                                            "stored equations)"))
+        raise CapeInputError(_NO_MODEL)
+    return record["equations"]
+
+
+def _closest(name: str, genes) -> str:
+    close = difflib.get_close_matches(name, list(genes), n=5, cutoff=0.5)
+    if close:
+        return f"closest: {', '.join(close)}"
+    return f"{len(genes)} genes in the graph, e.g. {', '.join(list(genes)[:5])}"
+
+
+def intervention_values(intervention: Mapping[str, float | str], genes, obs_mean: np.ndarray,
+                        obs_min: np.ndarray | None = None, obs_max: np.ndarray | None = None) -> dict[int, float]:
+    """Resolve ``{gene: value}`` to ``{index in genes: float}``.
+
+    A value is a number (in the units of the matrix Step I was fitted on), ``"ko"``/``0`` (knock-out: 0) or
+    ``"<k>x"`` (over- or under-expression: k times the gene's observed mean). Genes not in ``genes`` raise a
+    one-line error listing the closest names; values outside the observed range warn (the equations
+    extrapolate there).
+    """
+    genes = [str(g) for g in genes]
+    index = {g: i for i, g in enumerate(genes)}
+    if not intervention:
+        raise CapeInputError("no intervention given: pass e.g. {'GENE': 0} (knock-out) or {'GENE': '2x'}")
+    out: dict[int, float] = {}
+    for gene, value in intervention.items():
+        gene = str(gene)
+        if gene not in index:
+            raise CapeInputError(f"gene {gene!r} is not in the causal graph ({_closest(gene, genes)})")
+        i = index[gene]
+        if isinstance(value, str):
+            text = value.strip().lower()
+            match = _MULTIPLE.match(text)
+            if text in _KNOCK_OUT:
+                v = 0.0
+            elif match:
+                v = float(match.group(1)) * float(obs_mean[i])
+            else:
+                try:
+                    v = float(text)
+                except ValueError:
+                    raise CapeInputError(f"value {value!r} for {gene}: expected a number, 'ko' or a multiple of the "
+                                         "observed mean such as '2x'") from None
+        elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+            v = float(value)
+        else:
+            raise CapeInputError(f"value {value!r} for {gene}: expected a number, 'ko' or e.g. '2x'")
+        if not np.isfinite(v):
+            raise CapeInputError(f"value {value!r} for {gene} is not finite")
+        if obs_min is not None and obs_max is not None and not obs_min[i] <= v <= obs_max[i]:
+            message = (f"do({gene} = {v:.4g}) lies outside the observed range [{obs_min[i]:.4g}, {obs_max[i]:.4g}]: "
+                       "the structural equations extrapolate there")
+            warnings.warn(message, UserWarning, stacklevel=3)
+        out[i] = v
+    return out
+
+
+def predict_intervention(
+    adata: ad.AnnData,
+    intervention: Mapping[str, float | str],
+    n_cells: int | None = None,
+    mode: str = "counterfactual",
+    equations: str = "learned",
+    seed: int = 0,
+    key_added: str = "cape_intervention",
+    copy: bool = False,
+    *,
+    graph: str | None = None,
+) -> ad.AnnData | None:
+    """Predict the expression after do(x_g = v): fix the intervened genes, propagate through the structural equations.
+
+    Parameters
+    ----------
+    adata
+        AnnData on which :func:`cape.tl.causal_graph` ran. Reads ``uns["cape"]["causal_graph"]["equations"]``
+        (the fitted model), the matrix Step I was fitted on (X or the layer it names) for abduction, and, with
+        ``equations="linear"``, ``varp[graph]``.
+    intervention
+        ``{gene: value}``. Values are in the units of that matrix: a number, ``"ko"`` or ``0`` (knock-out), or
+        ``"<k>x"`` (k times the gene's observed mean, e.g. ``"2x"`` for over-expression).
+    n_cells
+        Counterfactual: predict for this many of the observed cells (drawn at random; default all).
+        Interventional: generate this many cells (default: as many as observed).
+    mode
+        ``"counterfactual"``: each observed cell keeps its abducted noise, so genes the intervention does not
+        reach keep their observed values exactly. ``"interventional"``: new cells from noise drawn per gene
+        from the abducted noise; the shift is measured against cells generated from the same draws without
+        the intervention.
+    equations
+        ``"learned"``: Step I's encoder, feature-space SEM and decoder. ``"linear"``: each gene refit by least
+        squares on its parents in ``varp[graph]`` (any DAG: Step I's, a consensus graph, a peer's).
+    seed
+        Seeds the cell draws.
+    key_added
+        Where results go (below).
+    copy
+        Leave ``adata`` untouched and return a copy holding the results (counterfactual over all cells).
+    graph
+        ``varp`` key of the graph for ``equations="linear"`` (default: Step I's, ``varp["cape_dag"]``).
+
+    Reads
+    -----
+    ``uns["cape"]["causal_graph"]["equations"]`` (Step I's fitted model), ``X`` or the layer Step I was fitted on,
+    and ``varp["cape_dag"]`` (``graph``) with ``equations="linear"``.
+
+    Writes
+    ------
+    ``layers["cape_intervention"]`` (``key_added``; counterfactual over all cells), ``var["cape_intervention_shift"]``
+    (``f"{key_added}_shift"``) and ``uns["cape_intervention"]`` (``key_added``), in ``adata`` unless ``copy``;
+    otherwise a new AnnData of predicted cells (see below).
+
+    Returns
+    -------
+    Counterfactual over all observed cells: ``None`` (or the copy), with ``layers[key_added]`` the predicted
+    expression (genes outside the graph keep their values). Otherwise (interventional, or a subset of cells):
+    a new AnnData of the predicted cells over the graph's genes (``X``; ``layers["reference"]`` the same cells
+    without intervention). Either way ``var[f"{key_added}_shift"]`` holds the predicted mean shift per gene
+    (0 outside the graph) and ``uns[key_added]`` the intervention (resolved values), ``mode``, ``equations``,
+    ``n_cells``, ``seed``, ``shift`` (array over ``var_names``), ``descendants`` (names) and ``no_effect``
+    (intervened genes without descendants); in ``adata`` too unless ``copy``.
+
+    Raises
+    ------
+    CapeInputError
+        No Step I model, a gene not in the graph (closest names listed), an unreadable value, bad options.
+        Values outside the observed range and interventions on genes without descendants (prediction equal to
+        the no-change baseline) only warn.
+    """
+    if mode not in MODES:
+        raise CapeInputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if equations not in EQUATIONS:
+        raise CapeInputError(f"equations must be one of {', '.join(EQUATIONS)}, got {equations!r}")
+    if n_cells is not None and (isinstance(n_cells, bool) or not isinstance(n_cells, (int, np.integer))
+                                or n_cells < 1):
+        raise CapeInputError(f"n_cells must be a positive integer or None, got {n_cells!r}")
+    record = load_equations(adata)
+    genes = [str(g) for g in np.asarray(record["genes"])]
+    missing = [g for g in genes if g not in adata.var_names]
+    if missing:
+        raise CapeInputError(f"{len(missing)} gene(s) of Step I's graph are not in the AnnData (e.g. {missing[0]!r}): "
+                             "predict on the AnnData Step I ran on")
+    layer = str(record.get("layer", "X"))
+    if layer != "X" and layer not in adata.layers:
+        raise CapeInputError(f"Step I was fitted on layers[{layer!r}], which this AnnData lacks")
+    cols = adata.var_names.get_indexer(genes)
+    matrix = adata.X if layer == "X" else adata.layers[layer]
+    X = matrix[:, cols]
+    X = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float64)
+    obs_mean, obs_min, obs_max = (np.asarray(record[k], dtype=np.float64) for k in ("obs_mean", "obs_min", "obs_max"))
+    do = intervention_values(intervention, genes, obs_mean, obs_min, obs_max)
+
+    if equations == "learned":
+        eq = StructuralEquations.from_dict(record)
+    else:
+        key = graph or "cape_dag"
+        if key not in adata.varp:
+            raise CapeInputError(f"varp[{key!r}] not found: run cape.tl.causal_graph (`cape causal`) first, or pass "
+                                 "graph= naming a varp key")
+        A = adata.varp[key]
+        A = A.tocsr() if sp.issparse(A) else sp.csr_matrix(np.asarray(A))
+        try:
+            eq = linear_equations(X, A[cols][:, cols].toarray())
+        except ValueError as err:
+            raise CapeInputError(f"varp[{key!r}]: {err}") from None
+    reached = eq.descendants(list(do))
+    names = [genes[i] for i in do]
+    no_effect = [genes[i] for i in do if not eq.descendants([i]).any()]
+    if no_effect:
+        message = (f"{', '.join(no_effect)} ha{'s' if len(no_effect) == 1 else 've'} no descendants in the graph: "
+                   "the prediction for every other gene is the no-change baseline")
+        warnings.warn(message, UserWarning, stacklevel=2)
+
+    predicted, reference = intervene(eq, X, do, mode=mode, n_cells=n_cells, seed=seed)
+    shift = np.zeros(adata.n_vars)
+    shift[cols] = predicted.mean(0) - reference.mean(0)
+    summary = h5ad_safe({
+        "intervention": {genes[i]: float(v) for i, v in do.items()},
+        "mode": mode, "equations": equations, "graph": graph or ("cape_dag" if equations == "linear" else "learned"),
+        "n_cells": int(predicted.shape[0]), "seed": int(seed), "shift": shift,
+        "descendants": [genes[i] for i in np.flatnonzero(reached)], "no_effect": no_effect,
+    })
+    logger.info("do(%s): %d descendant gene(s); largest predicted shifts: %s",
+                ", ".join(f"{genes[i]}={v:.3g}" for i, v in do.items()), int(reached.sum()),
+                ", ".join(f"{adata.var_names[i]} {shift[i]:+.3g}" for i in np.argsort(-np.abs(shift))[:5]
+                          if adata.var_names[i] not in names and shift[i] != 0) or "none")
+
+    target = adata.copy() if copy else adata
+    new_cells = mode == "interventional" or predicted.shape[0] != adata.n_obs
+    if not new_cells:
+        full = matrix.toarray() if sp.issparse(matrix) else np.array(matrix, dtype=np.float64)
+        full = np.asarray(full, dtype=np.float32)
+        full[:, cols] = predicted
+        target.layers[key_added] = full
+    target.var[f"{key_added}_shift"] = shift
+    target.uns[key_added] = summary
+    if not new_cells:
+        return target if copy else None
+    cells = ad.AnnData(X=predicted.astype(np.float32), var=pd.DataFrame(index=pd.Index(genes)),
+                       obs=pd.DataFrame(index=[f"predicted{i}" for i in range(predicted.shape[0])]))
+    cells.layers["reference"] = reference.astype(np.float32)
+    cells.var = adata.var.iloc[cols].copy()
+    cells.var[f"{key_added}_shift"] = shift[cols]
+    cells.uns[key_added] = summary
+    return cells
