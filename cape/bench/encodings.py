@@ -94,12 +94,12 @@ logger = logging.getLogger("cape")
 # ----------------------------------------------------------------------------------------------------------------
 
 
-
 def _cpu_seconds() -> float:
     """CPU time of this process and of its finished children (the ``--jobs`` workers, reaped when the pool
     closes): the run's cost on an idle machine, whatever the load."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.process_time() + children.ru_utime + children.ru_stime
+
 
 def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "data", label_key: str | None = None,
                             encoding_names: Sequence[str] | None = None,

@@ -95,15 +95,14 @@ def simulate_grn_cells(
 
     Biology: the nonlinear structural equations of :func:`cape.data.simulate_perturbation` on a log scale,
     ``x_j = softplus(b_cj + Σ_i W_ij · h(x_i) + ε_j)`` with the Hill regulation ``h(x) = xⁿ / (Kⁿ + xⁿ)``, on a
-    random DAG with signed weights. The
-    ``n_programs`` genes with the most descendants are program regulators; cell type t sets their basal drive
-    ``b`` high (on) or low (off) by its binary code, other genes share one basal drive per gene. Knock-outs fix
-    ``do(x_k = 0)`` in cells drawn from the same cell-type mixture as the controls.
+    random DAG with signed weights. The ``n_programs`` genes with the most descendants are program regulators;
+    cell type t sets their basal drive ``b`` high (on) or low (off) by its binary code, other genes share one
+    basal drive per gene. Knock-outs fix ``do(x_k = 0)`` in cells drawn from the same cell-type mixture as the
+    controls.
 
     Technique: gene ``j``'s transcripts in cell ``c`` are ``(e^x_cj − 1) · a_j`` (``a_j`` a log-normal gene
-    abundance),
-    captured in proportion to a log-normal library size around ``depth``, sampled negative-binomially
-    (shape ``dispersion``) and dropped out with probability ``1 / (1 + μ / dropout_midpoint)``.
+    abundance), captured in proportion to a log-normal library size around ``depth``, sampled
+    negative-binomially (shape ``dispersion``) and dropped out with probability ``1 / (1 + μ / dropout_midpoint)``.
 
     Parameters
     ----------
