@@ -165,3 +165,23 @@ def test_linearised_acyclicity_is_h_to_first_order(factored: bool) -> None:
     moved.requires_grad_()
     (g,) = torch.autograd.grad(model(moved), moved)
     assert torch.all(g * moved.detach() >= 0) and g[0, 1] == 0
+
+
+def test_fused_low_rank_l1_and_linearised_h_match_the_separate_terms() -> None:
+    gen = torch.Generator().manual_seed(3)
+    U0, V0 = torch.randn(30, 4, generator=gen) * 0.3, torch.randn(30, 4, generator=gen) * 0.3
+    linearised = LinearisedAcyclicity(U0 @ V0.T, U0, V0)
+    U = (U0 + 0.05 * torch.randn(30, 4, generator=gen)).requires_grad_()
+    V = (V0 + 0.05 * torch.randn(30, 4, generator=gen)).requires_grad_()
+    l1, h = linearised.low_rank_l1_and_h(U, V)
+    (0.7 * l1 + 3.0 * h).backward()
+    fused = (float(l1), float(h), U.grad.clone(), V.grad.clone())
+    U.grad = V.grad = None
+    A = U @ V.T
+    l1_ref = A.abs().sum() - A.diagonal().abs().sum()
+    h_ref = linearised(U @ V.T)
+    (0.7 * l1_ref + 3.0 * h_ref).backward()
+    assert fused[0] == pytest.approx(float(l1_ref), rel=1e-6)
+    assert fused[1] == pytest.approx(float(h_ref), rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(fused[2], U.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused[3], V.grad, rtol=1e-5, atol=1e-6)

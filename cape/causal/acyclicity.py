@@ -157,6 +157,16 @@ class LinearisedAcyclicity:
     def __call__(self, A: torch.Tensor) -> torch.Tensor:
         return self.h0 + _WeightedSquareChange.apply(A, self.weights, self.A0).double()
 
+    def low_rank_l1_and_h(self, U: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """‖UVᵀ − diag(UVᵀ)‖₁ and h̃(UVᵀ) from one M×M product (the penalties of a low-rank step).
+
+        The same values and gradients as ``(U @ V.T).abs().sum() − |diag|.sum()`` and ``self(U @ V.T)``,
+        but UVᵀ is formed once and the backward pass maps the summed M×M gradient through a single pair of
+        M×M×r products instead of one pair per term.
+        """
+        l1, change = _LowRankL1AndChange.apply(U, V, self.weights, self.A0)
+        return l1, self.h0 + change.double()
+
 
 class _WeightedSquareChange(torch.autograd.Function):
     """Σ W (A − A₀)(A + A₀) = Σ W (A² − A₀²) with the gradient 2W∘A in one pass (A is M×M per step)."""
@@ -171,3 +181,22 @@ class _WeightedSquareChange(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):  # type: ignore[override]
         A, W = ctx.saved_tensors
         return (2.0 * grad_output) * W * A, None, None
+
+
+class _LowRankL1AndChange(torch.autograd.Function):
+    """(‖A‖₁ off the diagonal, Σ W (A² − A₀²)) at A = UVᵀ, with one M×M gradient G and G·V, Gᵀ·U."""
+
+    @staticmethod
+    def forward(ctx, U: torch.Tensor, V: torch.Tensor, W: torch.Tensor, A0: torch.Tensor):  # type: ignore[override]
+        A = U @ V.T
+        ctx.save_for_backward(U, V, W, A)
+        l1 = A.abs().sum() - A.diagonal().abs().sum()
+        return l1, ((A - A0) * (A + A0)).mul_(W).sum()
+
+    @staticmethod
+    def backward(ctx, grad_l1: torch.Tensor, grad_change: torch.Tensor):  # type: ignore[override]
+        U, V, W, A = ctx.saved_tensors
+        G = torch.sign(A).mul_(grad_l1)
+        G.diagonal().zero_()
+        G.add_(W * A, alpha=float(2.0 * grad_change))
+        return G @ V, G.T @ U, None, None
