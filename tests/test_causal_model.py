@@ -87,12 +87,19 @@ def test_training_is_deterministic_and_sparse_streaming_matches_dense() -> None:
 
 
 def test_h_every_resolution() -> None:
-    from cape.causal.trainer import AUTO_H_EVERY, EXACT_ACYCLICITY_MAX, resolve_h_every
+    from cape.causal.trainer import (
+        AUTO_H_EVERY,
+        AUTO_H_EVERY_LARGE,
+        AUTO_H_EVERY_LARGE_M,
+        EXACT_ACYCLICITY_MAX,
+        resolve_h_every,
+    )
 
     assert resolve_h_every(None, EXACT_ACYCLICITY_MAX, None) == 1
     assert resolve_h_every(None, EXACT_ACYCLICITY_MAX + 1, None) == AUTO_H_EVERY
     assert resolve_h_every(None, 1000, 20) == 1  # k = 210: the exact k×k exponential is cheap
     assert resolve_h_every(None, 1000, 40) == AUTO_H_EVERY  # k = 820
+    assert resolve_h_every(None, AUTO_H_EVERY_LARGE_M + 1, 40) == AUTO_H_EVERY_LARGE
     assert resolve_h_every(3, 1000, 40) == 3
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match="h_every must be a whole number"):
@@ -354,3 +361,24 @@ def test_compiled_mlp_serves_many_gene_counts_without_recompiling() -> None:
     # Shape-specialised compiling made 6 graphs here (and hit torch's limit of 8 in a scaling run, after
     # which the MLPs ran eagerly, 3× slower); one dynamic graph per grad mode is enough.
     assert counters["stats"]["unique_graphs"] - before <= 3
+
+
+def test_reconstruction_on_a_subsample_is_an_unbiased_estimate_and_leaves_the_kl_alone() -> None:
+    torch.manual_seed(0)
+    model = VariationalNotears(6, rank=None, hidden=4, seed=0).eval()
+    x = torch.randn(40, 6)
+    with torch.no_grad():
+        full = model(x)
+        subs = [model(x, recon_rows=10) for _ in range(400)]
+    assert all(float(s["kl"]) == pytest.approx(float(full["kl"])) for s in subs)
+    mean_recon = float(torch.stack([s["recon"] for s in subs]).mean())
+    assert mean_recon == pytest.approx(float(full["recon"]), rel=0.05)
+    assert len({round(float(s["recon"]), 6) for s in subs}) > 1  # the subsample is drawn anew
+
+
+def test_recon_fraction_is_automatic_at_scale_and_validated() -> None:
+    X = np.random.default_rng(0).normal(size=(64, 5)).astype(np.float32)
+    with pytest.raises(ValueError, match="recon_fraction"):
+        fit_variational_notears(X, rank=None, epochs=1, device="cpu", recon_fraction=0.0)
+    quarter = fit_variational_notears(X, rank=None, epochs=2, device="cpu", recon_fraction=0.25)
+    assert np.isfinite(quarter.adjacency).all()

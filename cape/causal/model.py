@@ -246,18 +246,25 @@ class VariationalNotears(nn.Module):
         """X̂ = g(Z(I − A)⁻¹)."""
         return self.decoder_mlp(self.propagate(z))
 
-    def forward(self, x: torch.Tensor, sample: bool | None = None) -> dict[str, torch.Tensor]:
+    def forward(self, x: torch.Tensor, sample: bool | None = None,
+                recon_rows: int | None = None) -> dict[str, torch.Tensor]:
         """Per-cell −ELBO terms averaged over the batch: ``{"recon", "kl", "nelbo"}``.
 
         ``sample`` draws Z by reparameterisation (default: in training mode when ``sample_latent``);
-        otherwise Z = μ_Z.
+        otherwise Z = μ_Z. ``recon_rows`` = k < batch size averages the reconstruction term over k cells
+        drawn at random (torch's generator) instead of all: an unbiased estimate of the same mean at k/B
+        of the decoder's cost. The KL term, the only one A enters, always uses every cell.
         """
         if sample is None:
             sample = self.training and self.sample_latent
         mu = self.encode(x)
         logvar = self.z_logvar
         z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar) if sample else mu
+        x_target = x
+        if recon_rows is not None and recon_rows < x.shape[0]:
+            rows = torch.randperm(x.shape[0], device=x.device)[:max(1, int(recon_rows))]
+            z, x_target = z[rows], x[rows]
         x_hat = self.decode(z)
-        recon = 0.5 * (x - x_hat).pow(2).sum(1).mean()
+        recon = 0.5 * (x_target - x_hat).pow(2).sum(1).mean()
         kl = 0.5 * (mu.pow(2) + logvar.exp() - 1.0 - logvar).sum(1).mean()
         return {"recon": recon, "kl": kl, "nelbo": recon + kl}

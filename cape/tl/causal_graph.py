@@ -305,6 +305,7 @@ def causal_graph(
         "epochs_run": int(fit.epochs_run),
         "converged": bool(fit.converged),
         "h_every": int(fit.h_every),
+        "recon_fraction": float(fit.recon_fraction),
         "compiled_mlp": bool(fit.compiled_mlp),
         "history": {k: np.asarray(v, dtype=np.float64) for k, v in fit.history.items()},
         "fit_seconds": float(fit.wall_time),
