@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 CORES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-dev install-docs docs test-data lint clean
+.PHONY: run test install install-dev install-docs docs test-data lint clean sdcd-env
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,19 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 
 $(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install --quiet -e ".[docs]"
+	touch $@
+
+# The SDCD / DCD-FG peers of `cape bench causal` in an environment of their own: sdcd 0.1.4 pins pandas < 2
+# (cape needs 2) and imports an old wandb that needs pkg_resources (setuptools < 70). Torch first, so that
+# sdcd's torch requirement does not pull the CUDA build. cape finds ./.venv-sdcd by itself.
+SDCD_VENV ?= .venv-sdcd
+sdcd-env: $(SDCD_VENV)/.installed
+$(SDCD_VENV)/.installed:
+	$(PYTHON) -m venv $(SDCD_VENV)
+	$(SDCD_VENV)/bin/python -m pip install --quiet "$(TORCH)"
+	$(SDCD_VENV)/bin/python -m pip install --quiet sdcd==0.1.4 pytorch_lightning
+	$(SDCD_VENV)/bin/python -m pip install --quiet "setuptools<70"
+	WANDB_MODE=disabled $(SDCD_VENV)/bin/python -c "import sdcd"
 	touch $@
 
 install: $(VENV)/.installed

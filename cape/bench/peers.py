@@ -1,13 +1,18 @@
-"""Peer causal-discovery methods (gcastle, DAGMA), each run in its own subprocess with a time budget.
+"""Peer causal-discovery methods (gcastle, DAGMA, SDCD), each run in its own subprocess with a time budget.
 
 ``import castle.algorithms`` sets torch's default dtype to float64 and configures the root logger, and
 ``DagmaMLP`` sets the default dtype too; running every peer in a child process keeps cape's own process
 clean and lets a run that exceeds its budget be killed. The child is ``python -m cape.bench.peers METHOD
 IN.npz OUT.npz``; it writes the weighted adjacency (A[i, j] ≠ 0: i → j) and the fit time.
+
+SDCD and DCD-FG (package ``sdcd``) pin pandas < 2 and an old wandb, so they live in an environment of their
+own (``make sdcd-env`` builds ``.venv-sdcd``): their child is the stand-alone script ``_sdcd_child.py`` run
+by that environment's interpreter (:func:`sdcd_python`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import random
@@ -35,7 +40,26 @@ PEERS = {
     "notears_nonlinear": "gcastle NotearsNonlinear (MLP)",
     "dagma_linear": "DAGMA DagmaLinear (l2)",
     "dagma_mlp": "DAGMA DagmaMLP + DagmaNonlinear (hidden 10)",
+    "sdcd": "SDCD (Nazaret et al. 2024; sdcd 0.1.4 defaults, own environment)",
+    "dcdfg": "DCD-FG (sdcd 0.1.4's wrapper, defaults; needs pytorch_lightning, own environment)",
 }
+#: Peers from the ``sdcd`` package, run by :func:`sdcd_python` on ``_sdcd_child.py``.
+SDCD_PEERS = ("sdcd", "dcdfg")
+#: Environment variable naming the interpreter of an environment with ``sdcd`` installed.
+SDCD_PYTHON_ENV = "CAPE_SDCD_PYTHON"
+_SDCD_CHILD = Path(__file__).with_name("_sdcd_child.py")
+
+
+def sdcd_python() -> str | None:
+    """Interpreter that runs the SDCD peers: ``$CAPE_SDCD_PYTHON``, else ``./.venv-sdcd/bin/python`` (what
+    ``make sdcd-env`` builds), else this interpreter if it can import ``sdcd``; ``None`` if none can."""
+    configured = os.environ.get(SDCD_PYTHON_ENV)
+    if configured:
+        return configured
+    local = Path(".venv-sdcd") / "bin" / "python"
+    if local.exists():
+        return str(local.absolute())
+    return sys.executable if importlib.util.find_spec("sdcd") is not None else None
 
 
 @dataclass
@@ -98,12 +122,20 @@ def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, thread
     """Fit ``method`` on X (samples × variables) in a subprocess; kill it after ``budget`` seconds."""
     if method not in PEERS:
         raise ValueError(f"unknown peer {method!r}; known: {sorted(PEERS)}")
+    command = [sys.executable, "-m", "cape.bench.peers"]
+    if method in SDCD_PEERS:
+        python = sdcd_python()
+        if python is None:
+            return PeerResult(method, "error", None, 0.0, f"sdcd is not installed: run `make sdcd-env` or set "
+                              f"{SDCD_PYTHON_ENV} to the python of an environment with sdcd==0.1.4")
+        command = [python, str(_SDCD_CHILD)]
     with tempfile.TemporaryDirectory(prefix="cape-peer-") as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         np.savez(src, X=np.asarray(X, dtype=np.float64), seed=seed)
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+               "WANDB_MODE": "disabled"}
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "cape.bench.peers", method, str(src), str(dst)],
+        proc = subprocess.Popen([*command, method, str(src), str(dst)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             output, _ = proc.communicate(timeout=budget)
