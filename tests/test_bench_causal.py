@@ -38,7 +38,7 @@ def test_benchmark_writes_records_table_and_plot(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny", {"kind": "sem", "n_nodes": 4, "n_samples": 200})
     records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape_dense"],
                                                 n_seeds=2, budget=5)
-    assert {r["metric"] for r in records} == {"seconds", *bench_causal.METRICS}
+    assert {r["metric"] for r in records} == {"seconds", "acyclic", *bench_causal.METRICS}
     assert {r["seed"] for r in records} == {0, 1}
     saved = json.loads((tmp_path / "causal.json").read_text())
     assert len(saved) == len(records)
@@ -52,8 +52,11 @@ def test_scale_benchmark_tiny_grid(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(causal_scale.QUICK, "M", [45])
     monkeypatch.setitem(causal_scale.QUICK, "dense_max_M", 45)
     monkeypatch.setitem(causal_scale.QUICK, "h_M", [50])
+    monkeypatch.setitem(causal_scale.QUICK, "fit", [(300, 45)])
+    monkeypatch.setitem(causal_scale.QUICK, "fit_epochs", 2)
     records = causal_scale.run_causal_scale(out=tmp_path, quick=True)
-    assert {r["sweep"] for r in records} == {"N", "M", "h"}
+    assert {r["sweep"] for r in records} == {"N", "M", "h", "fit"}
+    assert "45 genes × 300 cells" in (tmp_path / "causal_scale.md").read_text()
     assert {r["method"] for r in records if r["sweep"] == "h"} == {"exact", "low_rank", "linearised_step",
                                                                     "linearise"}
     assert all(r["value"] > 0 for r in records)
@@ -114,6 +117,95 @@ def test_benchmark_feeds_raw_and_standardized_inputs_from_a_seed_offset(tmp_path
     assert "| tiny | standardized | cape_dense |" in text and "median shd" in text
     with pytest.raises(CapeInputError):
         bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape_dense"], inputs=["zscore"])
+
+
+_FAKE_SDCD = {
+    "sdcd/__init__.py": "",
+    "sdcd/utils/__init__.py": """
+def create_intervention_dataset(frame, perturbation_colname):
+    assert set(frame[perturbation_colname]) == {"obs"}
+    return frame.drop(columns=perturbation_colname).to_numpy()
+""",
+    "sdcd/models/__init__.py": """
+import numpy as np
+
+
+class SDCD:
+    def train(self, dataset):
+        print("training on", dataset.shape)  # sdcd prints progress: must not reach the parent's result
+        d = dataset.shape[1]
+        self.weights = np.arange(d * d, dtype=float).reshape(d, d) / (d * d)
+
+    def get_adjacency_matrix(self, threshold=True):
+        return np.triu(self.weights > 0.5, 1).astype(int) if threshold else self.weights
+
+
+DCDFG = SDCD
+""",
+}
+
+
+def _fake_sdcd(root) -> None:
+    for name, text in _FAKE_SDCD.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_sdcd_peer_runs_in_the_interpreter_named_by_the_environment(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from cape.bench.peers import SDCD_PYTHON_ENV
+
+    _fake_sdcd(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(SDCD_PYTHON_ENV, sys.executable)
+    X = np.random.default_rng(0).normal(size=(50, 4))
+    result = run_peer("sdcd", X, budget=120, seed=3)
+    assert result.status == "ok", result.message
+    weights = np.arange(16.0).reshape(4, 4) / 16
+    expected = np.where(np.triu(weights > 0.5, 1), weights, 0.0)  # the thresholded DAG, weighted
+    np.testing.assert_allclose(result.adjacency, expected)
+    assert result.seconds >= 0
+
+
+def test_sdcd_peer_without_sdcd_says_how_to_install_it(tmp_path, monkeypatch) -> None:
+    import importlib.util
+
+    from cape.bench.peers import SDCD_PYTHON_ENV
+
+    if importlib.util.find_spec("sdcd") is not None:
+        pytest.skip("sdcd is installed in this environment")
+    monkeypatch.delenv(SDCD_PYTHON_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)  # no ./.venv-sdcd here
+    result = run_peer("sdcd", np.zeros((10, 3)), budget=10)
+    assert result.status == "error" and result.adjacency is None
+    assert "make sdcd-env" in result.message and SDCD_PYTHON_ENV in result.message
+
+
+def test_extra_thresholds_score_the_same_fit_and_every_graph_is_checked_for_cycles(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny", {"kind": "sem", "n_nodes": 4, "n_samples": 200})
+    weights = np.array([[0, 0.25, 0, 0], [0, 0, 0.15, 0], [0.05, 0, 0, 0], [0, 0, 0, 0]])  # a 3-cycle at τ 0.05
+    monkeypatch.setattr(bench_causal, "_run_cape", lambda method, X, seed: (weights, 2.5))
+    records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape"], n_seeds=1,
+                                                taus=[0.05, 0.1])
+    methods = {r["method"] for r in records}
+    assert methods == {"cape", "cape@τ0.05", "cape@τ0.1"}
+    assert {r["value"] for r in records if r["metric"] == "seconds"} == {2.5}
+    nnz = {r["method"]: r["value"] for r in records if r["metric"] == "nnz"}
+    assert nnz == {"cape": 1, "cape@τ0.1": 2, "cape@τ0.05": 2}  # τ 0.05's cycle broken at its weakest edge
+    assert all(r["value"] == 1.0 for r in records if r["metric"] == "acyclic")
+    assert "Returned graphs that are DAGs: 3 of 3" in (tmp_path / "causal.md").read_text()
+    from cape._errors import CapeInputError
+
+    with pytest.raises(CapeInputError):
+        bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape"], taus=[0.0])
+
+
+def test_is_acyclic() -> None:
+    assert bench_causal.is_acyclic(np.triu(np.ones((4, 4)), 1))
+    assert not bench_causal.is_acyclic(np.array([[0, 1], [1, 0]]))
+    assert not bench_causal.is_acyclic(np.eye(2))  # a self-loop is a cycle
 
 
 def test_standardized_leaves_constant_columns_centred() -> None:

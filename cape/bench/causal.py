@@ -28,8 +28,10 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
+import networkx as nx
 import numpy as np
 import pandas as pd
+import torch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .. import data
@@ -42,7 +44,7 @@ from ..causal.metrics import dag_metrics
 from ..data.simulate import simulate_sem
 from .peers import PEERS, run_peer
 
-__all__ = ["CAPE_METHODS", "INPUTS", "SETTINGS", "run_causal_benchmark", "standardized"]
+__all__ = ["CAPE_METHODS", "DIAGNOSE", "INPUTS", "SETTINGS", "is_acyclic", "run_causal_benchmark", "standardized"]
 
 logger = logging.getLogger("cape")
 
@@ -51,6 +53,9 @@ SETTINGS = {
     "m20": {"kind": "sem", "n_nodes": 20, "n_samples": 5000},
     "m50": {"kind": "sem", "n_nodes": 50, "n_samples": 5000},
     "m100": {"kind": "sem", "n_nodes": 100, "n_samples": 5000},
+    **{f"{prefix}{n}_{sem}": {"kind": "sem", "n_nodes": n, "n_samples": 5000, "graph": graph, "sem": sem}
+       for prefix, graph in (("er", "erdos_renyi"), ("sf", "scale_free")) for n in (30, 100)
+       for sem in ("mlp", "linear")},
     "sachs_obs": {"kind": "sachs", "cells": "observational"},
     "sachs_all": {"kind": "sachs", "cells": "all"},
 }
@@ -59,6 +64,14 @@ SETTINGS = {
 #: simulated SEMs the variance grows along the causal order ("varsortability", Reisach et al. 2021), which
 #: least-squares methods such as NOTEARS exploit on raw data; standardising removes that cue for everyone.
 CAPE_METHODS = {
+    # What cape.tl.causal_graph runs: rank 40, dense when M ≤ 40.
+    "cape": {"rank": "default"},
+    # One experiment per suspected cause of a loss against a peer (``--diagnose``), each changing one thing:
+    "cape_lambda0.3": {"rank": "default", "lambda_sparse": 0.3},  # sparsity scale
+    "cape_lambda3": {"rank": "default", "lambda_sparse": 3.0},
+    "cape_linear": {"rank": "default", "hidden": 0},  # the element-wise nonlinearity (off: linear SEM)
+    "cape_batch1000": {"rank": "default", "batch_size": 1000},  # minibatch optimisation
+    "cape_epochs300": {"rank": "default", "epochs": 300, "min_epochs": 300},  # under-training
     "cape_dense": {"rank": None},
     "cape_low_rank": {"rank": "low"},
     "cape_dense_raw": {"rank": None, "standardize": "none", "feature_norm": "data"},
@@ -66,7 +79,7 @@ CAPE_METHODS = {
 }
 QUICK = {"settings": ["fig3"], "n_samples": 2000, "seeds": 2, "budget": 60.0,
          "methods": ["cape_dense", "cape_low_rank", "notears", "dagma_linear"]}
-METRICS = ("shd", "tpr", "fdr", "f1", "auprc")
+METRICS = ("shd", "tpr", "fdr", "f1", "auprc", "nnz")
 INPUTS = ("raw", "standardized")
 
 
@@ -80,7 +93,8 @@ def _dataset(setting: str, seed: int, n_samples: int | None):
     if spec["kind"] == "sem":
 
         n = n_samples or spec["n_samples"]
-        a = simulate_sem(spec["n_nodes"], 2 * spec["n_nodes"], n, graph="scale_free", sem="mlp", seed=seed)
+        a = simulate_sem(spec["n_nodes"], 2 * spec["n_nodes"], n, graph=spec.get("graph", "scale_free"),
+                         sem=spec.get("sem", "mlp"), seed=seed)
         return np.asarray(a.X, dtype=np.float64), a.varp["true_dag"].toarray()
 
     a = data.load("sachs2005")
@@ -90,28 +104,46 @@ def _dataset(setting: str, seed: int, n_samples: int | None):
     return X, a.varp["true_graph"].toarray()
 
 
+def is_acyclic(W: np.ndarray) -> bool:
+    """Whether the graph with an edge i → j wherever W[i, j] ≠ 0 (self-loops included) is a DAG."""
+    return bool(nx.is_directed_acyclic_graph(nx.from_numpy_array((np.asarray(W) != 0).astype(int),
+                                                                 create_using=nx.DiGraph)))
+
+
 def standardized(X: np.ndarray) -> np.ndarray:
     """Each column centred and divided by its standard deviation (constant columns become 0)."""
     return zscore_columns(X)[0]
 
 
+#: ``--diagnose``: the cape variants above and the thresholds every fit is also scored at.
+DIAGNOSE = {"methods": ["cape", "cape_lambda0.3", "cape_lambda3", "cape_linear", "cape_batch1000",
+                        "cape_epochs300", "sdcd"],
+            "taus": [0.05, 0.1, 0.2, 0.3]}
+#: Step I's default threshold τ (the paper's).
+DEFAULT_TAU = 0.2
+
+
 def _run_cape(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
+    """Fit one cape variant; returns the weighted adjacency (before thresholding) and the wall time."""
     options = dict(CAPE_METHODS[method])
     if options["rank"] == "low":
         options["rank"] = _low_rank(X.shape[1])
+    elif options["rank"] == "default":
+        options["rank"] = 40 if X.shape[1] > 40 else None
     start = time.perf_counter()
     fit = fit_variational_notears(X.astype(np.float32), seed=seed, device="cpu", progress_desc=method, **options)
-    dag, _ = make_dag(fit.adjacency, 0.2)
-    return dag, time.perf_counter() - start
+    return fit.adjacency, time.perf_counter() - start
 
 
 def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                          settings: list[str] | None = None, methods: list[str] | None = None,
                          n_seeds: int | None = None, budget: float | None = None, seed_offset: int = 0,
-                         inputs: list[str] | None = None) -> list[dict]:
+                         inputs: list[str] | None = None, taus: list[float] | None = None) -> list[dict]:
     """Run the benchmark and write ``causal.json``/``.md``/``.png`` under ``out``; returns the records.
 
-    ``inputs``: any of :data:`INPUTS` (default ``["raw"]``); ``seed_offset``: first seed.
+    ``inputs``: any of :data:`INPUTS` (default ``["raw"]``); ``seed_offset``: first seed; ``taus``: extra
+    thresholds each cape fit is also scored at (records of method ``"<method>@τ<t>"``, same fit and time);
+    cape's own rows use :data:`DEFAULT_TAU`.
     """
 
     settings = settings or (QUICK["settings"] if quick else list(SETTINGS))
@@ -125,6 +157,9 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
         raise CapeInputError(f"inputs must be among {', '.join(INPUTS)}, got {', '.join(inputs) or 'none'}")
     if seed_offset < 0:
         raise CapeInputError(f"seed_offset must be ≥ 0, got {seed_offset}")
+    taus = [float(t) for t in (taus or [])]
+    if any(not t > 0 for t in taus):
+        raise CapeInputError(f"thresholds must be > 0, got {', '.join(map(str, taus))}")
     n_seeds = n_seeds or (QUICK["seeds"] if quick else 5)
     budget = budget or (QUICK["budget"] if quick else 600.0)
     n_samples = QUICK["n_samples"] if quick else None
@@ -138,22 +173,36 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                 for method in methods:
                     base = {"setting": setting, "input": kind, "method": method, "seed": seed,
                             "n_samples": int(X.shape[0]), "n_nodes": int(X.shape[1])}
+                    graphs: dict[str, np.ndarray | None] = {}
                     if method in CAPE_METHODS:
-                        W, seconds = _run_cape(method, X, seed)
+                        weights, seconds = _run_cape(method, X, seed)
                         status = "ok"
+                        graphs[method] = make_dag(weights, DEFAULT_TAU)[0]
+                        graphs.update({f"{method}@τ{t:g}": make_dag(weights, t)[0] for t in taus})
                     else:
-                        result = run_peer(method, X, budget=budget, seed=seed)
-                        W, seconds, status = result.adjacency, result.seconds, result.status
-                    records.append({**base, "metric": "seconds", "value": float(seconds), "status": status})
-                    scores = dag_metrics(truth, W) if W is not None else dict.fromkeys(METRICS, float("nan"))
-                    records.extend({**base, "metric": k, "value": float(scores[k]), "status": status}
-                                   for k in METRICS)
-                    logger.info("%s %s seed %d %s: %s, SHD %s, F1 %.3g, %.1f s", setting, kind, seed, method,
-                                status, scores["shd"], scores["f1"], seconds)
+                        result = run_peer(method, X, budget=budget, seed=seed, threads=torch.get_num_threads())
+                        graphs[method], seconds, status = result.adjacency, result.seconds, result.status
+                    for name, W in graphs.items():
+                        row = {**base, "method": name}
+                        records.append({**row, "metric": "seconds", "value": float(seconds), "status": status})
+                        if W is not None:
+                            records.append({**row, "metric": "acyclic", "value": float(is_acyclic(W)),
+                                            "status": status})
+                        scores = dag_metrics(truth, W) if W is not None else dict.fromkeys(METRICS, float("nan"))
+                        records.extend({**row, "metric": k, "value": float(scores[k]), "status": status}
+                                       for k in METRICS)
+                        logger.info("%s %s seed %d %s: %s, SHD %s, F1 %.3g, %.1f s", setting, kind, seed, name,
+                                    status, scores["shd"], scores["f1"], seconds)
     out = Path(out)
     write_json(records, out / "causal.json")
     table = mean_sd_table(records, rows=["setting", "input", "method"], columns=["metric"])
     timeouts = [r for r in records if r["status"] != "ok" and r["metric"] == "seconds"]
+    acyclic = pd.DataFrame([r for r in records if r["metric"] == "acyclic"])
+    acyclic_line = ("" if acyclic.empty else
+                    f"Returned graphs that are DAGs: {int(acyclic['value'].sum())} of {len(acyclic)}"
+                    + "".join(f"; {m}: {int(g.sum())} of {len(g)}"
+                              for m, g in acyclic.groupby("method", sort=False)["value"] if g.sum() < len(g))
+                    + ".\n\n")
     notes = [f"- {r['setting']} {r['input']} seed {r['seed']} {r['method']}: {r['status']} after {r['value']:.0f} s"
              for r in timeouts]
     seeds = f"seeds {seed_offset}–{seed_offset + n_seeds - 1}" if n_seeds > 1 else f"seed {seed_offset}"
@@ -161,7 +210,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
             f"mean ± sd over {n_seeds} seed(s) ({seeds}); input: {', '.join(inputs)}"
             + (" (standardized = every method sees z-scored variables)" if "standardized" in inputs else "")
             + f"; per-peer budget {budget:.0f} s; seconds = wall time of the fit.\n\n"
-            f"{table}\n\nMedian over seeds:\n\n{_median_table(records)}\n"
+            f"{acyclic_line}{table}\n\nMedian over seeds:\n\n{_median_table(records)}\n"
             + ("\nRuns without a result (metrics left out of the means):\n" + "\n".join(notes) + "\n"
                if notes else ""))
     write_text(text, out / "causal.md")
@@ -169,7 +218,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
     return records
 
 
-def _median_table(records: list[dict], metrics: tuple[str, ...] = ("shd", "f1", "seconds")) -> str:
+def _median_table(records: list[dict], metrics: tuple[str, ...] = ("shd", "f1", "nnz", "seconds")) -> str:
     """Markdown table of the median over seeds of ``metrics`` per setting, input and method (finished runs)."""
 
     frame = pd.DataFrame([r for r in records if r["metric"] in metrics and r.get("status", "ok") == "ok"])

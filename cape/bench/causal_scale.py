@@ -7,7 +7,9 @@ Three sweeps, on CPU and, when present, on CUDA:
   exact M×M acyclicity while M ≤ 1,000: beyond that one dense step takes seconds);
 * ``h``: seconds for one value + gradient of h(UVᵀ), exact M×M exponential vs the k×k identity (k = 820),
   and for the linearised penalty the trainer uses between exact steps at this size (``h_every`` > 1): one
-  evaluation with gradient (``linearised_step``) and one re-linearisation (``linearise``).
+  evaluation with gradient (``linearised_step``) and one re-linearisation (``linearise``);
+* ``fit``: wall time of one complete default fit (rank 40, 100 epochs, compiling included) at
+  M = 2,000 genes × N = 10,000 cells.
 
 Data are random Gaussian (timing does not depend on the values). An epoch is timed as one full pass of
 :func:`cape.causal.fit_variational_notears` (``epochs=1``), including the per-epoch exact h evaluation.
@@ -28,16 +30,17 @@ import torch
 from .._io import save_figure, write_json, write_text
 from .._tables import mean_sd_table
 from ..causal import LinearisedAcyclicity, acyclicity_dense, acyclicity_low_rank, fit_variational_notears
-from ..causal.trainer import AUTO_H_EVERY, EXACT_ACYCLICITY_MAX
+from ..causal.trainer import AUTO_H_EVERY, AUTO_H_EVERY_LARGE, AUTO_H_EVERY_LARGE_M, EXACT_ACYCLICITY_MAX
 
 __all__ = ["run_causal_scale"]
 
 logger = logging.getLogger("cape")
 
 FULL = {"N": [10_000, 30_000, 50_000, 70_000, 90_000], "M": [100, 300, 500, 700, 900, 1_000, 2_000],
-        "dense_max_M": 1_000, "h_M": [100, 300, 500, 820, 1_000, 1_500, 2_000]}
+        "dense_max_M": 1_000, "h_M": [100, 300, 500, 820, 1_000, 1_500, 2_000], "fit": [(10_000, 2_000)],
+        "fit_epochs": 100}
 QUICK = {"N": [2_000, 5_000, 10_000], "M": [50, 100, 200, 400], "dense_max_M": 400,
-         "h_M": [100, 300, 820, 1_000]}
+         "h_M": [100, 300, 820, 1_000], "fit": [(2_000, 200)], "fit_epochs": 20}
 
 
 def _epoch_seconds(n_cells: int, n_genes: int, rank: int | None, device: str, seed: int = 0) -> float:
@@ -45,6 +48,15 @@ def _epoch_seconds(n_cells: int, n_genes: int, rank: int | None, device: str, se
     fit = fit_variational_notears(X, rank=rank, epochs=1, device=device, seed=seed,
                                   progress_desc=f"N={n_cells} M={n_genes}")
     return float(fit.history["seconds"][0])
+
+
+def _fit_seconds(n_cells: int, n_genes: int, epochs: int, device: str, seed: int = 0) -> tuple[float, int]:
+    """Wall time of a whole default fit (all epochs; early stopping off) and the h_every it used."""
+    X = np.random.default_rng(seed).normal(size=(n_cells, n_genes)).astype(np.float32)
+    start = time.perf_counter()
+    fit = fit_variational_notears(X, rank=40, epochs=epochs, min_epochs=epochs, device=device,
+                                  seed=seed, progress_desc=f"fit N={n_cells} M={n_genes}")
+    return time.perf_counter() - start, fit.h_every
 
 
 def _h_seconds(n_genes: int, method: str, device: str, rank: int = 40, repeats: int = 3) -> float:
@@ -93,6 +105,10 @@ def run_causal_scale(out: str | Path = "results/bench", quick: bool = False) -> 
         for m in grid["h_M"]:
             for method in ("exact", "low_rank", "linearised_step", "linearise"):
                 add("h", method, device, None, m, "seconds_h_and_grad", _h_seconds(m, method, device))
+        for n, m in grid["fit"]:
+            seconds, h_every = _fit_seconds(n, m, grid["fit_epochs"], device)
+            add("fit", f"low_rank, {grid['fit_epochs']} epochs, h_every {h_every}", device, n, m,
+                "seconds_fit", seconds)
 
     out = Path(out)
     write_json(records, out / "causal_scale.json")
@@ -100,10 +116,14 @@ def run_causal_scale(out: str | Path = "results/bench", quick: bool = False) -> 
     for sweep, key in (("N", "n_cells"), ("M", "n_genes"), ("h", "n_genes")):
         sub = [r for r in records if r["sweep"] == sweep]
         tables.append(f"## sweep {sweep}\n\n" + mean_sd_table(sub, rows=["device", key], columns=["method"]))
+    tables.append("## one whole fit\n\n" + "\n".join(
+        f"- {r['device']}: {r['n_genes']:,} genes × {r['n_cells']:,} cells, {r['method']}: {r['value']:.0f} s "
+        f"({r['value'] / 60:.1f} min)" for r in records if r["sweep"] == "fit"))
 
     write_text(f"# Step I scaling{' (quick)' if quick else ''}\n\nseconds per epoch (N, M sweeps; batch 128; "
                f"default h_every: exact acyclicity every step while min(M, k) ≤ {EXACT_ACYCLICITY_MAX}, else "
-               f"re-linearised every {AUTO_H_EVERY} steps) and per h evaluation with gradient (h sweep, "
+               f"re-linearised every {AUTO_H_EVERY} steps, every {AUTO_H_EVERY_LARGE} beyond "
+               f"{AUTO_H_EVERY_LARGE_M} genes) and per h evaluation with gradient (h sweep, "
                f"r = 40). torch threads: {torch.get_num_threads()}.\n\n"
                + "\n\n".join(tables) + "\n", out / "causal_scale.md")
     save_figure(_figure(records), out / "causal_scale.png")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ...bench.causal import run_causal_benchmark
+from ..._errors import CapeInputError
+from ...bench.causal import DIAGNOSE, SETTINGS, run_causal_benchmark
 from ._data import add_run_options
 
 
@@ -12,7 +13,7 @@ def register(bench) -> None:
     b = bench.add_parser("causal", help="causal discovery: cape vs gcastle and DAGMA peers (synthetic, Sachs)")
     add_run_options(b, "small settings, few seeds and peers (minutes)")
     b.add_argument("--settings", default=None,
-                   help="comma-separated subset of settings (fig3,m20,m50,m100,sachs_obs,sachs_all)")
+                   help=f"comma-separated subset of settings ({','.join(SETTINGS)})")
     b.add_argument("--methods", default=None, help="comma-separated subset of methods")
     b.add_argument("--seeds", type=int, default=None, help="number of seeds (5; quick: 2)")
     b.add_argument("--seed-offset", type=int, default=0,
@@ -21,6 +22,11 @@ def register(bench) -> None:
                    help="feed every method z-scored variables ('yes'), the raw matrix ('no', default) or run "
                         "both; records carry input=raw|standardized")
     b.add_argument("--budget", type=float, default=None, help="seconds allowed per peer run (600; quick: 60)")
+    b.add_argument("--taus", default=None,
+                   help="comma-separated extra thresholds τ each cape fit is also scored at (rows method@τ)")
+    b.add_argument("--diagnose", action="store_true",
+                   help=f"one experiment per suspected cause of cape's losses: methods {','.join(DIAGNOSE['methods'])} "
+                        f"(unless --methods), thresholds {','.join(map(str, DIAGNOSE['taus']))} (unless --taus)")
     b.set_defaults(func=run)
 
 
@@ -28,9 +34,17 @@ def run(args: argparse.Namespace) -> int:
     def split(value: str | None) -> list[str] | None:
         return [x.strip() for x in value.split(",") if x.strip()] if value else None
 
+    methods, taus = split(args.methods), split(args.taus)
+    if args.diagnose:
+        methods = methods or list(DIAGNOSE["methods"])
+        taus = taus or list(DIAGNOSE["taus"])
+    try:
+        taus = [float(t) for t in taus or []]
+    except ValueError as err:
+        raise CapeInputError(f"--taus must be numbers, got {args.taus!r}") from err
     run_causal_benchmark(out=args.out, quick=args.quick, settings=split(args.settings),
-                         methods=split(args.methods), n_seeds=args.seeds, budget=args.budget,
-                         seed_offset=args.seed_offset,
+                         methods=methods, n_seeds=args.seeds, budget=args.budget,
+                         seed_offset=args.seed_offset, taus=taus,
                          inputs={"no": ["raw"], "yes": ["standardized"], "both": ["raw", "standardized"]}[
                              args.standardize])
     return 0
