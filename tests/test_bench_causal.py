@@ -188,14 +188,15 @@ def test_extra_thresholds_score_the_same_fit_and_every_graph_is_checked_for_cycl
     weights = np.array([[0, 0.25, 0, 0], [0, 0, 0.15, 0], [0.05, 0, 0, 0], [0, 0, 0, 0]])  # a 3-cycle at τ 0.05
     monkeypatch.setattr(bench_causal, "_run_cape", lambda method, X, seed: (weights, 2.5))
     records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape"], n_seeds=1,
-                                                taus=[0.05, 0.1])
+                                                taus=[0.05, 0.1, "auto"])
     methods = {r["method"] for r in records}
-    assert methods == {"cape", "cape@τ0.05", "cape@τ0.1"}
+    assert methods == {"cape", "cape@τ0.05", "cape@τ0.1", "cape@τauto"}
     assert {r["value"] for r in records if r["metric"] == "seconds"} == {2.5}
     nnz = {r["method"]: r["value"] for r in records if r["metric"] == "nnz"}
-    assert nnz == {"cape": 1, "cape@τ0.1": 2, "cape@τ0.05": 2}  # τ 0.05's cycle broken at its weakest edge
+    # τ 0.05's cycle is broken at its weakest edge; auto keeps τ 0.2, which gives half of the genes an edge
+    assert nnz == {"cape": 1, "cape@τ0.1": 2, "cape@τ0.05": 2, "cape@τauto": 1}
     assert all(r["value"] == 1.0 for r in records if r["metric"] == "acyclic")
-    assert "Returned graphs that are DAGs: 3 of 3" in (tmp_path / "causal.md").read_text()
+    assert "Returned graphs that are DAGs: 4 of 4" in (tmp_path / "causal.md").read_text()
     from cape._errors import CapeInputError
 
     with pytest.raises(CapeInputError):

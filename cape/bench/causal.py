@@ -41,6 +41,7 @@ from .._io import save_figure, write_json, write_text
 from .._tables import mean_sd_table
 from ..causal import fit_variational_notears, make_dag
 from ..causal.metrics import dag_metrics
+from ..causal.postprocess import choose_tau
 from ..data.simulate import simulate_sem
 from .peers import PEERS, run_peer
 
@@ -118,9 +119,11 @@ def standardized(X: np.ndarray) -> np.ndarray:
 #: ``--diagnose``: the cape variants above and the thresholds every fit is also scored at.
 DIAGNOSE = {"methods": ["cape", "cape_lambda0.3", "cape_lambda3", "cape_linear", "cape_batch1000",
                         "cape_epochs300", "sdcd"],
-            "taus": [0.05, 0.1, 0.2, 0.3]}
+            "taus": [0.05, 0.1, 0.2, 0.3, "auto"]}
 #: Step I's default threshold τ (the paper's).
 DEFAULT_TAU = 0.2
+#: ``tau="auto"``'s share of genes that must keep an edge (:func:`cape.tl.causal_graph`'s default).
+AUTO_MIN_POSITIONED = 0.5
 
 
 def _run_cape(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
@@ -138,11 +141,12 @@ def _run_cape(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, float]
 def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                          settings: list[str] | None = None, methods: list[str] | None = None,
                          n_seeds: int | None = None, budget: float | None = None, seed_offset: int = 0,
-                         inputs: list[str] | None = None, taus: list[float] | None = None) -> list[dict]:
+                         inputs: list[str] | None = None, taus: list[float | str] | None = None) -> list[dict]:
     """Run the benchmark and write ``causal.json``/``.md``/``.png`` under ``out``; returns the records.
 
     ``inputs``: any of :data:`INPUTS` (default ``["raw"]``); ``seed_offset``: first seed; ``taus``: extra
-    thresholds each cape fit is also scored at (records of method ``"<method>@τ<t>"``, same fit and time);
+    thresholds each cape fit is also scored at (records of method ``"<method>@τ<t>"``, same fit and time;
+    ``"auto"``: :func:`cape.tl.causal_graph`'s default rule, genes positioned ≥ :data:`AUTO_MIN_POSITIONED`);
     cape's own rows use :data:`DEFAULT_TAU`.
     """
 
@@ -157,8 +161,8 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
         raise CapeInputError(f"inputs must be among {', '.join(INPUTS)}, got {', '.join(inputs) or 'none'}")
     if seed_offset < 0:
         raise CapeInputError(f"seed_offset must be ≥ 0, got {seed_offset}")
-    taus = [float(t) for t in (taus or [])]
-    if any(not t > 0 for t in taus):
+    taus = [t if t == "auto" else float(t) for t in (taus or [])]
+    if any(t != "auto" and not t > 0 for t in taus):
         raise CapeInputError(f"thresholds must be > 0, got {', '.join(map(str, taus))}")
     n_seeds = n_seeds or (QUICK["seeds"] if quick else 5)
     budget = budget or (QUICK["budget"] if quick else 600.0)
@@ -178,7 +182,9 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                         weights, seconds = _run_cape(method, X, seed)
                         status = "ok"
                         graphs[method] = make_dag(weights, DEFAULT_TAU)[0]
-                        graphs.update({f"{method}@τ{t:g}": make_dag(weights, t)[0] for t in taus})
+                        graphs.update({f"{method}@τ{t if t == 'auto' else f'{t:g}'}":
+                                       make_dag(weights, choose_tau(weights, t, AUTO_MIN_POSITIONED)[0])[0]
+                                       for t in taus})
                     else:
                         result = run_peer(method, X, budget=budget, seed=seed, threads=torch.get_num_threads())
                         graphs[method], seconds, status = result.adjacency, result.seconds, result.status

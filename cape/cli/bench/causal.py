@@ -23,7 +23,8 @@ def register(bench) -> None:
                         "both; records carry input=raw|standardized")
     b.add_argument("--budget", type=float, default=None, help="seconds allowed per peer run (600; quick: 60)")
     b.add_argument("--taus", default=None,
-                   help="comma-separated extra thresholds τ each cape fit is also scored at (rows method@τ)")
+                   help="comma-separated extra thresholds τ each cape fit is also scored at (rows method@τ); 'auto' "
+                        "is cape.tl.causal_graph's default rule")
     b.add_argument("--diagnose", action="store_true",
                    help=f"one experiment per suspected cause of cape's losses: methods {','.join(DIAGNOSE['methods'])} "
                         f"(unless --methods), thresholds {','.join(map(str, DIAGNOSE['taus']))} (unless --taus)")
@@ -39,9 +40,9 @@ def run(args: argparse.Namespace) -> int:
         methods = methods or list(DIAGNOSE["methods"])
         taus = taus or list(DIAGNOSE["taus"])
     try:
-        taus = [float(t) for t in taus or []]
+        taus = [t if t == "auto" else float(t) for t in taus or []]
     except ValueError as err:
-        raise CapeInputError(f"--taus must be numbers, got {args.taus!r}") from err
+        raise CapeInputError(f"--taus must be numbers or 'auto', got {args.taus!r}") from err
     run_causal_benchmark(out=args.out, quick=args.quick, settings=split(args.settings),
                          methods=methods, n_seeds=args.seeds, budget=args.budget,
                          seed_offset=args.seed_offset, taus=taus,
