@@ -382,3 +382,21 @@ def test_recon_fraction_is_automatic_at_scale_and_validated() -> None:
         fit_variational_notears(X, rank=None, epochs=1, device="cpu", recon_fraction=0.0)
     quarter = fit_variational_notears(X, rank=None, epochs=2, device="cpu", recon_fraction=0.25)
     assert np.isfinite(quarter.adjacency).all()
+
+
+def test_the_fit_flushes_denormals_and_restores_the_default_afterwards(monkeypatch) -> None:
+    tiny = 1e-40  # below float32's smallest normal number
+    seen = []
+    original = VariationalNotears.acyclicity
+
+    def spy(self):
+        seen.append(float(torch.tensor(tiny, dtype=torch.float32) * 1.0))
+        return original(self)
+
+    monkeypatch.setattr(VariationalNotears, "acyclicity", spy)
+    X = np.random.default_rng(0).normal(size=(64, 5)).astype(np.float32)
+    fit_variational_notears(X, rank=None, epochs=1, device="cpu")
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush denormals")
+    assert seen and all(v == 0.0 for v in seen)  # flushed during the fit
+    assert float(torch.tensor(tiny, dtype=torch.float32) * 1.0) > 0  # and not after it
