@@ -135,7 +135,8 @@ def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, thread
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                "WANDB_MODE": "disabled"}
         start = time.perf_counter()
-        proc = subprocess.Popen([*command, method, str(src), str(dst)],
+        # DCD-FG's pytorch_lightning trainer writes checkpoints/ into its working directory: keep them in tmp.
+        proc = subprocess.Popen([*command, method, str(src), str(dst)], cwd=tmp if method in SDCD_PEERS else None,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             output, _ = proc.communicate(timeout=budget)
