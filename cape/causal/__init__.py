@@ -24,6 +24,7 @@ from .intervention import (
     topological_order,
 )
 from .model import ElementwiseMLP, VariationalNotears
+from .parents_mlp import ParentsMLP, fit_parents_mlp
 from .postprocess import is_dag, make_dag, positioned_genes, tau_positioning, threshold
 from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
 
@@ -32,6 +33,7 @@ __all__ = [
     "CausalFit",
     "ElementwiseMLP",
     "LinearisedAcyclicity",
+    "ParentsMLP",
     "StructuralEquations",
     "VariationalNotears",
     "acyclicity",
@@ -40,6 +42,7 @@ __all__ = [
     "acyclicity_power_series",
     "acyclicity_weights",
     "descendants",
+    "fit_parents_mlp",
     "fit_variational_notears",
     "gene_moments",
     "hadamard_square_factors",

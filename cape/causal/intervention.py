@@ -9,8 +9,11 @@ Two kinds of structural equations over M genes, both with one equation per gene 
   (r_j the decoder's residual). A is the thresholded DAG.
 * ``"linear"``: x_j = b_j + Σ_i W_ij x_i + e_j, each gene refit on its graph parents by least squares
   (:func:`linear_equations`): works with any graph (a consensus graph, a peer's), in the data's units.
+* ``"parents_mlp"``: Step I's nonlinear-parents SEM (:class:`~cape.causal.ParentsMLP`), x_j = μ_j + σ_j·
+  (b2_j + Σ_k w2_jk·sigmoid(Σ_i W_jik·u_i + b1_jk)) + e_j with u = (x − μ)/σ, the sum over the DAG's parents
+  only (each edge i → j keeps its first-layer weights W_ji·; the weight of the edge is their norm).
 
-Abduction recovers each cell's exogenous terms (Z, r or e) from its observed x. ``do`` then fixes the
+Abduction recovers each cell's exogenous terms (Z and r, or e) from its observed x. ``do`` then fixes the
 intervened genes and recomputes their descendants in topological order:
 
 * counterfactual: every cell keeps its own exogenous terms; the change is propagated as a difference
@@ -34,14 +37,20 @@ import scipy.sparse as sp
 import torch
 from scipy.special import expit
 
-__all__ = ["StructuralEquations", "descendants", "intervene", "learned_equations", "linear_equations",
-           "topological_order"]
+from .parents_mlp import ParentsMLP
 
-KINDS = ("learned", "linear")
+__all__ = ["StructuralEquations", "descendants", "intervene", "learned_equations", "linear_equations",
+           "parents_mlp_equations", "topological_order"]
+
+KINDS = ("learned", "linear", "parents_mlp")
 MODES = ("counterfactual", "interventional")
 #: Arrays a ``"learned"`` model holds besides the graph (the element-wise MLPs and the two normalisations).
 _LEARNED_KEYS = ("mean", "std", "enc_w1", "enc_b1", "enc_w2", "enc_b2", "feat_mean", "feat_scale",
                  "dec_w1", "dec_b1", "dec_w2", "dec_b2")
+#: Arrays a ``"parents_mlp"`` model holds: the standardisation, each edge's first-layer weights (edges × hidden,
+#: in the order of ``source``/``target``) and each gene's hidden biases, output weights and output bias.
+_PARENTS_MLP_KEYS = ("mean", "std", "edge_w1", "b1", "w2", "b2")
+_KEYS = {"learned": _LEARNED_KEYS, "parents_mlp": _PARENTS_MLP_KEYS}
 
 
 def topological_order(n_genes: int, source: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -78,8 +87,9 @@ class StructuralEquations:
     Attributes
     ----------
     kind
-        ``"learned"`` (Step I's encoder, feature-space SEM and decoder) or ``"linear"`` (least squares on the
-        parents, in data units); see the module docstring.
+        ``"learned"`` (Step I's encoder, feature-space SEM and decoder), ``"parents_mlp"`` (Step I's
+        nonlinear-parents model) or ``"linear"`` (least squares on the parents, in data units); see the module
+        docstring.
     source, target, weight
         The edges (gene indices) and their weights: A_ij in feature space (learned) or W_ij (linear).
     order
@@ -87,8 +97,9 @@ class StructuralEquations:
     intercept
         Linear only: b_j.
     params
-        Learned only: the arrays of :data:`_LEARNED_KEYS` (standardisation ``mean``/``std``, encoder MLP
-        ``enc_*``, feature normalisation ``feat_mean``/``feat_scale``, decoder MLP ``dec_*``).
+        Learned: the arrays of :data:`_LEARNED_KEYS` (standardisation ``mean``/``std``, encoder MLP
+        ``enc_*``, feature normalisation ``feat_mean``/``feat_scale``, decoder MLP ``dec_*``); parents MLP:
+        those of :data:`_PARENTS_MLP_KEYS`.
     """
 
     kind: str
@@ -106,11 +117,11 @@ class StructuralEquations:
         self.target = np.asarray(self.target, dtype=np.int64)
         self.weight = np.asarray(self.weight, dtype=np.float64)
         self.order = np.asarray(self.order, dtype=np.int64)
-        if self.kind == "learned":
-            missing = [k for k in _LEARNED_KEYS if k not in self.params]
+        if self.kind in _KEYS:
+            missing = [k for k in _KEYS[self.kind] if k not in self.params]
             if missing:
-                raise ValueError(f"learned structural equations lack {', '.join(missing)}")
-            self.params = {k: np.asarray(self.params[k], dtype=np.float64) for k in _LEARNED_KEYS}
+                raise ValueError(f"{self.kind} structural equations lack {', '.join(missing)}")
+            self.params = {k: np.asarray(self.params[k], dtype=np.float64) for k in _KEYS[self.kind]}
         elif self.intercept is None:
             raise ValueError("linear structural equations need an intercept per gene")
         else:
@@ -153,11 +164,23 @@ class StructuralEquations:
         g = self._mlp(F, p["dec_w1"][genes], p["dec_b1"][genes], p["dec_w2"][genes], p["dec_b2"][genes])
         return p["mean"][genes] + p["std"][genes] * g
 
+    # --- per-gene equations (parents MLP) --------------------------------------------------------------
+    def mlp_mean(self, X: np.ndarray, j: int) -> np.ndarray:
+        """Gene j's structural mean μ_j + σ_j·g_j(u_pa(j)) in data units, for cells X (all genes' columns)."""
+        p = self.params
+        k = np.flatnonzero(self.target == j)
+        pa = self.source[k]
+        u = (X[:, pa] - p["mean"][pa]) / p["std"][pa]
+        hidden = expit(u @ p["edge_w1"][k] + p["b1"][j])
+        return p["mean"][j] + p["std"][j] * (hidden @ p["w2"][j] + p["b2"][j])
+
     # --- abduction ------------------------------------------------------------------------------------
     def abduct(self, X: np.ndarray) -> dict[str, np.ndarray]:
-        """Each cell's exogenous terms: ``{"F", "Z", "R"}`` (learned) or ``{"E"}`` (linear)."""
+        """Each cell's exogenous terms: ``{"F", "Z", "R"}`` (learned) or ``{"E"}`` (linear, parents MLP)."""
         X = np.asarray(X, dtype=np.float64)
         parents = self.parents()
+        if self.kind == "parents_mlp":
+            return {"E": X - np.column_stack([self.mlp_mean(X, j) for j in range(self.n_genes)])}
         if self.kind == "linear":
             E = X - self.intercept
             for j, (pa, w) in enumerate(parents):
@@ -186,7 +209,7 @@ class StructuralEquations:
     def from_dict(cls, d: Mapping) -> StructuralEquations:
         """The inverse of :meth:`to_dict` (extra keys are ignored)."""
         kind = str(d["kind"])
-        params = {k: np.asarray(d[k]) for k in _LEARNED_KEYS} if kind == "learned" else {}
+        params = {k: np.asarray(d[k]) for k in _KEYS[kind]} if kind in _KEYS else {}
         return cls(kind=kind, source=np.asarray(d["source"]), target=np.asarray(d["target"]),
                    weight=np.asarray(d["weight"]), order=np.asarray(d["order"]),
                    intercept=np.asarray(d["intercept"]) if kind == "linear" else None, params=params)
@@ -202,7 +225,8 @@ def _edges(dag: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def learned_equations(model, mean: np.ndarray, std: np.ndarray, X: np.ndarray, dag: np.ndarray,
                       batch: int = 4096) -> StructuralEquations:
-    """Step I's structural equations from a fitted :class:`~cape.causal.VariationalNotears`.
+    """Step I's structural equations from a fitted :class:`~cape.causal.VariationalNotears` (or
+    :class:`~cape.causal.ParentsMLP`: see :func:`parents_mlp_equations`).
 
     X (dense or sparse, read in row chunks) is the matrix the model was fitted on; ``mean``/``std`` the
     standardisation the trainer applied to it; ``dag`` the thresholded adjacency (feature-space weights,
@@ -210,6 +234,8 @@ def learned_equations(model, mean: np.ndarray, std: np.ndarray, X: np.ndarray, d
     statistics estimate): per-gene mean and standard deviation for ``feature_norm="gene"`` or ``"data"``
     (divided by the model's ``feature_scale``), one shared scale for ``"global"``.
     """
+    if isinstance(model, ParentsMLP):
+        return parents_mlp_equations(model, mean, std, dag)
     mean = np.asarray(mean, dtype=np.float64)
     std = np.asarray(std, dtype=np.float64)
 
@@ -239,6 +265,22 @@ def learned_equations(model, mean: np.ndarray, std: np.ndarray, X: np.ndarray, d
               "dec_w2": dec[2], "dec_b2": dec[3]}
     return StructuralEquations("learned", source, target, weight, topological_order(X.shape[1], source, target),
                                params=params)
+
+
+def parents_mlp_equations(model: ParentsMLP, mean: np.ndarray, std: np.ndarray, dag: np.ndarray
+                          ) -> StructuralEquations:
+    """The structural equations of a fitted :class:`~cape.causal.ParentsMLP` on the thresholded ``dag``.
+
+    Each gene keeps the first-layer weights of its parents in ``dag`` only (those of the edges below τ,
+    already small, are dropped with them); ``mean``/``std`` is the standardisation the trainer applied.
+    """
+    source, target, weight = _edges(dag)
+    W = model.masked_weight().detach().double().cpu().numpy()
+    params = {"mean": np.asarray(mean, dtype=np.float64), "std": np.asarray(std, dtype=np.float64),
+              "edge_w1": W[target, source].reshape(source.size, W.shape[2]),
+              **{k: getattr(model, k).detach().double().cpu().numpy() for k in ("b1", "w2", "b2")}}
+    return StructuralEquations("parents_mlp", source, target, weight,
+                               topological_order(model.n_genes, source, target), params=params)
 
 
 def linear_equations(X: np.ndarray, dag: np.ndarray, ridge: float = 1e-8) -> StructuralEquations:
@@ -317,6 +359,8 @@ def intervene(eq: StructuralEquations, X: np.ndarray, do: Mapping[int, float | n
 
 
 def _counterfactual(eq, X, noise, parents, values) -> np.ndarray:
+    if eq.kind == "parents_mlp":
+        return _counterfactual_mlp(eq, X, parents, values)
     out = X.copy()
     delta = np.zeros_like(X)  # change of x (linear) or of F (learned), exactly 0 where nothing changes
     for j in eq.order.tolist():
@@ -341,15 +385,35 @@ def _counterfactual(eq, X, noise, parents, values) -> np.ndarray:
     return out
 
 
+def _counterfactual_mlp(eq, X, parents, values) -> np.ndarray:
+    """x'_j = x_j + (mean_j(x'_pa) − mean_j(x_pa)): each cell keeps its e_j; untouched genes stay bit-exact."""
+    out = X.copy()
+    changed = np.zeros(X.shape, dtype=bool)
+    for j in eq.order.tolist():
+        if j in values:
+            out[:, j] = values[j]
+            changed[:, j] = values[j] != X[:, j]
+            continue
+        pa, _ = parents[j]
+        rows = changed[:, pa].any(1) if pa.size else np.zeros(X.shape[0], dtype=bool)
+        if rows.any():
+            out[rows, j] = X[rows, j] + eq.mlp_mean(out[rows], j) - eq.mlp_mean(X[rows], j)
+            changed[rows, j] = True
+    return out
+
+
 def _generate(eq, noise, parents, values, n) -> np.ndarray:
     out = np.zeros((n, eq.n_genes))
-    latent = np.zeros((n, eq.n_genes))  # x (linear) or F (learned)
+    latent = np.zeros((n, eq.n_genes))  # x (linear) or F (learned); parents MLP reads ``out``
     for j in eq.order.tolist():
         pa, w = parents[j]
         idx = np.array([j])
         if j in values:
             out[:, j] = values[j]
-            latent[:, j] = values[j] if eq.kind == "linear" else eq.features(values[j][:, None], idx)[:, 0]
+            latent[:, j] = values[j] if eq.kind != "learned" else eq.features(values[j][:, None], idx)[:, 0]
+            continue
+        if eq.kind == "parents_mlp":
+            out[:, j] = eq.mlp_mean(out, j) + noise["E"][:, j]
             continue
         drive = latent[:, pa] @ w if pa.size else 0.0
         if eq.kind == "linear":

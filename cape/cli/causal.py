@@ -7,7 +7,7 @@ import argparse
 from .._errors import CapeInputError
 from .._io import write_h5ad
 from ..pp.preprocess import detect_scale
-from ..tl.causal_graph import causal_graph
+from ..tl.causal_graph import MODELS, causal_graph
 from ._io import check_output, positive_int, read_input
 
 
@@ -40,6 +40,9 @@ def register(commands) -> None:
     parser = commands.add_parser("causal", help="learn the causal gene graph (Step I) into varp['cape_dag']")
     parser.add_argument("--input", "-i", required=True, help="input .h5ad (preprocessed), or 'dataset:NAME'")
     parser.add_argument("--output", "-o", required=True, help="output .h5ad")
+    parser.add_argument("--model", choices=MODELS, default="variational",
+                        help="Step I model: 'variational' (the paper's, any number of genes; default) or "
+                             "'parents_mlp' (each gene an MLP of its candidate parents; gene panels)")
     parser.add_argument("--rank", type=_rank, default=40, help="rank of A = UVᵀ, or 'dense' (40)")
     parser.add_argument("--tau", type=_tau, default="auto",
                         help="edge threshold τ in [0, 1), or 'auto' (default): the paper's 0.2 unless it leaves "
@@ -71,6 +74,6 @@ def run(args: argparse.Namespace) -> int:
     causal_graph(adata, rank=args.rank, tau=args.tau, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
                  batch_size=args.batch_size, lr=args.lr, device="auto", seed=None,
                  use_genes=None if args.use_genes == "all" else args.use_genes, layer=args.layer,
-                 h_every=args.h_every, min_positioned=args.min_positioned)
+                 h_every=args.h_every, min_positioned=args.min_positioned, model=args.model)
     write_h5ad(adata, out)
     return 0

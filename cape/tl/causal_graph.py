@@ -14,14 +14,27 @@ import torch
 from .. import __version__
 from .._errors import CapeInputError
 from .._settings import resolve_device, resolve_seed, seed_everything
-from ..causal import MIN_CELLS, fit_variational_notears, learned_equations, make_dag, positioned_genes, tau_positioning
+from ..causal import (
+    MIN_CELLS,
+    fit_parents_mlp,
+    fit_variational_notears,
+    learned_equations,
+    make_dag,
+    positioned_genes,
+    tau_positioning,
+)
+from ..causal import parents_mlp as _parents_mlp
 from ..causal.postprocess import AUTO_TAU_FLOOR, AUTO_TAU_MAX, choose_tau
 from ..causal.trainer import gene_moments
 
-__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "MIN_CELLS", "SCAN_TAUS", "causal_graph"]
+__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "MIN_CELLS", "MODELS", "SCAN_TAUS", "causal_graph"]
 
 logger = logging.getLogger("cape")
 
+#: Step I models: the paper's variational NOTEARS (low-rank, scales to whole transcriptomes) and the
+#: nonlinear-parents SEM (:mod:`cape.causal.parents_mlp`; gene panels up to ``PARENTS_MLP_MAX_GENES``).
+MODELS = ("variational", "parents_mlp")
+PARENTS_MLP_MAX_GENES = _parents_mlp.MAX_GENES
 #: Thresholds at which ``uns["cape"]["causal_graph"]["threshold_scan"]`` counts surviving edges and genes.
 SCAN_TAUS = (0.2, 0.1, 0.05, 0.02, 0.01)
 
@@ -124,6 +137,7 @@ def causal_graph(
     key_added: str = "cape_dag",
     h_every: int | None = None,
     min_positioned: float = 0.5,
+    model: str = "variational",
 ) -> ad.AnnData | None:
     """Learn the causal gene graph (CAPE Step I: variational NOTEARS, paper Sec. 3.3).
 
@@ -160,6 +174,14 @@ def causal_graph(
         Steps between exact evaluations of the acyclicity penalty; in between it uses its first-order
         model (see :func:`cape.causal.fit_variational_notears`). ``None``: exact every step while the
         exponential is small (min(genes, r(r+1)/2) ≤ 256), else every 10 steps; 1: always exact.
+    model
+        ``"variational"`` (default): the paper's variational NOTEARS, linear in a learnt per-gene feature
+        space, low rank, for any number of genes. ``"parents_mlp"``: each gene an MLP of all its candidate
+        parents, fitted in SDCD's two stages (:mod:`cape.causal.parents_mlp`): it can express parents acting
+        together, which the paper's model cannot, and is for gene panels of at most
+        ``PARENTS_MLP_MAX_GENES`` genes (its cost grows with genes², not with cells). With it ``rank``,
+        ``epochs``, ``batch_size``, ``lr`` and ``h_every`` do not apply, and ``lambda_sparse`` multiplies
+        its L1 prices (:func:`cape.causal.fit_parents_mlp`).
     min_positioned
         Fraction of the used genes that must get at least one edge (be *positioned*). With ``tau="auto"``
         a graph below it raises :class:`~cape.CapeInputError` naming the cause and the remedy; with a fixed
@@ -183,7 +205,10 @@ def causal_graph(
       used, in model order), ``layer``, ``kind`` = ``"learned"``, the DAG's edges ``source``/``target``/``weight``
       (indices into ``genes``, feature-space weights), ``order`` (a topological order), the standardisation
       ``mean``/``std``, the encoder and decoder MLPs ``enc_*``/``dec_*``, the feature normalisation
-      ``feat_mean``/``feat_scale``, and each gene's observed ``obs_min``/``obs_max``/``obs_mean`` (for the range
+      ``feat_mean``/``feat_scale`` (with ``model="parents_mlp"``: ``kind`` = ``"parents_mlp"`` and each edge's
+      first-layer weights ``edge_w1`` and each gene's ``b1``/``w2``/``b2`` instead of the MLPs and
+      normalisation, see :class:`cape.causal.StructuralEquations`), and each gene's observed
+      ``obs_min``/``obs_max``/``obs_mean`` (for the range
       check and the ``"2x"`` convenience).
 
     Returns
@@ -200,6 +225,8 @@ def causal_graph(
 
     start = time.perf_counter()
     _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every, min_positioned)
+    if model not in MODELS:
+        raise CapeInputError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
     tau = _check_tau(tau)
     if layer is not None and layer not in adata.layers:
         raise CapeInputError(f"layer {layer!r} not found in adata.layers")
@@ -239,16 +266,25 @@ def causal_graph(
                              + (f" ({genes[0]})" if n_genes == 1 else ""))
     if n_cells < n_genes:
         logger.warning("fewer cells (%d) than genes (%d): the graph will be poorly determined", n_cells, n_genes)
+    if model == "parents_mlp" and n_genes > PARENTS_MLP_MAX_GENES:
+        raise CapeInputError(f"model='parents_mlp' fits at most {PARENTS_MLP_MAX_GENES} genes, got {n_genes}: select "
+                             "fewer (preprocess n_top_genes, use_genes) or use model='variational'")
     rank_used = rank
-    if rank is not None and rank >= n_genes:
+    if model == "parents_mlp":
+        rank_used = None
+    elif rank is not None and rank >= n_genes:
         logger.warning("rank %d ≥ number of genes %d: using a dense adjacency instead", rank, n_genes)
         rank_used = None
 
     seed = seed_everything(resolve_seed(seed))
     dev = resolve_device(device)
     try:
-        fit = fit_variational_notears(X, rank=rank_used, lambda_sparse=lambda_sparse, epochs=epochs,
-                                      batch_size=batch_size, lr=lr, device=dev, seed=seed, h_every=h_every)
+        if model == "parents_mlp":
+            fit = fit_parents_mlp(X, lambda_screen=lambda_sparse * _parents_mlp.LAMBDA_SCREEN,
+                                  lambda_sparse=lambda_sparse * _parents_mlp.LAMBDA_SPARSE, device=dev, seed=seed)
+        else:
+            fit = fit_variational_notears(X, rank=rank_used, lambda_sparse=lambda_sparse, epochs=epochs,
+                                          batch_size=batch_size, lr=lr, device=dev, seed=seed, h_every=h_every)
     except FloatingPointError as err:
         raise CapeInputError(f"{err}; try a smaller lr (got {lr}) or check X for extreme values") from err
     tau_used, tau_rule = choose_tau(fit.adjacency, tau, min_positioned)
@@ -288,7 +324,7 @@ def causal_graph(
                    "use_genes": use_genes if isinstance(use_genes, str) else "custom",
                    "layer": layer or "X", "key_added": key_added,
                    "h_every": "auto" if h_every is None else int(h_every),
-                   "min_positioned": float(min_positioned)},
+                   "min_positioned": float(min_positioned), "model": model},
         "rank_used": "dense" if rank_used is None else int(rank_used),
         "device_used": fit.device,
         "n_cells": int(n_cells),

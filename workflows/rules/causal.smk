@@ -1,5 +1,5 @@
 rule causal:
-    """Step I: the causal gene graph (variational NOTEARS, paper Sec. 3.3) into varp['cape_dag']."""
+    """Step I: the causal gene graph (variational NOTEARS, paper Sec. 3.3, or the parents-MLP SEM) into varp['cape_dag']."""
     input:
         "results/{dataset}/preprocessed.h5ad",
     output:
@@ -22,7 +22,7 @@ rule causal:
     shell:
         "{params.cape} --threads {threads} causal"
         " --input {input:q} --output {output:q}"
-        " --rank {params.rank} --tau {params.opts[tau]} --min-positioned {params.opts[min_positioned]}"
+        " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --min-positioned {params.opts[min_positioned]}"
         " --lambda-sparse {params.opts[lambda_sparse]}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
         " --use-genes {params.opts[use_genes]} --h-every {params.h_every} {params.layer}"
