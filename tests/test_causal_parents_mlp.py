@@ -22,7 +22,7 @@ from cape.causal import (
     make_dag,
 )
 from cape.causal.intervention import _generate
-from cape.causal.parents_mlp import profiled_gaussian_nll
+from cape.causal.parents_mlp import bounded_acyclicity, min_cells, profiled_gaussian_nll
 
 FAST = {"screen_steps": 1000, "steps": 1000, "batch_size": 256}
 
@@ -67,6 +67,18 @@ def test_profiled_likelihood_is_scale_invariant_up_to_a_constant():
     assert float(profiled_gaussian_nll(pred, x)) == pytest.approx(brute, rel=1e-5)
 
 
+def test_bounded_acyclicity_is_h_below_its_limit_and_continuous_with_its_slope_above():
+    h = torch.tensor([0.0, 1e-9, 3.0, 1e6], dtype=torch.float64, requires_grad=True)
+    value = bounded_acyclicity(h)
+    value.sum().backward()
+    torch.testing.assert_close(value.detach(), h.detach())
+    torch.testing.assert_close(h.grad, torch.ones(4, dtype=torch.float64))
+    big = torch.tensor([1e6 * (1 + 1e-9), 1e22], dtype=torch.float64, requires_grad=True)
+    bounded_acyclicity(big).sum().backward()
+    assert float(bounded_acyclicity(big.detach())[0]) == pytest.approx(1e6, rel=1e-8)
+    assert float(big.grad[0]) == pytest.approx(1.0, rel=1e-6) and float(big.grad[1]) == pytest.approx(1e6 / 1e22)
+
+
 @pytest.fixture(scope="module")
 def chain_fit():
     X = _nonlinear_chain()
@@ -88,9 +100,12 @@ def test_fit_recovers_a_nonlinear_chain_as_a_dag_and_is_deterministic(chain_fit)
     assert fit.mean.shape == (3,) and np.all(fit.std > 0)
 
 
-def test_fit_refuses_too_many_genes():
+def test_fit_refuses_too_many_genes_and_too_few_cells():
     with pytest.raises(ValueError, match="at most"):
         fit_parents_mlp(np.zeros((5, cape.causal.parents_mlp.MAX_GENES + 1)), device="cpu")
+    assert min_cells(5) == 40
+    with pytest.raises(ValueError, match="needs at least 40 cells for 5 genes"):
+        fit_parents_mlp(np.random.default_rng(0).normal(size=(39, 5)), device="cpu")
 
 
 def test_counterfactual_on_the_fitted_equations_is_exact(chain_fit):
@@ -142,3 +157,6 @@ def test_tl_refuses_unknown_model_and_too_many_genes():
                       .astype(np.float32))
     with pytest.raises(CapeInputError, match="at most"):
         cape.tl.causal_graph(wide, model="parents_mlp", use_genes=None)
+    few = ad.AnnData(np.random.default_rng(0).normal(size=(25, 6)).astype(np.float32))
+    with pytest.raises(CapeInputError, match="needs at least 50 cells for 6 genes .* use at most 3 genes"):
+        cape.tl.causal_graph(few, model="parents_mlp", use_genes=None)

@@ -45,15 +45,28 @@ from .._settings import resolve_device
 from .acyclicity import acyclicity_dense
 from .trainer import CausalFit, _flushing_denormals, gene_moments
 
-__all__ = ["LAMBDA_SCREEN", "LAMBDA_SPARSE", "MAX_GENES", "ParentsMLP", "fit_parents_mlp", "profiled_gaussian_nll"]
+__all__ = ["H_LINEAR_MAX", "LAMBDA_SCREEN", "LAMBDA_SPARSE", "MAX_GENES", "ParentsMLP", "bounded_acyclicity",
+           "fit_parents_mlp", "min_cells", "profiled_gaussian_nll"]
 
 logger = logging.getLogger("cape")
 
 #: Most genes :func:`fit_parents_mlp` accepts: M²·hidden first-layer weights and an M×M exponential per step.
 MAX_GENES = 1000
+#: Above this value the acyclicity penalty grows like log h instead of h (see :func:`bounded_acyclicity`).
+H_LINEAR_MAX = 1e6
 #: Default L1 prices of the screening and the constrained stage (per unit of A on standardised genes).
 LAMBDA_SCREEN = 1e-3
 LAMBDA_SPARSE = 1e-3
+
+
+def min_cells(n_genes: int, hidden: int = 10) -> int:
+    """Fewest cells :func:`fit_parents_mlp` accepts: one per first-layer weight of a gene's MLP, (M − 1)·hidden.
+
+    Below it each gene's MLP can fit the cells' noise, and the profiled likelihood, which rewards a residual
+    variance falling towards 0 without bound, pays for that more than the L1 price of any edge: on 693 cells
+    × 300 genes every gene kept about 130 candidate parents and the graph was a dense tangle.
+    """
+    return (int(n_genes) - 1) * int(hidden)
 
 
 class ParentsMLP(nn.Module):
@@ -96,6 +109,14 @@ class ParentsMLP(nn.Module):
         """Keep only the parents where ``candidates`` (i → j, boolean) is true."""
         eye = torch.eye(self.n_genes, dtype=torch.bool, device=self.mask.device)
         self.mask.copy_((candidates.to(self.mask.device) & ~eye).to(self.mask.dtype))
+
+
+def bounded_acyclicity(h: torch.Tensor, limit: float = H_LINEAR_MAX) -> torch.Tensor:
+    """h up to ``limit``, then limit·(1 + log(h/limit)): the same value and slope at ``limit``, zero exactly
+    where h is, and a gradient that stays in float32 range. Right after screening a dense candidate graph can
+    make tr exp(A∘A) astronomically large (3.5e21 on 300 genes), and the square of γ·∇h then overflowed Adam's
+    second moment, which froze every weight where it stood."""
+    return torch.where(h <= limit, h, limit * (1.0 + torch.log(h.clamp_min(limit) / limit)))
 
 
 def profiled_gaussian_nll(predicted: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -159,6 +180,9 @@ def fit_parents_mlp(
                          f"got {n_genes}; select fewer genes or use the default model")
     if n_genes < 2:
         raise ValueError(f"a causal graph needs at least 2 genes, got {n_genes}")
+    if n_cells < min_cells(n_genes, hidden):
+        raise ValueError(f"model='parents_mlp' needs at least {min_cells(n_genes, hidden)} cells for {n_genes} genes "
+                         f"(one per weight of a gene's MLP), got {n_cells}; use fewer genes or the default model")
     start = time.perf_counter()
     dev = resolve_device(device) if not isinstance(device, torch.device) else device
     generator = torch.Generator().manual_seed(int(seed))
@@ -197,7 +221,7 @@ def fit_parents_mlp(
         loss = loss + l2 * sum(p.pow(2).sum() for p in model.parameters())
         if stage == 2:
             h = acyclicity_dense(A)
-            loss = loss + gamma * h.to(loss.dtype)
+            loss = loss + gamma * bounded_acyclicity(h).to(loss.dtype)
             h_value = float(h.detach())
             gamma += gamma_step
         optimiser.zero_grad(set_to_none=True)

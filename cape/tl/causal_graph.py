@@ -179,7 +179,8 @@ def causal_graph(
         space, low rank, for any number of genes. ``"parents_mlp"``: each gene an MLP of all its candidate
         parents, fitted in SDCD's two stages (:mod:`cape.causal.parents_mlp`): it can express parents acting
         together, which the paper's model cannot, and is for gene panels of at most
-        ``PARENTS_MLP_MAX_GENES`` genes (its cost grows with genes², not with cells). With it ``rank``,
+        ``PARENTS_MLP_MAX_GENES`` genes with at least 10·(genes − 1) cells (its cost grows with genes², not
+        with cells; with fewer cells each gene's MLP fits noise). With it ``rank``,
         ``epochs``, ``batch_size``, ``lr`` and ``h_every`` do not apply, and ``lambda_sparse`` multiplies
         its L1 prices (:func:`cape.causal.fit_parents_mlp`).
     min_positioned
@@ -269,6 +270,11 @@ def causal_graph(
     if model == "parents_mlp" and n_genes > PARENTS_MLP_MAX_GENES:
         raise CapeInputError(f"model='parents_mlp' fits at most {PARENTS_MLP_MAX_GENES} genes, got {n_genes}: select "
                              "fewer (preprocess n_top_genes, use_genes) or use model='variational'")
+    if model == "parents_mlp" and n_cells < _parents_mlp.min_cells(n_genes):
+        most = n_cells // _parents_mlp.min_cells(2) + 1
+        raise CapeInputError(f"model='parents_mlp' needs at least {_parents_mlp.min_cells(n_genes)} cells for "
+                             f"{n_genes} genes (one per weight of a gene's MLP), got {n_cells}: use at most {most} "
+                             "genes (preprocess n_top_genes, use_genes) or model='variational'")
     rank_used = rank
     if model == "parents_mlp":
         rank_used = None
