@@ -14,9 +14,9 @@ penalty h(A) = tr(exp(A∘A)) − M is zero exactly when the genes' equations fo
 
 Loss per step, on a minibatch: the Gaussian negative log-likelihood with each gene's variance s_j² profiled
 out, ½ Σ_j log mean_b (x_bj − g_j(x_b))², plus λ‖A‖₁ + β‖W‖² (+ γ·h(A) in stage 2). The profiled variance
-makes the score invariant to each gene's scale: with a shared unit variance (the least-squares loss of
-NOTEARS) every gene's residual counts the same, which on standardised data favours explaining a gene of
-small relative noise by its children. Fitting proceeds in SDCD's two stages:
+makes the score invariant to each gene's scale and weighs each gene's residual by its own noise level, as the
+likelihood of an SEM with unequal noise variances does, where NOTEARS' shared least squares weighs every
+residual alike (see the README for what that changed). Fitting proceeds in SDCD's two stages:
 
 1. screening: no acyclicity, L1 ``lambda_screen``; the candidate parents of each gene are the edges with
    A_ij above ``screen_fraction`` times the largest A;
