@@ -23,3 +23,17 @@ def test_report_states_the_share_of_genes_at_the_origin(trained_adata, tmp_path)
     assert [r["value"] for r in records if r["metric"] == "fraction_of_genes_at_origin"] == [0.25]
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert "hyperbolic_embedding: done in 2.0 s; 25.0% of the genes within 1e-3 of the origin" in text
+
+
+def test_report_names_the_step_one_model_and_its_edges(trained_adata, tmp_path):
+    adata = trained_adata.copy()
+    adata.uns["cape"]["causal_graph"] = {**adata.uns["cape"]["causal_graph"], "wall_time": 3.0, "n_edges": 17,
+                                         "tau_used": 0.2}
+    records = evaluate_run(adata, "cell_type", dataset="toy")
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    model = adata.uns["cape"]["causal_graph"].get("params", {}).get("model", "variational")
+    assert f"causal_graph: done in 3.0 s; model {model}, 17 edges at τ 0.2" in text
+    adata.uns["cape"]["causal_graph"]["params"] = {**adata.uns["cape"]["causal_graph"].get("params", {}),
+                                                   "model": "parents_mlp"}
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert "model parents_mlp, 17 edges" in text

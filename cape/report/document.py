@@ -135,6 +135,11 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
         if step in info:
             seconds = next((info[step][k] for k in ("wall_time", "seconds") if k in info[step]), None)
             line = f"- {step}: done" + (f" in {float(seconds):.1f} s" if seconds is not None else "")
+            if step == "causal_graph" and "n_edges" in info[step]:  # which Step I model, and what it kept
+                model = info[step].get("params", {}).get("model", "variational")
+                line += f"; model {model}, {int(info[step]['n_edges'])} edges"
+                if "tau_used" in info[step]:
+                    line += f" at τ {float(info[step]['tau_used']):.3g}"
             at_origin = info[step].get("fraction_at_origin") if step == "hyperbolic_embedding" else None
             if at_origin is not None:  # such genes get no rotation: a rotary encoding cannot tell them apart
                 line += f"; {float(at_origin):.1%} of the genes within 1e-3 of the origin"
