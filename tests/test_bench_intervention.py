@@ -49,7 +49,8 @@ def test_shift_metrics():
 def test_intervention_benchmark_on_sachs_shaped_data(tmp_path):
     records = run_intervention_benchmark(tmp_path, quick=True, peers=[], adata=_fake_sachs())
     methods = {r["method"] for r in records}
-    assert {"no_change", "consensus_linear", "cape_learned", "cape_linear", "cape_learned_tau0.05"} <= methods
+    assert {"no_change", "consensus_linear", "consensus_class", "cape_learned", "cape_linear", "cape_class",
+            "cape_learned_tau0.05"} <= methods
     assert {r["condition"] for r in records} == {"pakts473+ctrl", "PKC+ctrl", "PIP2+ctrl", "pmek+ctrl", "PIP3+ctrl",
                                                  "PKA+ctrl"}
     # pakts473 has no descendants in the consensus graph: only the all-other-genes set

@@ -158,3 +158,32 @@ def test_cli_predict_without_step_one(tmp_path, capsys):
     rc = main(["predict", "-i", str(src), "--intervene", "GATA1=0", "--output", str(tmp_path / "p.h5ad")])
     err = capsys.readouterr().err
     assert rc == 2 and "cape causal" in err and not (tmp_path / "p.h5ad").exists()
+
+
+def test_equivalence_class_averages_the_orientations_of_the_graph(fitted, tmp_path):
+    a = fitted.copy()
+    chain = np.zeros((6, 6))
+    chain[0, 1] = chain[1, 2] = 1.0  # GATA1 → SPI1 → CEBPA: observationally, the other orientations fit as well
+    a.varp["chain"] = chain
+    cape.tl.predict_intervention(a, {"SPI1": 3.0}, equations="equivalence_class", graph="chain")
+    out = a.uns["cape_intervention"]
+    assert list(out["parent_sets"]) == ["", "GATA1", "CEBPA"] and out["graph"] == "chain"
+    per_set = np.asarray(out["shift_per_parent_set"])
+    shift = a.var["cape_intervention_shift"].to_numpy()
+    np.testing.assert_allclose(shift[[0, 2]], per_set.mean(0)[[0, 2]], rtol=1e-6)
+    change = 3.0 - float(a.X[:, 1].mean())
+    # CEBPA moves by the slope 0.8 under two of the three parent sets, not at all when it is SPI1's parent
+    assert per_set[2, 2] == 0.0 and per_set[1, 2] == pytest.approx(0.8 * change, rel=0.1)
+    assert shift[2] == pytest.approx(2 / 3 * 0.8 * change, rel=0.1)
+    assert per_set[1, 0] == 0.0 and (shift[3:] == 0).all()  # GATA1 as the parent; D, E, F unrelated
+    assert set(out["descendants"]) == {"GATA1", "CEBPA"}
+    np.testing.assert_array_equal(a.layers["cape_intervention"][:, 3:], a.X[:, 3:])
+    with pytest.raises(CapeInputError, match="one intervened gene at a time"):
+        cape.tl.predict_intervention(a.copy(), {"SPI1": 3.0, "TAL1": 2.0}, equations="equivalence_class", graph="chain")
+    with pytest.warns(UserWarning, match="no descendants"):
+        cape.tl.predict_intervention(a.copy(), {"MYB": 1.0}, equations="equivalence_class", graph="chain")
+    src, dst = tmp_path / "c.h5ad", tmp_path / "p.h5ad"
+    a.write_h5ad(src)
+    assert main(["--quiet", "predict", "-i", str(src), "--intervene", "SPI1=3", "--equations", "equivalence_class",
+                 "--graph", "chain", "--output", str(dst)]) == 0
+    np.testing.assert_allclose(ad.read_h5ad(dst).var["cape_intervention_shift"], shift, rtol=1e-6)

@@ -15,6 +15,7 @@ from .acyclicity import (
     hadamard_square_factors,
     trace_expm,
 )
+from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
 from .intervention import (
     StructuralEquations,
     descendants,
@@ -41,15 +42,19 @@ __all__ = [
     "acyclicity_low_rank",
     "acyclicity_power_series",
     "acyclicity_weights",
+    "cpdag",
     "descendants",
+    "equivalence_class_effects",
     "fit_parents_mlp",
     "fit_variational_notears",
     "gene_moments",
     "hadamard_square_factors",
     "intervene",
+    "intervene_equivalence_class",
     "is_dag",
     "learned_equations",
     "linear_equations",
+    "local_parent_sets",
     "make_dag",
     "positioned_genes",
     "tau_positioning",

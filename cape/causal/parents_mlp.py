@@ -80,11 +80,13 @@ class ParentsMLP(nn.Module):
         super().__init__()
         if hidden < 1:
             raise ValueError(f"hidden must be at least 1, got {hidden}")
-        self.weight = nn.Parameter(0.1 * torch.randn(n_genes, n_genes, hidden, generator=generator))
-        self.b1 = nn.Parameter(torch.zeros(n_genes, hidden))
-        self.w2 = nn.Parameter(0.1 * torch.randn(n_genes, hidden, generator=generator))
-        self.b2 = nn.Parameter(torch.zeros(n_genes))
-        self.register_buffer("mask", 1.0 - torch.eye(n_genes))
+        # float32 whatever torch's default dtype (importing gcastle's algorithms sets it to float64)
+        f32 = torch.float32
+        self.weight = nn.Parameter(0.1 * torch.randn(n_genes, n_genes, hidden, generator=generator, dtype=f32))
+        self.b1 = nn.Parameter(torch.zeros(n_genes, hidden, dtype=f32))
+        self.w2 = nn.Parameter(0.1 * torch.randn(n_genes, hidden, generator=generator, dtype=f32))
+        self.b2 = nn.Parameter(torch.zeros(n_genes, dtype=f32))
+        self.register_buffer("mask", 1.0 - torch.eye(n_genes, dtype=f32))
 
     @property
     def n_genes(self) -> int:

@@ -44,8 +44,11 @@ def register(commands) -> None:
                         help="counterfactual (default): each observed cell keeps its noise; interventional: new "
                              "cells from sampled noise")
     parser.add_argument("--equations", choices=EQUATIONS, default="learned",
-                        help="learned (Step I's encoder/SEM/decoder) or linear (least-squares refit on the graph)")
-    parser.add_argument("--graph", default=None, help="varp key of the graph for --equations linear (cape_dag)")
+                        help="learned (Step I's encoder/SEM/decoder), linear (least-squares refit on the graph) or "
+                             "equivalence_class (least-squares effects averaged over the parent sets the graph's "
+                             "Markov equivalence class allows, IDA; one gene)")
+    parser.add_argument("--graph", default=None,
+                        help="varp key of the graph for --equations linear / equivalence_class (cape_dag)")
     parser.add_argument("--n-cells", type=positive_int, default=None, help="cells to predict (default: all)")
     parser.add_argument("--key-added", default="cape_intervention", help="layer/var/uns key (cape_intervention)")
     parser.add_argument("--table", default=None, help="also write the predicted mean shift per gene (.tsv)")

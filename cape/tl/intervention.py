@@ -14,6 +14,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
+from ..causal.equivalence import intervene_equivalence_class
 from ..causal.intervention import MODES, StructuralEquations, intervene, linear_equations
 from ._uns import h5ad_safe
 
@@ -21,8 +22,9 @@ __all__ = ["EQUATIONS", "intervention_values", "load_equations", "predict_interv
 
 logger = logging.getLogger("cape")
 
-#: ``equations=``: Step I's fitted encoder/SEM/decoder, or each gene refit on its parents by least squares.
-EQUATIONS = ("learned", "linear")
+#: ``equations=``: Step I's fitted encoder/SEM/decoder; each gene refit on its parents by least squares; or
+#: least-squares effects averaged over the parent sets the graph's Markov equivalence class allows (IDA).
+EQUATIONS = ("learned", "linear", "equivalence_class")
 _MULTIPLE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*x\s*$")
 _KNOCK_OUT = {"ko", "knockout", "knock-out", "0"}
 
@@ -94,6 +96,47 @@ def intervention_values(intervention: Mapping[str, float | str], genes, obs_mean
     return out
 
 
+def _graph_dag(adata: ad.AnnData, cols: np.ndarray, graph: str | None) -> tuple[str, np.ndarray]:
+    """``varp[graph]`` (default Step I's ``cape_dag``) over the graph's genes, dense."""
+    key = graph or "cape_dag"
+    if key not in adata.varp:
+        raise CapeInputError(f"varp[{key!r}] not found: run cape.tl.causal_graph (`cape causal`) first, or pass "
+                             "graph= naming a varp key")
+    A = adata.varp[key]
+    A = A.tocsr() if sp.issparse(A) else sp.csr_matrix(np.asarray(A))
+    return key, A[cols][:, cols].toarray()
+
+
+def _linear(adata: ad.AnnData, X: np.ndarray, cols: np.ndarray, graph: str | None) -> StructuralEquations:
+    key, dag = _graph_dag(adata, cols, graph)
+    try:
+        return linear_equations(X, dag)
+    except ValueError as err:
+        raise CapeInputError(f"varp[{key!r}]: {err}") from None
+
+
+def _equivalence_class(adata, X, genes, cols, do, graph, mode, n_cells, seed):
+    """IDA over ``varp[graph]``'s equivalence class: (predicted, reference, reached genes, uns extras)."""
+    if len(do) != 1:
+        raise CapeInputError("equations='equivalence_class' predicts one intervened gene at a time (a joint "
+                             f"intervention on {len(do)} genes needs the class's member DAGs): use equations="
+                             "'learned' or 'linear'")
+    key, dag = _graph_dag(adata, cols, graph)
+    (g, v), = do.items()
+    try:
+        predicted, reference, effects, sets = intervene_equivalence_class(X, dag, g, v, mode=mode, n_cells=n_cells,
+                                                                         seed=seed)
+    except ValueError as err:
+        raise CapeInputError(f"varp[{key!r}]: {err}") from None
+    reached = (effects != 0).any(0)
+    reached[g] = False
+    per_set = np.zeros((len(sets), adata.n_vars))
+    per_set[:, cols] = effects * (v - X[:, g].mean())
+    per_set[:, cols[g]] = 0.0
+    return predicted, reference, reached, {"parent_sets": ["+".join(genes[i] for i in s) for s in sets],
+                                           "shift_per_parent_set": per_set}
+
+
 def predict_intervention(
     adata: ad.AnnData,
     intervention: Mapping[str, float | str],
@@ -128,6 +171,11 @@ def predict_intervention(
     equations
         ``"learned"``: Step I's encoder, feature-space SEM and decoder. ``"linear"``: each gene refit by least
         squares on its parents in ``varp[graph]`` (any DAG: Step I's, a consensus graph, a peer's).
+        ``"equivalence_class"``: observational cells cannot tell the DAGs of ``varp[graph]``'s Markov
+        equivalence class apart, and they may disagree on which way the edges at the intervened gene point;
+        this averages the least-squares total effects over every parent set of the gene that the class allows
+        (IDA, :mod:`cape.causal.equivalence`) instead of betting on one orientation. One intervened gene;
+        interventional mode draws observed cells with replacement (their linear counterfactuals).
     seed
         Seeds the cell draws.
     key_added
@@ -140,7 +188,7 @@ def predict_intervention(
     Reads
     -----
     ``uns["cape"]["causal_graph"]["equations"]`` (Step I's fitted model), ``X`` or the layer Step I was fitted on,
-    and ``varp["cape_dag"]`` (``graph``) with ``equations="linear"``.
+    and ``varp["cape_dag"]`` (``graph``) with ``equations="linear"`` or ``"equivalence_class"``.
 
     Writes
     ------
@@ -156,7 +204,9 @@ def predict_intervention(
     without intervention). Either way ``var[f"{key_added}_shift"]`` holds the predicted mean shift per gene
     (0 outside the graph) and ``uns[key_added]`` the intervention (resolved values), ``mode``, ``equations``,
     ``n_cells``, ``seed``, ``shift`` (array over ``var_names``), ``descendants`` (names) and ``no_effect``
-    (intervened genes without descendants); in ``adata`` too unless ``copy``.
+    (intervened genes without descendants); with ``equations="equivalence_class"`` also ``parent_sets`` (the
+    intervened gene's parent sets the class allows, names joined by ``+``, ``""`` for none) and
+    ``shift_per_parent_set`` (parent sets × ``var_names``); in ``adata`` too unless ``copy``.
 
     Raises
     ------
@@ -188,35 +238,29 @@ def predict_intervention(
     obs_mean, obs_min, obs_max = (np.asarray(record[k], dtype=np.float64) for k in ("obs_mean", "obs_min", "obs_max"))
     do = intervention_values(intervention, genes, obs_mean, obs_min, obs_max)
 
-    if equations == "learned":
-        eq = StructuralEquations.from_dict(record)
-    else:
-        key = graph or "cape_dag"
-        if key not in adata.varp:
-            raise CapeInputError(f"varp[{key!r}] not found: run cape.tl.causal_graph (`cape causal`) first, or pass "
-                                 "graph= naming a varp key")
-        A = adata.varp[key]
-        A = A.tocsr() if sp.issparse(A) else sp.csr_matrix(np.asarray(A))
-        try:
-            eq = linear_equations(X, A[cols][:, cols].toarray())
-        except ValueError as err:
-            raise CapeInputError(f"varp[{key!r}]: {err}") from None
-    reached = eq.descendants(list(do))
     names = [genes[i] for i in do]
-    no_effect = [genes[i] for i in do if not eq.descendants([i]).any()]
+    extra: dict = {}
+    if equations == "equivalence_class":
+        predicted, reference, reached, extra = _equivalence_class(adata, X, genes, cols, do, graph, mode, n_cells,
+                                                                  seed)
+        no_effect = [] if reached.any() else names
+    else:
+        eq = StructuralEquations.from_dict(record) if equations == "learned" else _linear(adata, X, cols, graph)
+        reached = eq.descendants(list(do))
+        no_effect = [genes[i] for i in do if not eq.descendants([i]).any()]
     if no_effect:
         message = (f"{', '.join(no_effect)} ha{'s' if len(no_effect) == 1 else 've'} no descendants in the graph: "
                    "the prediction for every other gene is the no-change baseline")
         warnings.warn(message, UserWarning, stacklevel=2)
-
-    predicted, reference = intervene(eq, X, do, mode=mode, n_cells=n_cells, seed=seed)
+    if equations != "equivalence_class":
+        predicted, reference = intervene(eq, X, do, mode=mode, n_cells=n_cells, seed=seed)
     shift = np.zeros(adata.n_vars)
     shift[cols] = predicted.mean(0) - reference.mean(0)
     summary = h5ad_safe({
         "intervention": {genes[i]: float(v) for i, v in do.items()},
-        "mode": mode, "equations": equations, "graph": graph or ("cape_dag" if equations == "linear" else "learned"),
+        "mode": mode, "equations": equations, "graph": graph or ("learned" if equations == "learned" else "cape_dag"),
         "n_cells": int(predicted.shape[0]), "seed": int(seed), "shift": shift,
-        "descendants": [genes[i] for i in np.flatnonzero(reached)], "no_effect": no_effect,
+        "descendants": [genes[i] for i in np.flatnonzero(reached)], "no_effect": no_effect, **extra,
     })
     logger.info("do(%s): %d descendant gene(s); largest predicted shifts: %s",
                 ", ".join(f"{genes[i]}={v:.3g}" for i, v in do.items()), int(reached.sum()),
