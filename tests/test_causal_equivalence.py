@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cape.causal import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
-from cape.causal.equivalence import possible_descendants, total_effects
+from cape.causal.equivalence import TooManyParentSets, possible_descendants, total_effects
 
 
 def _v_structures(D: np.ndarray) -> set[tuple[int, int, int]]:
@@ -115,11 +115,17 @@ def test_intervene_counterfactual_is_exact_for_one_member_and_keeps_non_descenda
         intervene_equivalence_class(X, dag, 1, 3.0, mode="observational")
 
 
-def test_too_many_undirected_neighbours_is_refused():
-    star = np.zeros((5, 5))
+def test_a_hub_enumerates_cliques_not_subsets_and_a_dense_class_is_refused():
+    # 40 undirected neighbours, pairwise non-adjacent except one pair: 1 + 40 + 1 sets, not 2^40
+    star = np.zeros((41, 41))
     star[0, 1:] = 1
-    with pytest.raises(ValueError, match="4 undirected neighbours"):
-        local_parent_sets(cpdag(star), 0, max_siblings=3)
+    star[1, 2] = 1
+    sets = local_parent_sets(cpdag(star), 0)
+    assert len(sets) == 42 and (1, 2) in sets and sets[0] == ()
+    complete = np.triu(np.ones((8, 8)), 1)  # every orientation order is a member: 2^7 parent sets of node 0
+    assert len(local_parent_sets(cpdag(complete), 0)) == 2**7
+    with pytest.raises(TooManyParentSets, match="more than 100 possible parent sets"):
+        local_parent_sets(cpdag(complete), 0, max_sets=100)
 
 
 def test_parents_mlp_fits_whatever_torch_default_dtype():

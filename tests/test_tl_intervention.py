@@ -160,7 +160,7 @@ def test_cli_predict_without_step_one(tmp_path, capsys):
     assert rc == 2 and "cape causal" in err and not (tmp_path / "p.h5ad").exists()
 
 
-def test_equivalence_class_averages_the_orientations_of_the_graph(fitted, tmp_path):
+def test_equivalence_class_averages_the_orientations_of_the_graph(fitted, tmp_path, monkeypatch):
     a = fitted.copy()
     chain = np.zeros((6, 6))
     chain[0, 1] = chain[1, 2] = 1.0  # GATA1 → SPI1 → CEBPA: observationally, the other orientations fit as well
@@ -182,6 +182,11 @@ def test_equivalence_class_averages_the_orientations_of_the_graph(fitted, tmp_pa
         cape.tl.predict_intervention(a.copy(), {"SPI1": 3.0, "TAL1": 2.0}, equations="equivalence_class", graph="chain")
     with pytest.warns(UserWarning, match="no descendants"):
         cape.tl.predict_intervention(a.copy(), {"MYB": 1.0}, equations="equivalence_class", graph="chain")
+    a.varp["complete"] = np.triu(np.ones((6, 6)), 1)  # SPI1's class allows 2^5 parent sets
+    with monkeypatch.context() as m:
+        m.setattr("cape.tl.intervention.MAX_PARENT_SETS", 8)
+        with pytest.raises(CapeInputError, match="SPI1 has more than 8 possible parent sets"):
+            cape.tl.predict_intervention(a.copy(), {"SPI1": 3.0}, equations="equivalence_class", graph="complete")
     src, dst = tmp_path / "c.h5ad", tmp_path / "p.h5ad"
     a.write_h5ad(src)
     assert main(["--quiet", "predict", "-i", str(src), "--intervene", "SPI1=3", "--equations", "equivalence_class",

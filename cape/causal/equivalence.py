@@ -10,20 +10,25 @@ predictions from observational expression in Maathuis et al. 2010, Nat. Methods 
 parent sets of g that the class allows (:func:`local_parent_sets`), estimates g's total effect on every gene
 under each by least squares with that set as the adjustment set (:func:`total_effects`), and averages them.
 
-NumPy only; exact against brute-force enumeration of the class on small graphs (tests).
+NumPy and networkx; exact against brute-force enumeration of the class on small graphs (tests).
 """
 
 from __future__ import annotations
 
 from itertools import combinations
 
+import networkx as nx
 import numpy as np
 
-__all__ = ["cpdag", "equivalence_class_effects", "intervene_equivalence_class", "local_parent_sets",
-           "possible_descendants", "total_effects"]
+__all__ = ["MAX_PARENT_SETS", "TooManyParentSets", "cpdag", "equivalence_class_effects", "intervene_equivalence_class",
+           "local_parent_sets", "possible_descendants", "total_effects"]
 
-#: Most undirected neighbours of the intervened gene whose subsets are enumerated (2^k candidate parent sets).
-MAX_SIBLINGS = 16
+#: Most parent sets of the intervened gene enumerated (one least-squares fit of every gene per set).
+MAX_PARENT_SETS = 4096
+
+
+class TooManyParentSets(ValueError):
+    """The intervened gene's equivalence class allows more parent sets than the limit (one fit per set)."""
 
 
 def cpdag(dag: np.ndarray) -> np.ndarray:
@@ -79,30 +84,33 @@ def cpdag(dag: np.ndarray) -> np.ndarray:
     return directed | undirected
 
 
-def local_parent_sets(C: np.ndarray, gene: int, max_siblings: int = MAX_SIBLINGS) -> list[tuple[int, ...]]:
+def local_parent_sets(C: np.ndarray, gene: int, max_sets: int = MAX_PARENT_SETS) -> list[tuple[int, ...]]:
     """The parent sets of ``gene`` that members of the CPDAG ``C``'s class can give it (local IDA).
 
     Its compelled parents plus any subset S of its undirected neighbours such that directing S into the gene
     creates no new v-structure there: every member of S is adjacent to every other member of S and to every
-    compelled parent (Maathuis et al. 2009, Lemma 3.1). The distinct sets are exactly those the class's members
-    realise (the multiplicities may differ). Sorted, smallest first; raises ``ValueError`` beyond
-    ``max_siblings`` undirected neighbours (2^k subsets).
+    compelled parent (Maathuis et al. 2009, Lemma 3.1). So S is empty or a clique of the neighbours adjacent to
+    all compelled parents, and the cliques are enumerated (networkx) rather than all 2^k subsets: a hub with
+    dozens of undirected neighbours in a sparse graph has about as many sets as neighbours. The distinct sets
+    are exactly those the class's members realise (the multiplicities may differ). Sorted, smallest first;
+    raises :class:`TooManyParentSets` beyond ``max_sets`` sets.
     """
     C = np.asarray(C, dtype=bool)
     gene = int(gene)
-    into = C[:, gene] & ~C[gene, :]
-    siblings = np.flatnonzero(C[:, gene] & C[gene, :]).tolist()
-    if len(siblings) > max_siblings:
-        raise ValueError(f"gene {gene} has {len(siblings)} undirected neighbours in the CPDAG (at most {max_siblings} "
-                         "are enumerated)")
-    compelled = np.flatnonzero(into).tolist()
+    compelled = np.flatnonzero(C[:, gene] & ~C[gene, :]).tolist()
     adjacent = C | C.T
-    sets = []
-    for r in range(len(siblings) + 1):
-        for S in combinations(siblings, r):
-            if all(adjacent[s, p] for s in S for p in (*S, *compelled) if s != p):
-                sets.append(tuple(sorted((*compelled, *S))))
-    return sets
+    siblings = [s for s in np.flatnonzero(C[:, gene] & C[gene, :]).tolist()
+                if all(adjacent[s, p] for p in compelled)]
+    among = nx.Graph()
+    among.add_nodes_from(siblings)
+    among.add_edges_from((a, b) for a, b in combinations(siblings, 2) if adjacent[a, b])
+    sets = [tuple(compelled)]
+    for clique in nx.enumerate_all_cliques(among):
+        if len(sets) >= max_sets:
+            raise TooManyParentSets(f"gene {gene} has more than {max_sets} possible parent sets in its equivalence "
+                                    f"class ({len(siblings)} undirected neighbours in the CPDAG)")
+        sets.append(tuple(sorted((*compelled, *clique))))
+    return sorted(sets, key=lambda t: (len(t), t))
 
 
 def possible_descendants(C: np.ndarray, gene: int, parent_set: tuple[int, ...] = ()) -> np.ndarray:
@@ -140,7 +148,7 @@ def total_effects(X: np.ndarray, gene: int, parent_set: tuple[int, ...]) -> np.n
 
 
 def equivalence_class_effects(X: np.ndarray, dag: np.ndarray, gene: int,
-                              max_siblings: int = MAX_SIBLINGS) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+                              max_sets: int = MAX_PARENT_SETS) -> tuple[np.ndarray, list[tuple[int, ...]]]:
     """IDA: ``gene``'s total effect on every gene under each parent set its class allows.
 
     Returns (effects, parent_sets): effects[s, k] the effect of a unit change of x_gene on x_k when the gene's
@@ -149,7 +157,7 @@ def equivalence_class_effects(X: np.ndarray, dag: np.ndarray, gene: int,
     do(x_gene = v) for a cell is x + effects.mean(0)·(v − x_gene).
     """
     C = cpdag(dag)
-    sets = local_parent_sets(C, gene, max_siblings)
+    sets = local_parent_sets(C, gene, max_sets)
     effects = np.zeros((len(sets), C.shape[0]))
     for s, parents in enumerate(sets):
         reach = possible_descendants(C, gene, parents)
@@ -160,7 +168,7 @@ def equivalence_class_effects(X: np.ndarray, dag: np.ndarray, gene: int,
 
 def intervene_equivalence_class(X: np.ndarray, dag: np.ndarray, gene: int, value: float | np.ndarray, *,
                                 mode: str = "counterfactual", n_cells: int | None = None, seed: int = 0,
-                                max_siblings: int = MAX_SIBLINGS
+                                max_sets: int = MAX_PARENT_SETS
                                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, ...]]]:
     """Cells under do(x_gene = value) by IDA over ``dag``'s equivalence class, and the same cells without it.
 
@@ -176,7 +184,7 @@ def intervene_equivalence_class(X: np.ndarray, dag: np.ndarray, gene: int, value
     if mode not in ("counterfactual", "interventional"):
         raise ValueError(f"mode must be counterfactual or interventional, got {mode!r}")
     X = np.asarray(X, dtype=np.float64)
-    effects, sets = equivalence_class_effects(X, dag, gene, max_siblings)
+    effects, sets = equivalence_class_effects(X, dag, gene, max_sets)
     rng = np.random.default_rng(seed)
     n_obs = X.shape[0]
     if mode == "counterfactual":

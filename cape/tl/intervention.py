@@ -14,7 +14,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
-from ..causal.equivalence import intervene_equivalence_class
+from ..causal.equivalence import MAX_PARENT_SETS, TooManyParentSets, intervene_equivalence_class
 from ..causal.intervention import MODES, StructuralEquations, intervene, linear_equations
 from ._uns import h5ad_safe
 
@@ -125,7 +125,11 @@ def _equivalence_class(adata, X, genes, cols, do, graph, mode, n_cells, seed):
     (g, v), = do.items()
     try:
         predicted, reference, effects, sets = intervene_equivalence_class(X, dag, g, v, mode=mode, n_cells=n_cells,
-                                                                         seed=seed)
+                                                                         seed=seed, max_sets=MAX_PARENT_SETS)
+    except TooManyParentSets:
+        raise CapeInputError(f"{genes[g]} has more than {MAX_PARENT_SETS} possible parent sets in the equivalence "
+                             f"class of varp[{key!r}] (many undirected neighbours that are adjacent to one another): "
+                             "use equations='learned' or 'linear'") from None
     except ValueError as err:
         raise CapeInputError(f"varp[{key!r}]: {err}") from None
     reached = (effects != 0).any(0)
@@ -262,8 +266,9 @@ def predict_intervention(
         "n_cells": int(predicted.shape[0]), "seed": int(seed), "shift": shift,
         "descendants": [genes[i] for i in np.flatnonzero(reached)], "no_effect": no_effect, **extra,
     })
-    logger.info("do(%s): %d descendant gene(s); largest predicted shifts: %s",
+    logger.info("do(%s): %d %sdescendant gene(s); largest predicted shifts: %s",
                 ", ".join(f"{genes[i]}={v:.3g}" for i, v in do.items()), int(reached.sum()),
+                "possible " if equations == "equivalence_class" else "",
                 ", ".join(f"{adata.var_names[i]} {shift[i]:+.3g}" for i in np.argsort(-np.abs(shift))[:5]
                           if adata.var_names[i] not in names and shift[i] != 0) or "none")
 
