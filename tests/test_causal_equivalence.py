@@ -138,3 +138,20 @@ def test_parents_mlp_fits_whatever_torch_default_dtype():
     finally:
         torch.set_default_dtype(default)
     np.testing.assert_array_equal(f64.adjacency, fit_parents_mlp(X, screen_steps=3, steps=3, device="cpu").adjacency)
+
+
+def test_total_effects_equal_the_full_regression_coefficient():
+    # Frisch–Waugh–Lovell: r·x_k / r·r is the coefficient of x_gene in the regression of x_k on (1, x_gene, x_P)
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 7)) + rng.normal(size=7)
+    X[:, 3] += X[:, 1] - 0.5 * X[:, 2]
+    X[:, 5] += 0.7 * X[:, 3]
+    for parents in [(), (1,), (1, 2), (0, 2, 6)]:
+        design = np.column_stack([X[:, [3, *parents]], np.ones(len(X))])
+        expected = np.linalg.lstsq(design, X, rcond=None)[0][0]
+        expected[list(parents)], expected[3] = 0.0, 1.0
+        np.testing.assert_allclose(total_effects(X, 3, parents), expected, atol=1e-10)
+    collinear = X.copy()
+    collinear[:, 3] = 2 * collinear[:, 1]
+    with pytest.raises(ValueError, match="linear function of its parent set"):
+        total_effects(collinear, 3, (1,))

@@ -137,12 +137,22 @@ def total_effects(X: np.ndarray, gene: int, parent_set: tuple[int, ...]) -> np.n
     """Least-squares total effect of ``gene`` on every gene, adjusting for ``parent_set``: the coefficient of
     x_gene in the regression of x_k on (1, x_gene, x_parents). A parent set blocks every back-door path, so in a
     linear SEM whose DAG gives ``gene`` these parents this is ∂E[x_k | do(x_gene)]/∂x_gene. The parents' own
-    effect is 0 (they precede the gene) and the gene's is 1."""
+    effect is 0 (they precede the gene) and the gene's is 1.
+
+    Computed by Frisch–Waugh–Lovell: with r the residual of x_gene on (1, x_parents), the coefficient is
+    r·x_k / r·r, one product with X instead of a regression per gene."""
     X = np.asarray(X, dtype=np.float64)
-    cols = [int(gene), *map(int, parent_set)]
-    design = np.column_stack([X[:, cols], np.ones(X.shape[0])])
-    coef = np.linalg.lstsq(design, X, rcond=None)[0][0]
-    coef[list(map(int, parent_set))] = 0.0
+    parents = list(map(int, parent_set))
+    design = np.column_stack([np.ones(X.shape[0]), X[:, parents]])
+    x = X[:, int(gene)]
+    r = x - design @ np.linalg.lstsq(design, x, rcond=None)[0]
+    rr = float(r @ r)
+    centred = x - x.mean()
+    if not rr > 1e-10 * float(centred @ centred):  # relative: collinearity leaves rounding-level residuals
+        raise ValueError(f"gene {gene} is a linear function of its parent set {tuple(parents)}: its effect is not "
+                         "identified")
+    coef = (r @ X) / rr
+    coef[parents] = 0.0
     coef[int(gene)] = 1.0
     return coef
 
