@@ -29,6 +29,9 @@ def describe_error(err: jsonschema.ValidationError) -> str:
     if err.validator == "type":
         expected = err.validator_value if isinstance(err.validator_value, str) else " or ".join(err.validator_value)
         return f"config key {where!r} must be of type {expected}, got {err.instance!r}"
+    if err.validator == "maxItems" and "description" in err.schema:
+        return (f"config key {where!r} holds {len(err.instance)} items, at most {err.validator_value} here: "
+                f"{err.schema['description']}")
     return f"config key {where or '(top level)'!r}: {err.message}"
 
 

@@ -106,6 +106,8 @@ def test_misspelled_nested_key_names_it(workdir, override, words):
         ("causal", {"h_every": "0"}, "config key 'causal.h_every'"),
         ("embed", {"dimm": "3"}, "unknown config key 'embed.dimm'"),
         ("encode", {"scael": "1"}, "unknown config key 'encode.scael'"),
+        ("predict", {"intervene": ["GATA1=0", "SPI1=0"], "equations": "equivalence_class"},
+         "config key 'predict.intervene' holds 2 items, at most 1 here: equations: equivalence_class predicts one"),
     ],
 )
 def test_nested_config_errors_name_the_key(section, value, words):
