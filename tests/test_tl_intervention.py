@@ -177,6 +177,13 @@ def test_equivalence_class_averages_the_orientations_of_the_graph(fitted, tmp_pa
     assert shift[2] == pytest.approx(2 / 3 * 0.8 * change, rel=0.1)
     assert per_set[1, 0] == 0.0 and (shift[3:] == 0).all()  # GATA1 as the parent; D, E, F unrelated
     assert set(out["descendants"]) == {"GATA1", "CEBPA"}
+    for kwargs in ({"n_cells": 50}, {"mode": "interventional", "n_cells": 80}):  # on any cells: the sets' mean
+        b = cape.tl.predict_intervention(a, {"SPI1": 3.0}, equations="equivalence_class", graph="chain", copy=True,
+                                         **kwargs)
+        others = [0, 2, 3, 4, 5]  # SPI1's own shift is not per parent set
+        np.testing.assert_allclose(b.var["cape_intervention_shift"].to_numpy()[others],
+                                   np.asarray(b.uns["cape_intervention"]["shift_per_parent_set"]).mean(0)[others],
+                                   atol=1e-9)
     np.testing.assert_array_equal(a.layers["cape_intervention"][:, 3:], a.X[:, 3:])
     with pytest.raises(CapeInputError, match="one intervened gene at a time"):
         cape.tl.predict_intervention(a.copy(), {"SPI1": 3.0, "TAL1": 2.0}, equations="equivalence_class", graph="chain")
@@ -192,3 +199,13 @@ def test_equivalence_class_averages_the_orientations_of_the_graph(fitted, tmp_pa
     assert main(["--quiet", "predict", "-i", str(src), "--intervene", "SPI1=3", "--equations", "equivalence_class",
                  "--graph", "chain", "--output", str(dst)]) == 0
     np.testing.assert_allclose(ad.read_h5ad(dst).var["cape_intervention_shift"], shift, rtol=1e-6)
+    fig = cape.pl.intervention(a, return_fig=True)
+    (whiskers,) = [c for c in fig.axes[0].containers if type(c).__name__ == "ErrorbarContainer"]
+    segments = whiskers.lines[2][0].get_segments()  # one per bar, bars from the smallest |shift| up
+    bars = sorted([0, 2], key=lambda i: abs(shift[i]))  # GATA1 and CEBPA, the genes SPI1 can reach
+    for segment, gene in zip(segments, bars, strict=True):
+        # each whisker spans the gene's shift under the parent sets, 0 among them (the set where it is SPI1's parent)
+        np.testing.assert_allclose(np.sort(segment[:, 0]), [per_set[:, gene].min(), per_set[:, gene].max()])
+        assert per_set[:, gene].min() == 0.0
+    assert "parent sets" in fig.axes[0].get_xlabel()
+    matplotlib.pyplot.close(fig)

@@ -14,6 +14,10 @@ def intervention(adata, *, key: str = "cape_intervention", n_genes: int = 20, ax
                  return_fig: bool = False, title: str | None = None):
     """Horizontal bars of the ``n_genes`` largest predicted mean shifts (``|shift|``), intervened genes left out.
 
+    For ``equations="equivalence_class"`` each bar is the mean over the intervened gene's possible parent sets
+    and a whisker spans the shifts under them (``uns[key]["shift_per_parent_set"]``): how much the prediction
+    depends on the orientations the cells cannot decide.
+
     Parameters
     ----------
     adata
@@ -41,8 +45,15 @@ def intervention(adata, *, key: str = "cape_intervention", n_genes: int = 20, ax
     else:
         fig = ax.figure
     label = ", ".join(f"{g}={float(v):.3g}" for g, v in intervened.items())
+    per_set = adata.uns[key].get("shift_per_parent_set")
     if len(top):
         ax.barh(np.arange(len(top)), top.to_numpy(), color=["tab:red" if v > 0 else "tab:blue" for v in top])
+        if per_set is not None:
+            # IDA: the bar is the mean over the parent sets the class allows; the whisker spans them
+            spread = np.asarray(per_set, dtype=float)[:, adata.var_names.get_indexer(top.index)]
+            values = top.to_numpy()
+            ax.errorbar(values, np.arange(len(top)), xerr=[values - spread.min(0), spread.max(0) - values],
+                        fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
         ax.set_yticks(np.arange(len(top)), list(map(str, top.index)), fontsize=8)
     else:
         ax.text(0.5, 0.5, "no gene downstream: the prediction is the no-change baseline", ha="center",
@@ -50,7 +61,8 @@ def intervention(adata, *, key: str = "cape_intervention", n_genes: int = 20, ax
         ax.set_yticks([])
     ax.axvline(0, color="black", lw=0.8)
     mode = adata.uns[key].get("mode", "")
-    ax.set_xlabel(f"predicted mean shift ({mode}, {adata.uns[key].get('equations', '')} equations)")
+    ax.set_xlabel(f"predicted mean shift ({mode}, {adata.uns[key].get('equations', '')} equations)"
+                  + ("\nwhiskers: range over the parent sets the class allows" if per_set is not None else ""))
     ax.set_title(title or f"do({label})")
     if return_fig:
         return fig

@@ -135,7 +135,7 @@ def _equivalence_class(adata, X, genes, cols, do, graph, mode, n_cells, seed):
     reached = (effects != 0).any(0)
     reached[g] = False
     per_set = np.zeros((len(sets), adata.n_vars))
-    per_set[:, cols] = effects * (v - X[:, g].mean())
+    per_set[:, cols] = effects * (v - reference[:, g].mean())  # the cells the shift is measured on
     per_set[:, cols[g]] = 0.0
     return predicted, reference, reached, {"parent_sets": ["+".join(genes[i] for i in s) for s in sets],
                                            "shift_per_parent_set": per_set}
