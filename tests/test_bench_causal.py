@@ -169,6 +169,16 @@ def test_sdcd_peer_runs_in_the_interpreter_named_by_the_environment(tmp_path, mo
     assert result.seconds >= 0
 
 
+def test_sdcd_interpreter_given_as_a_relative_path_is_resolved_where_it_was_given(tmp_path, monkeypatch) -> None:
+    from cape.bench.peers import SDCD_PYTHON_ENV, sdcd_python
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(SDCD_PYTHON_ENV, "env/bin/python")
+    assert sdcd_python() == str(tmp_path / "env" / "bin" / "python")
+    monkeypatch.setenv(SDCD_PYTHON_ENV, "python3")  # a bare command stays for PATH lookup
+    assert sdcd_python() == "python3"
+
+
 def test_sdcd_peer_without_sdcd_says_how_to_install_it(tmp_path, monkeypatch) -> None:
     import importlib.util
 

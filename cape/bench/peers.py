@@ -55,7 +55,8 @@ def sdcd_python() -> str | None:
     ``make sdcd-env`` builds), else this interpreter if it can import ``sdcd``; ``None`` if none can."""
     configured = os.environ.get(SDCD_PYTHON_ENV)
     if configured:
-        return configured
+        # the child runs in a scratch folder, so a path relative to where the user typed it must be resolved here
+        return str(Path(configured).expanduser().absolute()) if os.sep in configured else configured
     local = Path(".venv-sdcd") / "bin" / "python"
     if local.exists():
         return str(local.absolute())
