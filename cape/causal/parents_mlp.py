@@ -163,8 +163,8 @@ def fit_parents_mlp(
         Adam steps of the screening stage and of the constrained stage (each a minibatch of ``batch_size``
         cells drawn with replacement, so the cost does not grow with the number of cells).
     screen_lr, lr
-        Adam learning rates of the two stages. The fixed step budget leaves the fit short of convergence at
-        smaller rates: twice the steps gained as much as three times the rates, which cost nothing.
+        Adam learning rates of the two stages; at lower rates the fixed step budget leaves the fit short of
+        convergence (the README has the measurements).
     screen_fraction
         A candidate parent needs A_ij > ``screen_fraction`` · max A after screening.
     gamma_step
