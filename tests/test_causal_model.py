@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cape.causal import VariationalNotears, fit_variational_notears, gene_moments, is_dag, make_dag
+from cape.causal.trainer import RHO_MAX_DENSE, RHO_MAX_LOW_RANK, resolve_rho_max
 
 
 @pytest.mark.parametrize("rank", [None, 3])
@@ -252,14 +253,31 @@ def test_dual_steps_wait_for_enough_adam_steps() -> None:
 
 
 def test_rho_stops_growing_at_rho_max() -> None:
-    import inspect
-
-    assert inspect.signature(fit_variational_notears).parameters["rho_max"].default == 1e8
     X = _data(64, 3, 0)
     fit = fit_variational_notears(X, rank=None, epochs=30, batch_size=16, device="cpu", min_epochs=100,
                                   dual_every=1, dual_steps=1, rho_max=100.0)
     rho = fit.history["rho"]
     assert max(rho) == 100.0 and rho[-1] == 100.0 and rho == sorted(rho)
+    assert fit.rho_max == 100.0
+
+
+def test_rho_max_default_follows_the_parameterisation_of_a() -> None:
+    import inspect
+
+    assert inspect.signature(fit_variational_notears).parameters["rho_max"].default is None
+    assert resolve_rho_max(None, None) == RHO_MAX_DENSE == 1e8
+    assert resolve_rho_max(None, 40) == RHO_MAX_LOW_RANK == 1e4
+    assert resolve_rho_max(3.0, 40) == 3.0
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="rho_max"):
+            resolve_rho_max(bad, None)
+    X = _data(64, 6, 0)
+    # Dual steps after every epoch: ρ grows tenfold per epoch until the cap of the parameterisation.
+    kw = {"epochs": 12, "batch_size": 16, "device": "cpu", "min_epochs": 100, "dual_every": 1, "dual_steps": 1}
+    low = fit_variational_notears(X, rank=2, **kw)
+    assert low.rho_max == 1e4 and max(low.history["rho"]) <= 1e4
+    dense = fit_variational_notears(X, rank=None, **kw)
+    assert dense.rho_max == 1e8 and max(dense.history["rho"]) > 1e4
 
 
 def test_hidden_zero_is_the_linear_sem() -> None:

@@ -44,6 +44,7 @@ def test_writes_full_size_sparse_dag_and_record(sparse: bool) -> None:
     assert rec["params"]["seed"] == 3 and rec["rank_used"] == 2 and rec["n_genes"] == 5
     assert len(rec["history"]["h"]) == rec["epochs_run"] == 2
     assert rec["n_edges"] == dag.nnz and rec["removed_cycle_edges"] >= 0 and rec["wall_time"] > 0
+    assert rec["rho_max"] == 1e4  # low rank's cap on the augmented Lagrangian's ρ
 
 
 def test_same_seed_same_graph_and_copy() -> None:

@@ -73,6 +73,8 @@ CAPE_METHODS = {
     "cape_linear": {"rank": "default", "hidden": 0},  # the element-wise nonlinearity (off: linear SEM)
     "cape_batch1000": {"rank": "default", "batch_size": 1000},  # minibatch optimisation
     "cape_epochs300": {"rank": "default", "epochs": 300, "min_epochs": 300},  # under-training
+    # The augmented Lagrangian's ρ capped at 1e8 whatever the parameterisation (the cap before low rank got 1e4).
+    "cape_rho1e8": {"rank": "default", "rho_max": 1e8},
     # Nonlinear parents: each gene an MLP of all its candidate parents (cape.causal.parents_mlp).
     "cape_parents_mlp": {"model": "parents_mlp"},
     "cape_dense": {"rank": None},

@@ -6,11 +6,16 @@ Loss per step: −ELBO + 0.1·λs·‖A‖₁ + α·h(A) + ρ/2·h(A)², AdamW. 
 α ← α + ρ·h. The step count matters on small data: pbmc68k_reduced (693 cells) has 6 steps per epoch,
 and dual steps every 5 epochs (30 Adam steps) drove ρ to 1e16 before any inner solve had converged;
 the penalty then swamped Adam's normalised steps and crushed every weight below τ (0 edges).
-ρ stops growing at ``rho_max`` = 1e8 (NOTEARS: 1e16). Adam moves every weight by about lr per step, so
-the reverse weights keep jittering and h cannot fall much below ~1e-6 on minibatches; beyond 1e8 the
-penalty only shrinks the true edges on paths that close such tiny cycles (in a linear-Gaussian SEM with
-ρ up to 1e16 the true weights came out ~30 % too small and weak ones fell below τ; chosen on validation
-seeds, see ``cape bench causal``), while a cycle made of weights above τ would still cost h ≫ 1e-6.
+ρ stops growing at ``rho_max``: 1e8 for a dense A (NOTEARS: 1e16), 1e4 for A = UVᵀ. Adam moves every weight by
+about lr per step, so the reverse weights keep jittering and h cannot fall much below ~1e-6 on minibatches;
+beyond the cap the penalty only shrinks the true edges on paths that close such tiny cycles (in a
+linear-Gaussian SEM with ρ up to 1e16 the true weights came out ~30 % too small and weak ones fell below τ;
+chosen on validation seeds, see ``cape bench causal``), while a cycle made of weights above τ would still cost
+h ≫ 1e-6. Low rank suffers more, and from a lower ρ: every step on U and V moves all M² entries of UVᵀ at once,
+and h(UVᵀ) also prices the diagonal that the SEM masks out, so the pull on the cycles reaches every edge (on
+validation seeds, low-rank fits at 30 and 100 genes kept more true edges with the cap at 1e4; dense fits did
+not, see the README). The cap only binds on data with many minibatches: ρ grows at most tenfold per dual step,
+and a dual step needs ``dual_steps`` Adam steps.
 Thresholding and cycle breaking guarantee the DAG in any case.
 Training stops at ``epochs`` or earlier once h ≤ ``h_tol`` and the epoch loss changed by less than
 ``loss_tol`` (relative) — i.e. when h has converged and the fit has settled.
@@ -77,8 +82,9 @@ class CausalFit:
         Learnt weighted M×M adjacency (before thresholding; diagonal set to 0), float32.
     history
         Per epoch: ``loss``, ``nelbo``, ``h``, ``rho``, ``alpha``, ``seconds``.
-    epochs_run, converged, wall_time, device, rank, h_every, compiled_mlp, recon_fraction
-        Bookkeeping of the run (``rank`` None = dense).
+    epochs_run, converged, wall_time, device, rank, h_every, rho_max, compiled_mlp, recon_fraction
+        Bookkeeping of the run (``rank`` None = dense; ``rho_max`` None: no augmented Lagrangian, as in
+        :func:`cape.causal.fit_parents_mlp`).
     model
         The fitted :class:`VariationalNotears` (eval mode): its encoder and decoder are the structural
         equations that :func:`cape.causal.intervention.learned_equations` reads.
@@ -94,6 +100,7 @@ class CausalFit:
     device: str = "cpu"
     rank: int | None = None
     h_every: int = 1
+    rho_max: float | None = None
     compiled_mlp: bool = False
     recon_fraction: float = 1.0
     model: VariationalNotears | None = None
@@ -124,6 +131,21 @@ AUTO_H_EVERY = 10
 #: steps instead of 10 left the graph's F1 unchanged (see ``cape bench causal-scale``).
 AUTO_H_EVERY_LARGE_M = 1000
 AUTO_H_EVERY_LARGE = 40
+
+
+#: ``rho_max=None``: the augmented Lagrangian's largest ρ for a dense A ...
+RHO_MAX_DENSE = 1e8
+#: ... and for A = UVᵀ (see the module docstring).
+RHO_MAX_LOW_RANK = 1e4
+
+
+def resolve_rho_max(rho_max: float | None, rank: int | None) -> float:
+    """The cap on ρ (``None``: by the parameterisation of A, see the module docstring)."""
+    if rho_max is None:
+        return RHO_MAX_DENSE if rank is None else RHO_MAX_LOW_RANK
+    if not math.isfinite(rho_max) or rho_max <= 0:
+        raise ValueError(f"rho_max must be a finite number > 0 (or None: automatic), got {rho_max}")
+    return float(rho_max)
 
 
 def resolve_h_every(h_every: int | None, n_genes: int, rank: int | None) -> int:
@@ -203,7 +225,7 @@ def fit_variational_notears(
     device: str | torch.device = "auto",
     seed: int = 0,
     rho_init: float = 1.0,
-    rho_max: float = 1e8,
+    rho_max: float | None = None,
     h_tol: float = 1e-8,
     loss_tol: float = 1e-3,
     min_epochs: int = 10,
@@ -244,6 +266,9 @@ def fit_variational_notears(
         Passed to :class:`VariationalNotears`. ``feature_norm="data"`` scales the normalised features
         by each gene's standard deviation in the input as standardised by ``standardize`` (so with
         ``standardize="none"`` the SEM sees the genes' own relative scales, as NOTEARS does).
+    rho_max
+        Largest ρ of the augmented Lagrangian; ``None``: :data:`RHO_MAX_DENSE` for a dense A,
+        :data:`RHO_MAX_LOW_RANK` for A = UVᵀ (see the module docstring).
     dual_every, dual_steps
         An inner solve lasts at least ``dual_every`` epochs and at least ``dual_steps`` Adam steps.
     recon_fraction
@@ -262,6 +287,7 @@ def fit_variational_notears(
     torch.manual_seed(int(seed))
     rng = np.random.default_rng(int(seed))
     h_every = resolve_h_every(h_every, n_genes, rank)
+    rho_max = resolve_rho_max(rho_max, rank)
 
     mean, std = gene_moments(X)
     raw_std = std.copy()
@@ -402,6 +428,7 @@ def fit_variational_notears(
         device=str(dev),
         rank=rank,
         h_every=h_every,
+        rho_max=rho_max,
         compiled_mlp=bool(compile_mlp),
         recon_fraction=float(recon_fraction),
         model=model,

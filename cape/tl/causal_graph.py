@@ -197,20 +197,19 @@ def causal_graph(
     - ``varp["cape_dag"]`` (``key_added``): CSR float32 n_vars × n_vars, ``A[i, j] ≠ 0`` means gene i → gene j,
       always a DAG, zero outside the genes used;
     - ``var["cape_used"]``: the genes that took part in the graph;
-    - ``uns["cape"]["causal_graph"]``: parameters, seed, per-epoch loss/h/ρ/α, wall time, number of edges and of
-      edges removed to break cycles, dropped constant genes; ``tau_used`` and ``tau_rule`` (``"fixed"``,
-      ``"auto: paper"`` or ``"auto: positioning"``), ``max_weight``, ``n_positioned`` and ``positioned_fraction``,
-      and ``threshold_scan``: arrays ``tau`` (:data:`SCAN_TAUS` and ``tau_used``, descending), ``n_edges`` (edges
-      of the DAG at that τ), ``n_positioned``, ``positioned_fraction``; ``equations``: the fitted structural
-      equations that :func:`cape.tl.predict_intervention` evaluates (arrays and strings only): ``genes`` (the genes
-      used, in model order), ``layer``, ``kind`` = ``"learned"``, the DAG's edges ``source``/``target``/``weight``
-      (indices into ``genes``, feature-space weights), ``order`` (a topological order), the standardisation
-      ``mean``/``std``, the encoder and decoder MLPs ``enc_*``/``dec_*``, the feature normalisation
-      ``feat_mean``/``feat_scale`` (with ``model="parents_mlp"``: ``kind`` = ``"parents_mlp"`` and each edge's
-      first-layer weights ``edge_w1`` and each gene's ``b1``/``w2``/``b2`` instead of the MLPs and
+    - ``uns["cape"]["causal_graph"]``: parameters, seed, per-epoch loss/h/ρ/α, wall time, number of edges and of edges
+      removed to break cycles, dropped constant genes, the cap on ρ (``rho_max``, variational model only);
+      ``tau_used`` and ``tau_rule`` (``"fixed"``, ``"auto: paper"`` or ``"auto: positioning"``), ``max_weight``,
+      ``n_positioned`` and ``positioned_fraction``, and ``threshold_scan``: arrays ``tau`` (:data:`SCAN_TAUS` and
+      ``tau_used``, descending), ``n_edges`` (edges of the DAG at that τ), ``n_positioned``, ``positioned_fraction``;
+      ``equations``: the fitted structural equations that :func:`cape.tl.predict_intervention` evaluates (arrays and
+      strings only): ``genes`` (the genes used, in model order), ``layer``, ``kind`` = ``"learned"``, the DAG's edges
+      ``source``/``target``/``weight`` (indices into ``genes``, feature-space weights), ``order`` (a topological
+      order), the standardisation ``mean``/``std``, the encoder and decoder MLPs ``enc_*``/``dec_*``, the feature
+      normalisation ``feat_mean``/``feat_scale`` (with ``model="parents_mlp"``: ``kind`` = ``"parents_mlp"`` and each
+      edge's first-layer weights ``edge_w1`` and each gene's ``b1``/``w2``/``b2`` instead of the MLPs and
       normalisation, see :class:`cape.causal.StructuralEquations`), and each gene's observed
-      ``obs_min``/``obs_max``/``obs_mean`` (for the range
-      check and the ``"2x"`` convenience).
+      ``obs_min``/``obs_max``/``obs_mean`` (for the range check and the ``"2x"`` convenience).
 
     Returns
     -------
@@ -354,6 +353,8 @@ def causal_graph(
         "wall_time": float(time.perf_counter() - start),
         "versions": {"cape": str(__version__), "torch": str(torch.__version__)},
     }
+    if fit.rho_max is not None:  # the variational model's augmented Lagrangian (parents_mlp has none)
+        record["rho_max"] = float(fit.rho_max)
     if fit.model is not None:  # a CausalFit built without its model (e.g. from a stored adjacency) has none
         record["equations"] = _equations_record(fit, X, dag, genes, layer)
     adata.uns.setdefault("cape", {})["causal_graph"] = record
