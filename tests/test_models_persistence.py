@@ -65,8 +65,8 @@ def test_saved_config_keeps_its_keys(adata, tmp_path):
     model.train(adata, "cell_type", epochs=1, batch_size=16, validation_fraction=0.0)
     cfg = json.loads((model.save(tmp_path / "m") / "config.json").read_text())
     assert set(cfg) == {"cape_version", "architecture", "backbone", "tokenizer", "layer", "use_raw", "vocabulary",
-                        "labels", "label_key", "n_cls_layers", "pooling", "seed", "history", "strict_genes",
-                        "value_scale"}
+                        "labels", "label_key", "n_cls_layers", "pooling", "cell_head", "seed", "history",
+                        "strict_genes", "value_scale"}
     assert set(cfg["history"]) == {"fit"} and set(cfg["tokenizer"]) == {"binning", "n_bins", "max_len",
                                                                          "include_zero_genes"}
     assert {"d_model", "n_heads", "n_layers", "d_ff", "dropout", "encoding", "encoding_options"} <= set(cfg["backbone"])

@@ -3,6 +3,7 @@ genes form the vocabulary, and how the AnnData's genes map onto it."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -11,7 +12,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
-from .tokenize import CellDataset, GeneVocab, TokenizerConfig
+from .tokenize import AUTO, CellDataset, GeneVocab, TokenizerConfig, covering_max_len, truncation_summary
 
 logger = logging.getLogger("cape")
 
@@ -23,7 +24,8 @@ class CellData:
     """Mixin of :class:`~cape.models.CellTransformer`: reads cells off an AnnData for the model's vocabulary.
 
     Uses the model's ``layer``, ``use_raw``, ``vocabulary``, ``vocab``, ``tokenizer``, ``seed`` and (for imported
-    vocabularies) ``strict_genes``.
+    vocabularies) ``strict_genes``; sets ``truncation`` (:func:`~cape.models.tokenize.truncation_summary` of the
+    last cells tokenised).
     """
 
     layer: str | None
@@ -99,7 +101,18 @@ class CellData:
             )
         return self.vocab.lookup(var_names)
 
-    def _dataset(self, adata, *, labels: np.ndarray | None = None, mask_ratio: float = 0.0) -> CellDataset:
+    def _resolve_max_len(self, adata) -> None:
+        """``max_len="auto"`` → the length that covers every gene token of ``adata``'s cells (capped, see
+        :func:`~cape.models.tokenize.covering_max_len`)."""
+        if self.tokenizer.max_len != AUTO:
+            return
+        counts = self._dataset(adata, check_length=False).tokens_per_cell()
+        self.tokenizer = dataclasses.replace(self.tokenizer, max_len=covering_max_len(counts))
+        logger.info("max_len auto: %d tokens per cell (the most gene tokens of a cell, %d, plus <cls>)",
+                    self.tokenizer.max_len, int(counts.max()) if counts.size else 0)
+
+    def _dataset(self, adata, *, labels: np.ndarray | None = None, mask_ratio: float = 0.0,
+                 cell_targets: bool = False, check_length: bool = True) -> CellDataset:
         X, names = self._expression(adata)
         ids = self._gene_ids(names)
         known = np.flatnonzero(ids >= 0)
@@ -107,4 +120,19 @@ class CellData:
             # Keep only the vocabulary's columns: cells are tokenised over those genes alone, and a sparse matrix
             # stays sparse (never a dense cells × all-genes array).
             X, ids = X[:, known], ids[known]
-        return CellDataset(X, ids, self.vocab, self.tokenizer, labels=labels, mask_ratio=mask_ratio, seed=self.seed)
+        data = CellDataset(X, ids, self.vocab, self.tokenizer, labels=labels, mask_ratio=mask_ratio, seed=self.seed,
+                           cell_targets=cell_targets)
+        if check_length:
+            self._report_truncation(truncation_summary(data.tokens_per_cell(), self.tokenizer.max_len))
+        return data
+
+    def _report_truncation(self, summary: dict[str, float]) -> None:
+        """Warn (once per distinct outcome) when ``max_len`` drops gene tokens, and keep the summary."""
+        previous = getattr(self, "truncation", None)
+        self.truncation = summary
+        if summary["n_cells_truncated"] and summary != previous:
+            logger.warning(
+                "max_len %d truncates %d of %d cells: they lose %.1f of their gene tokens on average (at most %d), "
+                "drawn at random; max_len %d (or 'auto') keeps them all", summary["max_len"],
+                summary["n_cells_truncated"], summary["n_cells"], summary["mean_genes_lost"],
+                summary["max_genes_lost"], summary["covering_max_len"])

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .tokenize import TokenizerConfig
+from .tokenize import AUTO, TokenizerConfig
 
 #: scGPT: 51 quantile bins; scBERT: log2 bins 0..5.
 DEFAULT_BINNING = {"scgpt": ("quantile", 51), "scbert": ("log2", 5)}
@@ -62,6 +62,42 @@ def tokenizer_config(architecture: str, tokenizer: TokenizerConfig | None, optio
     if tokenizer is None:
         binning, n_bins = DEFAULT_BINNING[architecture]
         return TokenizerConfig(binning=options.get("binning") or binning, n_bins=options.get("n_bins") or n_bins,
-                               max_len=options.get("max_len", 256),
+                               max_len=options.get("max_len") or AUTO,
                                include_zero_genes=options.get("include_zero_genes", False))
     return dataclasses.replace(tokenizer, **{k: v for k, v in options.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """How the workflow's ``train`` stage, ``cape train`` and :mod:`cape.bench.recipe` train a backbone.
+
+    Attributes
+    ----------
+    pretrain_epochs, pretrain_lr, cell_weight
+        Self-supervised pretraining on every cell, labelled or not (:meth:`CellTransformer.pretrain
+        <cape.models.CellTransformer.pretrain>`): masked values plus, with weight ``cell_weight``, the ``<cls>``
+        state's reconstruction of the whole expression profile, which gives the cell embedding its content.
+    fit_lr, epochs, fit_patience
+        Fine-tuning of the annotation head and backbone on the labelled cells: learning rate, most epochs, early
+        stopping patience.
+    dropout
+        Dropout of the encoder (residual and feed-forward paths; scGPT fine-tunes with 0.2).
+    max_len
+        Tokens per cell including ``<cls>``; ``"auto"`` covers every expressed gene.
+    batch_size
+        Cells per step.
+    """
+
+    pretrain_epochs: int = 40
+    pretrain_lr: float = 1e-3
+    cell_weight: float = 1.0
+    fit_lr: float = 3e-4
+    epochs: int = 100
+    fit_patience: int = 15
+    dropout: float = 0.2
+    max_len: int | str = AUTO
+    batch_size: int = 32
+
+
+#: The recipe the workflow and ``cape train`` use by default (chosen in ``cape bench recipe``; see the docs).
+DEFAULT_RECIPE = TrainingRecipe()

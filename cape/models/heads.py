@@ -27,6 +27,23 @@ class ExprDecoder(nn.Module):
         return out.squeeze(-1) if self.n_outputs == 1 else out
 
 
+class CellExpressionDecoder(nn.Module):
+    """Cell-level reconstruction: the cell embedding → the value of every vocabulary gene, zeros included (scGPT's
+    GEPC/MVC idea): MLP ``d → d → n_genes`` with LeakyReLU.
+
+    Masked values alone are predicted from gene identity and neighbouring tokens; asking the ``<cls>`` state for
+    the whole expression profile makes it summarise the cell.
+    """
+
+    def __init__(self, d_model: int, n_genes: int) -> None:
+        super().__init__()
+        self.fc = nn.Sequential(nn.Linear(d_model, d_model), nn.LeakyReLU(), nn.Linear(d_model, int(n_genes)))
+
+    def forward(self, cell_embedding: Tensor) -> Tensor:
+        """``(B, d)`` → ``(B, n_genes)`` values, one column per vocabulary index."""
+        return self.fc(cell_embedding)
+
+
 class ClsDecoder(nn.Module):
     """Cell classifier on the cell embedding: ``(n_layers − 1) × [Linear, ReLU, LayerNorm]`` + Linear.
 

@@ -1,6 +1,7 @@
 """Training objectives of :class:`~cape.models.CellTransformer`: torch modules that turn a batch into a loss.
 
-* :class:`MaskedValueTask` — pretraining: predict the hidden values of masked gene tokens;
+* :class:`PretrainingTask` — pretraining: predict the hidden values of masked gene tokens and, from the ``<cls>``
+  state, the cell's whole expression profile;
 * :class:`ClassifierTask` and :func:`classifier_objective` — annotation: cell-type logits, their (class-weighted)
   cross-entropy and the validation scores that pick the best epoch;
 * :func:`balanced_class_weights` — scikit-learn's ``"balanced"`` class weights.
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .._errors import CapeInputError
-from .heads import ClsDecoder, ExprDecoder, pool_cells
+from .heads import CellExpressionDecoder, ClsDecoder, ExprDecoder, pool_cells
 
 #: ``class_weight=`` choices of :meth:`~cape.models.CellTransformer.train`.
 CLASS_WEIGHTS = (None, "balanced")
@@ -27,18 +28,34 @@ LossFn = Callable[[nn.Module, dict[str, Tensor]], Tensor]
 ScoreFn = Callable[[nn.Module, dict[str, Tensor]], dict[str, float]]
 
 
-class MaskedValueTask(nn.Module):
-    """Backbone + expression decoder → mean over cells of the per-cell masked loss (MSE or cross-entropy).
+class PretrainingTask(nn.Module):
+    """Backbone + expression decoders → the pretraining loss of a batch.
 
-    Averaging per cell first makes the loss of a batch the mean of its cells' losses, so DDP's gradient average
-    over equal shards equals single-process training on the union.
+    * masked values: mean over cells of the per-cell loss (MSE or cross-entropy) on the hidden values;
+    * cell expression (with ``cell_head``): the ``<cls>`` state predicts every vocabulary gene's value, zeros
+      included (``batch["cell_values"]`` at the vocabulary indices ``target_ids``), MSE averaged per cell, added
+      with weight ``cell_weight``.
+
+    Both values are regressed in units of ``value_scale`` (bins rescaled to [0, 1]: scGPT regresses 0..50 directly,
+    which with gradient clipping takes many steps just to reach the mean). Averaging per cell first makes the loss
+    of a batch the mean of its cells' losses, so DDP's gradient average over equal shards equals single-process
+    training on the union.
     """
 
-    def __init__(self, backbone: nn.Module, head: ExprDecoder, value_scale: float = 1.0) -> None:
+    def __init__(self, backbone: nn.Module, head: ExprDecoder, value_scale: float = 1.0, *,
+                 cell_head: CellExpressionDecoder | None = None, target_ids: np.ndarray | None = None,
+                 cell_weight: float = 1.0) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = head
         self.value_scale = float(value_scale)
+        self.cell_head = cell_head
+        self.cell_weight = float(cell_weight)
+        if cell_head is not None:
+            if target_ids is None:
+                raise ValueError("a cell head needs the vocabulary indices of its targets")
+            self.register_buffer("target_ids", torch.as_tensor(np.asarray(target_ids), dtype=torch.long),
+                                 persistent=False)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         hidden = self.backbone(batch["gene_ids"], batch["masked_values"], batch["padding_mask"])
@@ -46,8 +63,6 @@ class MaskedValueTask(nn.Module):
         mask = batch["mask"]
         target = batch["values"]
         if pred.ndim == 2:
-            # Regress bins rescaled to [0, 1] (scGPT regresses 0..50 directly, which with gradient clipping
-            # takes many steps just to reach the mean).
             target = target / self.value_scale
         if pred.ndim == 3:  # level logits
             per_token = nn.functional.cross_entropy(
@@ -55,12 +70,16 @@ class MaskedValueTask(nn.Module):
                 reduction="none").view_as(target)
         else:
             per_token = (pred.float() - target) ** 2
-        per_cell = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-        return per_cell.mean()
+        loss = ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+        if self.cell_head is not None:
+            profile = self.cell_head(hidden[:, 0]).float()[:, self.target_ids]
+            cell = ((profile - batch["cell_values"] / self.value_scale) ** 2).mean(dim=1).mean()
+            loss = loss + self.cell_weight * cell
+        return loss
 
 
-def masked_value_loss(task: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """The loss of a :class:`MaskedValueTask` (possibly DDP-wrapped) is its output."""
+def pretraining_loss(task: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """The loss of a :class:`PretrainingTask` (possibly DDP-wrapped) is its output."""
     return task(batch)
 
 

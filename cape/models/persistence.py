@@ -40,7 +40,7 @@ def model_config(model: CellTransformer) -> dict[str, Any]:
             "tokenizer": asdict(model.tokenizer), "layer": model.layer, "use_raw": model.use_raw,
             "vocabulary": getattr(model, "vocabulary", "all"),
             "labels": model.labels, "label_key": model.label_key, "n_cls_layers": model.n_cls_layers,
-            "pooling": model.pooling,
+            "pooling": model.pooling, "cell_head": bool(model.cell_objective),
             "seed": model.seed, "history": model.history, "strict_genes": getattr(model, "strict_genes", True),
             "value_scale": model._value_scale()}
 
@@ -50,6 +50,8 @@ def model_record(model: CellTransformer) -> dict[str, Any]:
     cfg = model_config(model)
     cfg["n_parameters"] = int(sum(p.numel() for p in model.module.parameters()))
     cfg["device"] = str(model.device)
+    if getattr(model, "truncation", None) is not None:
+        cfg["truncation"] = dict(model.truncation)
     cfg["history"] = {task: {key: [r.get(key, np.nan) for r in rows] for key in rows[0]}
                       for task, rows in model.history.items() if rows}
     return h5_safe(json.loads(json.dumps(cfg, default=str)))
@@ -131,6 +133,7 @@ def _restore(cls: type[CellTransformer], directory: Path, device: str) -> CellTr
     model.labels, model.label_key = cfg["labels"], cfg["label_key"]
     model.n_cls_layers = int(cfg["n_cls_layers"])
     model.pooling = cfg.get("pooling", "cls")
+    model.cell_objective = bool(cfg.get("cell_head", False))
     model.history = cfg.get("history", {})
     model.strict_genes = bool(cfg.get("strict_genes", True))
     model.value_scale = cfg.get("value_scale")

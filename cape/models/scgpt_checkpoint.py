@@ -196,7 +196,7 @@ def load_scgpt_checkpoint(directory: str | Path, *, encoding: str = "none",
 def cell_transformer_from_scgpt(cls: type[CellTransformer], directory: str | Path, adata, *, encoding: str = "none",
                                 encoding_options: dict[str, Any] | None = None,
                                 positions: GenePositions | None = None, layer: str | None = None,
-                                use_raw: bool = False, max_len: int = 1200, include_zero_genes: bool = False,
+                                use_raw: bool = False, max_len: int | str = 1200, include_zero_genes: bool = False,
                                 dropout: float | None = None, device: str = "auto", amp: bool | str = "auto",
                                 seed: int | None = None) -> CellTransformer:
     """A ``cls`` (:class:`~cape.models.CellTransformer`) around a published scGPT checkpoint.
@@ -226,10 +226,12 @@ def cell_transformer_from_scgpt(cls: type[CellTransformer], directory: str | Pat
     args = imported.args
     self.tokenizer = TokenizerConfig(binning="quantile", n_bins=int(args.get("n_bins", 51)), max_len=max_len,
                                      include_zero_genes=include_zero_genes)
+    self._resolve_max_len(adata)
     self.positions = positions
     self.identity_positions = None  # scGPT's identity is its learnt gene table, imported with the weights
     self.n_cls_layers = int(args.get("n_layers_cls", 3))
     self.pooling = "cls"
+    self.cell_objective = False
     self.labels, self.label_key, self.history = None, None, {}
     bb = imported.backbone
     self._backbone_kwargs = dict(d_model=bb.d_model, n_heads=bb.n_heads, n_layers=bb.n_layers, d_ff=bb.d_ff,

@@ -31,6 +31,10 @@ CLS_TOKEN = "<cls>"
 MASK_VALUE = -1.0
 #: Value given to padded positions (ignored by attention through the key padding mask).
 PAD_VALUE = -2.0
+#: ``max_len="auto"``: cover every cell's gene tokens.
+AUTO = "auto"
+#: Most tokens ``max_len="auto"`` gives a cell (scGPT fine-tunes with 1,200); more are subsampled, with a warning.
+MAX_AUTO_LEN = 1200
 
 
 class GeneVocab:
@@ -186,21 +190,41 @@ class TokenizerConfig:
     n_bins
         51 for scGPT; 5 for scBERT.
     max_len
-        Maximum sequence length including ``<cls>``; longer cells are subsampled at random.
+        Maximum sequence length including ``<cls>``; longer cells are subsampled at random (with a warning that
+        says how many cells lost how many genes). ``"auto"``: one more than the most gene tokens any cell of the
+        data has (:func:`covering_max_len`), resolved when a model is built.
     include_zero_genes
         Use every vocabulary gene of the cell (zeros included) rather than only the expressed ones.
     """
 
     binning: str = "quantile"
     n_bins: int = 51
-    max_len: int = 256
+    max_len: int | str = AUTO
     include_zero_genes: bool = False
 
     def __post_init__(self) -> None:
         if self.binning not in BINNINGS:
             raise CapeInputError(f"unknown binning {self.binning!r}; choose from {sorted(BINNINGS)}")
-        if self.max_len < 2:
-            raise CapeInputError(f"max_len must be at least 2 (<cls> and one gene), got {self.max_len}")
+        if self.max_len != AUTO and (isinstance(self.max_len, bool) or not isinstance(self.max_len, int | np.integer)
+                                     or self.max_len < 2):
+            raise CapeInputError(f"max_len must be 'auto' or at least 2 (<cls> and one gene), got {self.max_len!r}")
+
+
+def covering_max_len(tokens_per_cell: np.ndarray, ceiling: int = MAX_AUTO_LEN) -> int:
+    """The ``max_len`` that keeps every gene token of every cell: the most tokens of a cell plus ``<cls>``, at
+    least 2 and at most ``ceiling`` (attention costs grow with its square; cells beyond it are reported)."""
+    most = int(np.max(tokens_per_cell)) if np.size(tokens_per_cell) else 1
+    return int(min(max(most + 1, 2), ceiling))
+
+
+def truncation_summary(tokens_per_cell: np.ndarray, max_len: int) -> dict[str, float]:
+    """How many cells ``max_len`` truncates and how many gene tokens they lose (mean and most)."""
+    lost = np.clip(np.asarray(tokens_per_cell, dtype=np.int64) - (int(max_len) - 1), 0, None)
+    cut = lost > 0
+    return {"max_len": int(max_len), "n_cells": int(lost.size), "n_cells_truncated": int(cut.sum()),
+            "mean_genes_lost": float(lost[cut].mean()) if cut.any() else 0.0,
+            "max_genes_lost": int(lost.max()) if lost.size else 0,
+            "covering_max_len": int(np.max(tokens_per_cell)) + 1 if lost.size else 2}
 
 
 def _item_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
@@ -226,10 +250,14 @@ class CellDataset(torch.utils.data.Dataset):
         Fraction of gene tokens (never ``<cls>``) whose value is hidden for masked value prediction.
     seed
         Seed of gene sampling and masking; call :meth:`set_epoch` to draw afresh each epoch.
+    cell_targets
+        Also return ``"cell_values"``: the binned value of every vocabulary gene of the data (zeros included, in
+        the order of :attr:`target_ids`), the target of the cell-expression objective.
     """
 
     def __init__(self, X, gene_ids: np.ndarray, vocab: GeneVocab, config: TokenizerConfig, *,
-                 labels: np.ndarray | None = None, mask_ratio: float = 0.0, seed: int = 0) -> None:
+                 labels: np.ndarray | None = None, mask_ratio: float = 0.0, seed: int = 0,
+                 cell_targets: bool = False) -> None:
         self.X = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
         self.gene_ids = np.asarray(gene_ids, dtype=np.int64)
         if self.gene_ids.shape[0] != self.X.shape[1]:
@@ -244,7 +272,25 @@ class CellDataset(torch.utils.data.Dataset):
             raise CapeInputError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
         self.mask_ratio = float(mask_ratio)
         self.seed = int(seed)
+        self.cell_targets = bool(cell_targets)
         self.epoch = 0
+
+    @property
+    def target_ids(self) -> np.ndarray:
+        """Vocabulary index of each entry of ``"cell_values"`` (the data's genes that the vocabulary knows)."""
+        return self.gene_ids[self.keep]
+
+    def tokens_per_cell(self) -> np.ndarray:
+        """Gene tokens of each cell before ``max_len`` cuts them: its expressed (non-zero) vocabulary genes, or
+        all of them with ``include_zero_genes``."""
+        if self.config.include_zero_genes:
+            return np.full(len(self), self.keep.size, dtype=np.int64)
+        X = self.X[:, self.keep]
+        if sp.issparse(X):
+            X = sp.csr_matrix(X)
+            X.eliminate_zeros()
+            return np.diff(X.indptr).astype(np.int64)
+        return np.count_nonzero(np.asarray(X) > 0, axis=1).astype(np.int64)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -275,6 +321,8 @@ class CellDataset(torch.utils.data.Dataset):
             if n_mask:
                 mask[1 + rng.choice(pick.size, size=n_mask, replace=False)] = True
         item = {"gene_ids": gene_tokens, "values": token_values, "mask": mask}
+        if self.cell_targets:
+            item["cell_values"] = binned.astype(np.float32)
         if self.labels is not None:
             item["label"] = np.int64(self.labels[int(i)])
         return item
@@ -285,7 +333,8 @@ def collate_cells(batch: list[dict[str, np.ndarray]], *, pad_id: int) -> dict[st
 
     Returns ``gene_ids (B, L)`` long (``pad_id`` at padding), ``values (B, L)`` float (``PAD_VALUE`` at padding),
     ``masked_values`` (``values`` with ``MASK_VALUE`` at masked positions), ``mask (B, L)`` bool (masked for
-    prediction), ``padding_mask (B, L)`` bool (True = padding, PyTorch's convention) and ``label (B,)`` if present.
+    prediction), ``padding_mask (B, L)`` bool (True = padding, PyTorch's convention), and ``label (B,)`` and
+    ``cell_values (B, n_genes)`` if present.
     """
     length = max(item["gene_ids"].size for item in batch)
     n = len(batch)
@@ -303,6 +352,8 @@ def collate_cells(batch: list[dict[str, np.ndarray]], *, pad_id: int) -> dict[st
            "mask": mask, "padding_mask": padding}
     if "label" in batch[0]:
         out["label"] = torch.tensor([int(item["label"]) for item in batch], dtype=torch.long)
+    if "cell_values" in batch[0]:
+        out["cell_values"] = torch.from_numpy(np.stack([item["cell_values"] for item in batch]))
     return out
 
 

@@ -1,7 +1,7 @@
 """``CellTransformer``: a single-cell transformer with a chosen positional encoding, used like an scvi-tools model.
 
 >>> model = cape.models.CellTransformer(adata, architecture="scgpt", encoding="cape")
->>> model.pretrain(adata, epochs=5)                  # masked value prediction on unlabelled cells
+>>> model.pretrain(adata, epochs=5)                  # masked values + cell profiles, on unlabelled cells
 >>> model.train(adata, label_key="cell_type")        # annotation head
 >>> adata.obs["pred"] = model.predict(adata)
 >>> model.embed(adata)                               # obsm["X_cape"], varm["cape_gene_embedding"]
@@ -32,16 +32,16 @@ from . import distributed, persistence, scgpt_checkpoint
 from .backbone import INTEGRATIONS
 from .cells import VOCABULARIES, CellData
 from .config import DEFAULT_INTEGRATION, NetworkConfig, split_options, tokenizer_config
-from .heads import ClsDecoder, ExprDecoder, check_pooling, pool_cells, pooled_width
+from .heads import CellExpressionDecoder, ClsDecoder, ExprDecoder, check_pooling, pool_cells, pooled_width
 from .inference import embeddings, forward_all, write_gene_embedding
 from .objectives import (
     ClassifierTask,
-    MaskedValueTask,
+    PretrainingTask,
     balanced_class_weights,
     check_classifier_options,
     classifier_objective,
     encode_labels,
-    masked_value_loss,
+    pretraining_loss,
 )
 from .positions import co_expression_positions, gene_positions
 from .scbert import ScBERTBackbone
@@ -69,8 +69,9 @@ class CellTransformer(CellData):
         Encoder and head shape (:class:`NetworkConfig`).
     tokenizer
         Value binning and tokens per cell (:class:`~cape.models.TokenizerConfig`); default: 51 quantile bins
-        (scGPT) or log2 bins 0..5 (scBERT), ``max_len=256`` tokens including ``<cls>`` (cells with more expressed
-        genes are subsampled, seeded), expressed genes only.
+        (scGPT) or log2 bins 0..5 (scBERT), ``max_len="auto"`` (every expressed gene of ``adata``'s cells plus
+        ``<cls>``, at most :data:`~cape.models.tokenize.MAX_AUTO_LEN`; cells with more are subsampled, seeded, with a
+        warning), expressed genes only.
     encoding_options
         Keyword arguments passed to the encoding.
     positions
@@ -133,8 +134,10 @@ class CellTransformer(CellData):
             identity_positions = co_expression_positions(self._position_source(adata), self.vocab, X,
                                                          "static_absolute", max_dim=network.d_model)
         self.identity_positions = identity_positions
+        self._resolve_max_len(adata)
         self.n_cls_layers = int(network.n_cls_layers)
         self.pooling = "cls"
+        self.cell_objective = False  # a cell-expression head exists once pretrain() has used it
         self.labels: list[str] | None = None
         self.label_key: str | None = None
         self.history: dict[str, list[dict[str, float]]] = {}
@@ -161,10 +164,13 @@ class CellTransformer(CellData):
         levels = n_value_levels(self.tokenizer.binning, self.tokenizer.n_bins)
         # scGPT regresses the binned value; scBERT classifies the masked token's level.
         self.expr_head = ExprDecoder(self.backbone.d_model, 1 if self.architecture == "scgpt" else levels)
+        self.cell_head = CellExpressionDecoder(self.backbone.d_model, len(self.vocab)) if self.cell_objective else None
         self.cls_head = None if self.labels is None else ClsDecoder(
             self.backbone.d_model, len(self.labels), self.n_cls_layers,
             d_in=pooled_width(self.backbone.d_model, self.pooling))
         self.module = nn.ModuleDict({"backbone": self.backbone, "expr_head": self.expr_head})
+        if self.cell_head is not None:
+            self.module["cell_head"] = self.cell_head
         if self.cls_head is not None:
             self.module["cls_head"] = self.cls_head
         self.module.to(self.device)
@@ -186,26 +192,39 @@ class CellTransformer(CellData):
     def pretrain(self, adata, epochs: int = 10, mask_ratio: float = 0.15, *, batch_size: int = 32,
                  lr: float = 1e-3, weight_decay: float = 0.01, grad_clip: float | None = 1.0,
                  validation_fraction: float = 0.1, early_stopping_patience: int | None = 5,
-                 num_workers: int = 0) -> list[dict[str, float]]:
-        """Masked value prediction on (unlabelled) cells.
+                 num_workers: int = 0, cell_weight: float = 1.0) -> list[dict[str, float]]:
+        """Self-supervised pretraining on (unlabelled) cells: masked values and the cell's expression profile.
 
         A fraction ``mask_ratio`` of each cell's gene tokens has its value hidden (``MASK_VALUE``); the model
         predicts the binned value (scGPT: squared error on bins rescaled to [0, 1]) or the level (scBERT:
-        cross-entropy) from the rest. The loss is averaged per cell, then over cells.
+        cross-entropy) from the rest. With ``cell_weight > 0`` the ``<cls>`` state also predicts the binned value
+        of every vocabulary gene, zeros included (:class:`~cape.models.heads.CellExpressionDecoder`, scGPT's
+        GEPC/MVC idea), so that the cell embedding (:meth:`get_latent_representation`) summarises the cell:
+        masked values alone are solved from gene identity and leave ``<cls>`` without a gradient. Losses are
+        averaged per cell, then over cells; the cell term is added with weight ``cell_weight`` (0: masked values
+        only).
 
         Returns the per-epoch history (``train_loss``, ``val_loss``, ``seconds``, ``cells_per_s``), also kept in
         ``self.history["pretrain"]``. The weights of the best validation epoch are kept.
         """
         if not 0.0 < mask_ratio < 1.0:
             raise CapeInputError(f"mask_ratio must be in (0, 1), got {mask_ratio}")
+        if not (np.isfinite(cell_weight) and cell_weight >= 0):
+            raise CapeInputError(f"cell_weight must be a finite number >= 0, got {cell_weight}")
         seed_everything(self.seed)
-        data = self._dataset(adata, mask_ratio=mask_ratio)
+        data = self._dataset(adata, mask_ratio=mask_ratio, cell_targets=cell_weight > 0)
+        if cell_weight > 0 and self.cell_head is None:
+            self.cell_objective = True
+            self.cell_head = CellExpressionDecoder(self.backbone.d_model, len(self.vocab)).to(self.device)
+            self.module["cell_head"] = self.cell_head
         train_idx, val_idx = self._split(len(data), validation_fraction)
-        task = MaskedValueTask(self.backbone, self.expr_head, value_scale=self._value_scale())
+        task = PretrainingTask(self.backbone, self.expr_head, value_scale=self._value_scale(),
+                               cell_head=self.cell_head if cell_weight > 0 else None, target_ids=data.target_ids,
+                               cell_weight=cell_weight).to(self.device)
         plan = TrainingPlan(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                             grad_clip=grad_clip, patience=early_stopping_patience, desc="pretrain",
                             num_workers=num_workers)
-        history = self._trainer().train(task, masked_value_loss, Subset(data, train_idx),
+        history = self._trainer().train(task, pretraining_loss, Subset(data, train_idx),
                                         Subset(data, val_idx) if len(val_idx) else None, plan)
         self.history["pretrain"] = history
         return history
