@@ -166,12 +166,14 @@ def test_cape_train_passes_the_fine_tuning_options(tmp_path):
     code = main(["--quiet", "train", "-i", str(tmp_path / "in.h5ad"), "-o", str(out), "--label-key", "cell_type",
                  "--epochs", "3", "--d-model", "16", "--n-heads", "2", "--max-len", "32", "--encoding", "none",
                  "--pooling", "cls+mean", "--class-weight", "none", "--lr-schedule", "cosine",
-                 "--warmup-fraction", "0.2", "--early-stopping-metric", "val_accuracy", "--fit-lr", "0.002"])
+                 "--warmup-fraction", "0.2", "--early-stopping-metric", "val_accuracy", "--fit-lr", "0.002",
+                 "--pretrain-epochs", "2"])
     assert code == 0
     result = ad.read_h5ad(out)
-    assert result.obsm["X_cape"].shape == (40, 32)                     # cls+mean: twice d_model
+    assert result.obsm["X_cape_fine_tuned"].shape == (40, 32)          # cls+mean: twice d_model
+    assert result.obsm["X_cape"].shape == (40, 16)                     # the pretrained <cls> state
     record = result.uns["cape"]["model"]
-    assert record["pooling"] == "cls+mean" and "pretrain" not in record["history"]   # no pretraining by default
+    assert record["pooling"] == "cls+mean" and len(record["history"]["pretrain"]["epoch"]) == 2
     fit = record["history"]["fit"]
     assert len(fit["epoch"]) == 3 and {"val_accuracy", "val_balanced_accuracy", "lr"} <= set(fit)
     assert fit["lr"][-1] == pytest.approx(0.0, abs=1e-12)              # cosine ends at 0

@@ -71,7 +71,8 @@ def test_config_reaches_the_command_lines(workdir):
     for flag in ("--checkpoint scgpt_ckpt", "--dropout 0.1", "--pooling cls", "--use-raw",
                  "--encoding-option scale=0.5", "--fit-patience 15", "--early-stopping-metric val_loss"):
         assert flag in train, flag
-    assert "--fit-lr" not in train and "--layer" not in train  # null keeps the CLI default
+    assert "--fit-lr 0.0003" in train and "--max-len auto" in train and "--cell-weight 1.0" in train
+    assert "--layer" not in train  # null keeps the CLI default
     assert "--h-every 7" in commands["causal"] and "--layer" not in commands["causal"]
     for name, line in commands.items():  # every rule passes its {threads}
         assert "--device cuda --threads " in line, name

@@ -17,6 +17,9 @@ from .._errors import CapeInputError
 from .._io import write_h5ad
 from .._settings import resolve_seed
 from ..models import CellTransformer, distributed
+from ..models.config import DEFAULT_RECIPE
+from ..models.tokenize import AUTO, MAX_AUTO_LEN
+from ..report.metrics import FINE_TUNED_KEY
 from ..tasks.annotation import fine_tune_cells, record_split, split_roles
 from ..tasks.labels import checked_labels, resolve_label_key
 from ._io import check_output, read_input
@@ -31,6 +34,15 @@ def _option(value: str) -> tuple[str, object]:
     except json.JSONDecodeError:
         parsed = raw
     return key.strip(), parsed
+
+
+def _max_len(value: str) -> int | str:
+    if value == AUTO:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, got {value!r}") from None
 
 
 def register(commands) -> None:
@@ -63,29 +75,38 @@ def register(commands) -> None:
     train.add_argument("--d-model", type=int, default=64)
     train.add_argument("--n-layers", type=int, default=2)
     train.add_argument("--n-heads", type=int, default=4)
-    train.add_argument("--max-len", type=int, default=256, help="tokens per cell incl. <cls> (256)")
-    train.add_argument("--dropout", type=float, default=0.0,
-                       help="dropout (0: attention dropout takes SDPA's slow path on CPU, and 0 validated as well)")
-    train.add_argument("--pretrain-epochs", type=int, default=0,
-                       help="masked-value pretraining epochs; 0 skips (0: on pbmc68k_reduced, 700 cells, pretraining "
-                            "lowered validation accuracy)")
+    train.add_argument("--max-len", type=_max_len, default=DEFAULT_RECIPE.max_len,
+                       help="tokens per cell incl. <cls>; 'auto' covers every expressed gene of the vocabulary "
+                            f"(at most {MAX_AUTO_LEN:,}) ({DEFAULT_RECIPE.max_len})")
+    train.add_argument("--dropout", type=float, default=DEFAULT_RECIPE.dropout,
+                       help=f"dropout of the residual and feed-forward paths ({DEFAULT_RECIPE.dropout})")
+    train.add_argument("--pretrain-epochs", type=int, default=DEFAULT_RECIPE.pretrain_epochs,
+                       help="self-supervised pretraining epochs on every cell (masked values + the <cls> state's "
+                            "reconstruction of each cell's profile); obsm['X_cape'] is read after it, before any "
+                            f"label is seen; 0 skips ({DEFAULT_RECIPE.pretrain_epochs})")
+    train.add_argument("--cell-weight", type=float, default=DEFAULT_RECIPE.cell_weight,
+                       help="weight of the cell-profile reconstruction in pretraining; 0: masked values only "
+                            f"({DEFAULT_RECIPE.cell_weight})")
     train.add_argument("--mask-ratio", type=float, default=0.15)
     train.add_argument("--epochs", type=int, default=100,
                        help="most fine-tuning epochs; early stopping usually ends sooner (100)")
     train.add_argument("--batch-size", type=int, default=32, help="per process (32)")
-    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--lr", type=float, default=DEFAULT_RECIPE.pretrain_lr,
+                       help=f"pretraining learning rate ({DEFAULT_RECIPE.pretrain_lr})")
     train.add_argument("--validation-fraction", type=float, default=0.1)
     train.add_argument("--patience", type=int, default=5, help="early-stopping patience in epochs (5)")
     fit = train.add_argument_group("fine-tuning (annotation head)")
-    fit.add_argument("--fit-lr", type=float, default=None, help="fine-tuning learning rate (default: --lr)")
-    fit.add_argument("--fit-patience", type=int, default=15, help="fine-tuning early-stopping patience (15)")
+    fit.add_argument("--fit-lr", type=float, default=DEFAULT_RECIPE.fit_lr,
+                     help=f"fine-tuning learning rate ({DEFAULT_RECIPE.fit_lr})")
+    fit.add_argument("--fit-patience", type=int, default=DEFAULT_RECIPE.fit_patience,
+                     help=f"fine-tuning early-stopping patience ({DEFAULT_RECIPE.fit_patience})")
     fit.add_argument("--fit-validation-fraction", type=float, default=0.2,
                      help="validation share of the fine-tune cells, for early stopping (0.2)")
     fit.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (0.01)")
     fit.add_argument("--class-weight", choices=["balanced", "none"], default="balanced",
                      help="'balanced' weights the cross-entropy by inverse class frequency (balanced)")
     fit.add_argument("--pooling", choices=["cls", "mean", "cls+mean"], default="mean",
-                     help="cell embedding for the annotation head and obsm['X_cape'] (mean of gene tokens)")
+                     help="cell embedding for the annotation head and obsm['X_cape_fine_tuned'] (mean of gene tokens)")
     fit.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
                      help="fine-tuning learning-rate schedule (constant)")
     fit.add_argument("--warmup-fraction", type=float, default=0.0,
@@ -114,19 +135,23 @@ def run_train(args: argparse.Namespace) -> int:
                                     vocabulary=args.vocabulary,
                                     integration=None if args.integration == "auto" else args.integration)
         logging.getLogger("cape").info("%r", model)
+        unsupervised = None
         if args.pretrain_epochs > 0:
             model.pretrain(adata, epochs=args.pretrain_epochs, mask_ratio=args.mask_ratio,
                            batch_size=args.batch_size, lr=args.lr, validation_fraction=args.validation_fraction,
-                           early_stopping_patience=args.patience)
-        if fit_data is not None and args.epochs > 0:
-            model.train(fit_data, label_key, epochs=args.epochs, batch_size=args.batch_size,
-                        lr=args.lr if args.fit_lr is None else args.fit_lr, weight_decay=args.weight_decay,
+                           early_stopping_patience=args.patience, cell_weight=args.cell_weight)
+            if distributed.is_main_process():
+                unsupervised = model.get_latent_representation(adata, pooling="cls")
+        fine_tuned = fit_data is not None and args.epochs > 0
+        if fine_tuned:
+            model.train(fit_data, label_key, epochs=args.epochs, batch_size=args.batch_size, lr=args.fit_lr,
+                        weight_decay=args.weight_decay,
                         validation_fraction=args.fit_validation_fraction, early_stopping_patience=args.fit_patience,
                         class_weight=None if args.class_weight == "none" else args.class_weight,
                         pooling=args.pooling, lr_schedule=args.lr_schedule, warmup_fraction=args.warmup_fraction,
                         early_stopping_metric=args.early_stopping_metric)
         if distributed.is_main_process():
-            model.embed(adata)
+            _embed(model, adata, unsupervised, fine_tuned)
             if model.labels is not None:
                 model.predict(adata, key_added=f"cape_{label_key}_prediction")
             existed = model_dir.exists()
@@ -141,6 +166,19 @@ def run_train(args: argparse.Namespace) -> int:
     finally:
         distributed.shutdown()
     return 0
+
+
+def _embed(model: CellTransformer, adata, unsupervised, fine_tuned: bool) -> None:
+    """``obsm["X_cape"]``: the cell embedding before any label was seen (the pretrained ``<cls>`` state), when
+    there was pretraining; else the model's only one. After fine-tuning, the fine-tuned embedding also goes to
+    ``obsm["X_cape_fine_tuned"]``. ``uns["cape"]["model"]["embedding"]`` says which ``X_cape`` holds."""
+    model.embed(adata)  # gene embeddings, and X_cape from the final model
+    if fine_tuned:
+        adata.obsm[FINE_TUNED_KEY] = adata.obsm["X_cape"]
+    if unsupervised is not None:
+        adata.obsm["X_cape"] = unsupervised
+    kind = "pretrained" if unsupervised is not None else "fine_tuned" if fine_tuned else "untrained"
+    adata.uns["cape"]["model"]["embedding"] = kind
 
 
 def _from_checkpoint(args: argparse.Namespace, adata):

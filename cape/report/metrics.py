@@ -19,6 +19,9 @@ from .statistics import accuracy, adjusted_rand, bootstrap_difference, compariso
 
 logger = logging.getLogger("cape")
 
+#: obsm key of the cell embedding after fine-tuning (``cape train``), which has seen the fine-tune labels.
+FINE_TUNED_KEY = "X_cape_fine_tuned"
+
 
 def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "data", seed: int = 0,
                  embedding_key: str = "X_cape") -> list[dict]:
@@ -27,7 +30,11 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
     * annotation (when ``obs[f"cape_{label_key}_prediction"]`` and ``obs["cape_split"]`` exist): accuracy and
       macro-F1 on the test cells, beside logistic regression on PCA trained on the same fine-tune cells;
     * clustering (when ``label_key`` is given): k-means (k = number of labels) on ``obsm[embedding_key]`` —
-      ARI, NMI, ASW — beside PCA + k-means on the expression;
+      ARI, NMI, ASW — beside PCA + k-means on the expression. The method is ``"cape"`` when that embedding was
+      read before fine-tuning (``uns["cape"]["model"]["embedding"]`` not ``"fine_tuned"``), else
+      ``"cape_fine_tuned"``: it has seen the fine-tune cells' labels, which PCA + k-means has not. The fine-tuned
+      embedding ``obsm["X_cape_fine_tuned"]``, when present beside an unsupervised one, is scored as
+      ``"cape_fine_tuned"`` too, without a comparison;
     * graph: edges of ``varp["cape_dag"]``, edges removed to make it acyclic, genes embedded;
     * comparison: the transformer minus its baseline (accuracy; ARI) with a seeded bootstrap interval over the
       cells (:func:`cape.report.statistics.bootstrap_difference`), which the report's verdict reads.
@@ -82,15 +89,20 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
     clusters = {}
     # keep_sparse: a 10x-shaped X stays sparse (pca_embedding densifies only small matrices)
     expression = knn_impute(expression_matrix(sub, keep_sparse=True, allow_nan=True))
-    for method, emb in (("cape", _cell_embedding(sub, embedding_key)),
-                        ("pca_kmeans", BASELINES["pca_kmeans"][0](expression, None, seed, 50))):
+    supervised = info.get("model", {}).get("embedding") == "fine_tuned"
+    method = "cape_fine_tuned" if supervised else "cape"
+    embeddings = [(method, _cell_embedding(sub, embedding_key)),
+                  ("pca_kmeans", BASELINES["pca_kmeans"][0](expression, None, seed, 50))]
+    if not supervised and embedding_key == "X_cape":
+        embeddings.append(("cape_fine_tuned", _cell_embedding(sub, FINE_TUNED_KEY)))
+    for name, emb in embeddings:
         if emb is None:
             continue
-        clusters[method] = kmeans_clusters(emb, k, seed=seed)
-        add("clustering", method, clustering_metrics(emb, y, clusters[method]) | ({"k": k} if method == "cape" else {}))
-    if len(clusters) == 2:
-        diff = bootstrap_difference(y, clusters["cape"], clusters["pca_kmeans"], adjusted_rand, seed=seed)
-        records += comparison_records("clustering", "ARI", "cape", "pca_kmeans", diff, n_cells=len(y),
+        clusters[name] = kmeans_clusters(emb, k, seed=seed)
+        add("clustering", name, clustering_metrics(emb, y, clusters[name]) | ({"k": k} if name == method else {}))
+    if method in clusters and "pca_kmeans" in clusters:
+        diff = bootstrap_difference(y, clusters[method], clusters["pca_kmeans"], adjusted_rand, seed=seed)
+        records += comparison_records("clustering", "ARI", method, "pca_kmeans", diff, n_cells=len(y),
                                       dataset=dataset, seed=seed)
     return records
 

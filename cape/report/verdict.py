@@ -183,7 +183,9 @@ def training_context(adata: ad.AnnData, split_key: str = "cape_split") -> Traini
     return Training(n_ft, epochs, pretrained, model.get("architecture"), encoding)
 
 
-_NAMES = {"cape": "the transformer", "logreg_pca": "logistic regression on PCA", "pca_kmeans": "k-means on PCA"}
+_NAMES = {"cape": "the transformer", "logreg_pca": "logistic regression on PCA", "pca_kmeans": "k-means on PCA",
+          "cape_fine_tuned": "the fine-tuned transformer (its embedding has seen the fine-tune cells' labels; "
+                             "k-means on PCA has not)"}
 
 
 def likely_causes(training: Training, pos: Positioning | None) -> list[tuple[str, str]]:
@@ -191,7 +193,7 @@ def likely_causes(training: Training, pos: Positioning | None) -> list[tuple[str
     causes = []
     if not training.pretrained_weights:
         cells = f"{training.n_fine_tune:,} labelled cells" if training.n_fine_tune is not None else "this run's cells"
-        pre = (f"{training.pretrain_epochs} epochs of masked pretraining" if training.pretrain_epochs
+        pre = (f"{training.pretrain_epochs} epochs of self-supervised pretraining" if training.pretrain_epochs
                else "no pretraining")
         few = training.n_fine_tune is not None and training.n_fine_tune < FEW_FINE_TUNE_CELLS
         what = "too few cells to train a transformer from scratch" if few else "a transformer trained from scratch"

@@ -16,11 +16,12 @@ from . import (
     paper_runtime,
     pretrain,
     properties,
+    recipe,
 )
 
 #: In the order ``cape bench --help`` lists them.
 BENCH_MODULES = (attention, non_relativity, causal, causal_scale, intervention, pretrain, embedding, properties,
-                 baselines, encodings, gears, paper_runtime)
+                 baselines, recipe, encodings, gears, paper_runtime)
 
 
 def register(commands) -> None:
