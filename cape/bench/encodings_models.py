@@ -20,6 +20,7 @@ from .. import encodings, tl
 from .._arrays import zscore_columns
 from .._errors import CapeInputError
 from ..models import CellTransformer
+from ..models.config import DEFAULT_RECIPE
 from ..tasks.annotation import annotation_metrics, fine_tune_cells, roles
 from ..tasks.clustering import cluster_embedding
 from ..tasks.perturbation import PerturbationTask, condition_genes
@@ -125,9 +126,10 @@ class BenchSettings:
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
-    max_len: int = 256
+    max_len: int | str = DEFAULT_RECIPE.max_len  # "auto": every expressed gene of a cell is a token
     batch_size: int = 32
     lr: float = 1e-3
+    fine_tune_lr: float = DEFAULT_RECIPE.fit_lr
     pretrain_epochs: int = 5
     # Annotation follows `cape train`'s recipe: no masked-value pretraining (it lowered validation accuracy on
     # pbmc68k_reduced), up to ``fine_tune_epochs`` with early stopping on 20 % of the fine-tune cells.
@@ -138,7 +140,7 @@ class BenchSettings:
     fine_tune_epochs: int = 100
     fine_tune_patience: int = 15
     patience: int = 5
-    dropout: float = 0.0
+    dropout: float = DEFAULT_RECIPE.dropout
     causal_epochs: int = 100
     causal_tau: float = 0.2  # the paper's τ (Step I keeps ~120 edges among 300 pbmc68k_reduced genes)
     causal_rank: int = 40
@@ -158,7 +160,7 @@ class BenchSettings:
     def for_mode(cls, quick: bool, **overrides) -> BenchSettings:
         # Fine-tuning keeps `cape train`'s ≤ 100 epochs / patience 15 in quick mode too: with 40 / 10, models whose
         # gene identity is weak (integration="replace") were stopped before they took off.
-        base = cls(n_genes=200, d_model=32, n_layers=2, n_heads=2, max_len=64, pretrain_epochs=3,
+        base = cls(n_genes=200, d_model=32, n_layers=2, n_heads=2, pretrain_epochs=3,
                    patience=5, causal_epochs=100, embed_epochs=300,
                    predictor_epochs=150) if quick else cls(pretrain_epochs=10)
         overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -327,7 +329,7 @@ def annotation_run(model, data: ad.AnnData, labels: pd.Series, split, settings: 
     _pretrain(model, data, settings, settings.annotation_pretrain_epochs)
     fine_tune = fine_tune_cells(data, roles(data, labels, split), labels, "_label")
     model.train(fine_tune, "_label", epochs=settings.fine_tune_epochs, batch_size=settings.batch_size,
-                lr=settings.lr, validation_fraction=0.2, early_stopping_patience=settings.fine_tune_patience)
+                lr=settings.fine_tune_lr, validation_fraction=0.2, early_stopping_patience=settings.fine_tune_patience)
     predicted = model.predict(data[labels.index][split.test])
     return annotation_metrics(labels.to_numpy()[split.test], np.asarray(predicted))
 

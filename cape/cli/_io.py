@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .. import data
 from .._errors import CapeInputError
+from ..models.tokenize import AUTO
 
 
 def read_input(spec: str, *, expect_counts: bool | None = None):
@@ -53,3 +54,13 @@ def positive_int(value: str, what: str = "a positive integer") -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}")
     return n
+
+
+def max_len_value(value: str) -> int | str:
+    """``--max-len``: ``auto`` (cover every expressed gene) or a whole number of tokens."""
+    if value == AUTO:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, got {value!r}") from None

@@ -18,11 +18,11 @@ from .._io import write_h5ad
 from .._settings import resolve_seed
 from ..models import CellTransformer, distributed
 from ..models.config import DEFAULT_RECIPE
-from ..models.tokenize import AUTO, MAX_AUTO_LEN
+from ..models.tokenize import MAX_AUTO_LEN
 from ..report.metrics import FINE_TUNED_KEY
 from ..tasks.annotation import fine_tune_cells, record_split, split_roles
 from ..tasks.labels import checked_labels, resolve_label_key
-from ._io import check_output, read_input
+from ._io import check_output, max_len_value, read_input
 
 
 def _option(value: str) -> tuple[str, object]:
@@ -34,15 +34,6 @@ def _option(value: str) -> tuple[str, object]:
     except json.JSONDecodeError:
         parsed = raw
     return key.strip(), parsed
-
-
-def _max_len(value: str) -> int | str:
-    if value == AUTO:
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, got {value!r}") from None
 
 
 def register(commands) -> None:
@@ -75,7 +66,7 @@ def register(commands) -> None:
     train.add_argument("--d-model", type=int, default=64)
     train.add_argument("--n-layers", type=int, default=2)
     train.add_argument("--n-heads", type=int, default=4)
-    train.add_argument("--max-len", type=_max_len, default=DEFAULT_RECIPE.max_len,
+    train.add_argument("--max-len", type=max_len_value, default=DEFAULT_RECIPE.max_len,
                        help="tokens per cell incl. <cls>; 'auto' covers every expressed gene of the vocabulary "
                             f"(at most {MAX_AUTO_LEN:,}) ({DEFAULT_RECIPE.max_len})")
     train.add_argument("--dropout", type=float, default=DEFAULT_RECIPE.dropout,

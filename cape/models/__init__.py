@@ -1,7 +1,8 @@
 """Transformer backbones for single cells with pluggable positional encodings.
 
 * :class:`CellTransformer` — the user-facing model (pretrain, train, predict, get_latent_representation, embed,
-  save/load), with its options grouped in :class:`NetworkConfig` and :class:`TokenizerConfig`;
+  save/load), with its options grouped in :class:`NetworkConfig` and :class:`TokenizerConfig`, and the way it is
+  trained by default in :class:`TrainingRecipe` (``cape.models.config.DEFAULT_RECIPE``);
 * :class:`ScGPTBackbone`, :class:`ScBERTBackbone` — the torch cores (tensors in, hidden states out);
 * :mod:`~cape.models.tokenize` — gene vocabulary, binning, gene sampling, collators;
 * :mod:`~cape.models.positions` — :class:`~cape.encodings.GenePositions` from AnnData keys;
@@ -13,8 +14,8 @@
 
 from __future__ import annotations
 
-from .config import NetworkConfig
-from .heads import ClsDecoder, ExprDecoder
+from .config import NetworkConfig, TrainingRecipe
+from .heads import CellExpressionDecoder, ClsDecoder, ExprDecoder
 from .positions import gene_positions, random_positions
 from .scbert import ScBERTBackbone
 from .scgpt import ScGPTBackbone
@@ -24,6 +25,7 @@ from .transformer import CellTransformer
 
 __all__ = [
     "CellDataset",
+    "CellExpressionDecoder",
     "CellTransformer",
     "ClsDecoder",
     "ExprDecoder",
@@ -32,6 +34,7 @@ __all__ = [
     "ScBERTBackbone",
     "ScGPTBackbone",
     "TokenizerConfig",
+    "TrainingRecipe",
     "collate_cells",
     "gene_positions",
     "load_scgpt_checkpoint",

@@ -1,6 +1,6 @@
-"""Constructor options of :class:`~cape.models.CellTransformer`, grouped: the network's shape
-(:class:`NetworkConfig`) and the tokenizer (:class:`~cape.models.TokenizerConfig`); both can also be given field by
-field as keywords."""
+"""Options of :class:`~cape.models.CellTransformer`, grouped: the network's shape (:class:`NetworkConfig`) and the
+tokenizer (:class:`~cape.models.TokenizerConfig`), both also given field by field as keywords; and the way the
+workflow and ``cape train`` train it (:class:`TrainingRecipe`, :data:`DEFAULT_RECIPE`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,43 @@ DEFAULT_BINNING = {"scgpt": ("quantile", 51), "scbert": ("log2", 5)}
 #: ``integration`` when none is given (see :mod:`cape.models.backbone`); chosen on validation accuracy (README).
 DEFAULT_INTEGRATION = {"scgpt": "complement", "scbert": "complement"}
 _TOKENIZER_FIELDS = ("binning", "n_bins", "max_len", "include_zero_genes")
+
+
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """How the workflow's ``train`` stage, ``cape train`` and :mod:`cape.bench.recipe` train a backbone.
+
+    Attributes
+    ----------
+    pretrain_epochs, pretrain_lr, cell_weight
+        Self-supervised pretraining on every cell, labelled or not (:meth:`CellTransformer.pretrain
+        <cape.models.CellTransformer.pretrain>`): masked values plus, with weight ``cell_weight``, the ``<cls>``
+        state's reconstruction of the whole expression profile, which gives the cell embedding its content.
+    fit_lr, epochs, fit_patience
+        Fine-tuning of the annotation head and backbone on the labelled cells: learning rate, most epochs, early
+        stopping patience.
+    dropout
+        Dropout of the encoder (residual and feed-forward paths; scGPT fine-tunes with 0.2); the default of
+        :attr:`NetworkConfig.dropout`.
+    max_len
+        Tokens per cell including ``<cls>``; ``"auto"`` covers every expressed gene.
+    batch_size
+        Cells per step.
+    """
+
+    pretrain_epochs: int = 40
+    pretrain_lr: float = 1e-3
+    cell_weight: float = 1.0
+    fit_lr: float = 3e-4
+    epochs: int = 100
+    fit_patience: int = 15
+    dropout: float = 0.2
+    max_len: int | str = AUTO
+    batch_size: int = 32
+
+
+#: The recipe the workflow and ``cape train`` use by default (chosen in ``cape bench recipe``; see the docs).
+DEFAULT_RECIPE = TrainingRecipe()
 
 
 @dataclass(frozen=True)
@@ -39,7 +76,7 @@ class NetworkConfig:
     n_heads: int = 4
     n_layers: int = 2
     d_ff: int | None = None
-    dropout: float = 0.1
+    dropout: float = DEFAULT_RECIPE.dropout
     gene_embedding: bool | None = None
     n_cls_layers: int = 3
     integration: str | None = None
@@ -66,38 +103,3 @@ def tokenizer_config(architecture: str, tokenizer: TokenizerConfig | None, optio
                                include_zero_genes=options.get("include_zero_genes", False))
     return dataclasses.replace(tokenizer, **{k: v for k, v in options.items() if v is not None})
 
-
-@dataclass(frozen=True)
-class TrainingRecipe:
-    """How the workflow's ``train`` stage, ``cape train`` and :mod:`cape.bench.recipe` train a backbone.
-
-    Attributes
-    ----------
-    pretrain_epochs, pretrain_lr, cell_weight
-        Self-supervised pretraining on every cell, labelled or not (:meth:`CellTransformer.pretrain
-        <cape.models.CellTransformer.pretrain>`): masked values plus, with weight ``cell_weight``, the ``<cls>``
-        state's reconstruction of the whole expression profile, which gives the cell embedding its content.
-    fit_lr, epochs, fit_patience
-        Fine-tuning of the annotation head and backbone on the labelled cells: learning rate, most epochs, early
-        stopping patience.
-    dropout
-        Dropout of the encoder (residual and feed-forward paths; scGPT fine-tunes with 0.2).
-    max_len
-        Tokens per cell including ``<cls>``; ``"auto"`` covers every expressed gene.
-    batch_size
-        Cells per step.
-    """
-
-    pretrain_epochs: int = 40
-    pretrain_lr: float = 1e-3
-    cell_weight: float = 1.0
-    fit_lr: float = 3e-4
-    epochs: int = 100
-    fit_patience: int = 15
-    dropout: float = 0.2
-    max_len: int | str = AUTO
-    batch_size: int = 32
-
-
-#: The recipe the workflow and ``cape train`` use by default (chosen in ``cape bench recipe``; see the docs).
-DEFAULT_RECIPE = TrainingRecipe()

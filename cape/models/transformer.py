@@ -31,7 +31,7 @@ from ..encodings.static_absolute import read_gene2vec
 from . import distributed, persistence, scgpt_checkpoint
 from .backbone import INTEGRATIONS
 from .cells import VOCABULARIES, CellData
-from .config import DEFAULT_INTEGRATION, NetworkConfig, split_options, tokenizer_config
+from .config import DEFAULT_INTEGRATION, DEFAULT_RECIPE, NetworkConfig, split_options, tokenizer_config
 from .heads import CellExpressionDecoder, ClsDecoder, ExprDecoder, check_pooling, pool_cells, pooled_width
 from .inference import embeddings, forward_all, write_gene_embedding
 from .objectives import (
@@ -229,9 +229,10 @@ class CellTransformer(CellData):
         self.history["pretrain"] = history
         return history
 
-    def train(self, adata, label_key: str, epochs: int = 100, *, batch_size: int = 32, lr: float = 1e-3,
+    def train(self, adata, label_key: str, epochs: int = DEFAULT_RECIPE.epochs, *, batch_size: int = 32,
+              lr: float = DEFAULT_RECIPE.fit_lr,
               weight_decay: float = 0.01, grad_clip: float | None = 1.0, validation_fraction: float = 0.2,
-              early_stopping_patience: int | None = 15, freeze_backbone: bool = False,
+              early_stopping_patience: int | None = DEFAULT_RECIPE.fit_patience, freeze_backbone: bool = False,
               num_workers: int = 0, class_weight: str | None = "balanced", pooling: str | None = None,
               lr_schedule: str = "constant", warmup_fraction: float = 0.0,
               early_stopping_metric: str = "val_loss", label_smoothing: float = 0.0) -> list[dict[str, float]]:
@@ -242,10 +243,10 @@ class CellTransformer(CellData):
         ``"val_accuracy"`` or ``"val_balanced_accuracy"``) are kept. Returns the per-epoch history, also kept in
         ``self.history["fit"]`` (the key of model directories saved before the method was named ``train``).
 
-        The defaults are the recipe chosen on validation cells carved out of pbmc68k_reduced's 30 % fine-tune
-        split (never its test cells): up to 100 epochs with early stopping (patience 15) on a 20 % validation
-        split, class-balanced cross-entropy and mean pooling of the gene tokens, constant lr 1e-3; with
-        ``dropout=0`` in the constructor.
+        The defaults are :data:`~cape.models.config.DEFAULT_RECIPE` (``cape bench recipe`` compares it with the
+        baselines): up to 100 epochs with early stopping (patience 15) on a 20 % validation split, class-balanced
+        cross-entropy, mean pooling of the gene tokens and a constant lr of 3e-4, after :meth:`pretrain` and with
+        the constructor's ``dropout=0.2``.
 
         Parameters
         ----------

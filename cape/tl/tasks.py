@@ -30,6 +30,7 @@ import pandas as pd
 from .._errors import CapeInputError
 from .._settings import resolve_seed
 from ..models import CellTransformer
+from ..models.config import DEFAULT_RECIPE
 from ..tasks.annotation import annotation_metrics, fine_tune_cells, record_split, split_roles
 from ..tasks.clustering import clustering_metrics, kmeans_clusters
 from ..tasks.labels import checked_labels
@@ -44,7 +45,8 @@ def _record(adata: ad.AnnData, step: str, entry: dict) -> None:
 
 
 def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", encoding: str = "cape",
-             model=None, fine_tune_fraction: float = 0.3, pretrain_epochs: int = 0, epochs: int = 100,
+             model=None, fine_tune_fraction: float = 0.3, pretrain_epochs: int = DEFAULT_RECIPE.pretrain_epochs,
+             epochs: int = DEFAULT_RECIPE.epochs,
              seed: int | None = None, key_added: str = "cape_prediction", model_kwargs: dict[str, Any] | None = None,
              train_kwargs: dict[str, Any] | None = None, device: str | None = "auto", copy: bool = False):
     """Cell-type annotation (CAPE Supp. F.1.1): fine-tune a transformer on a stratified ``fine_tune_fraction`` of
@@ -58,15 +60,15 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
     label_key
         obs column with the cell types; classes with fewer than 2 cells are excluded with a warning.
     architecture, encoding, model_kwargs
-        Passed to :class:`cape.models.CellTransformer` when ``model`` is None (default ``dropout=0``, the
-        recipe of ``cape train``).
+        Passed to :class:`cape.models.CellTransformer` when ``model`` is None (its defaults are the recipe of
+        ``cape train``, :data:`~cape.models.config.DEFAULT_RECIPE`).
     model
         A (pretrained) :class:`~cape.models.CellTransformer` to fine-tune instead of building one.
     fine_tune_fraction
         Share of the labelled cells used for fine-tuning (paper 0.3); the others are test cells.
     pretrain_epochs
-        Masked-value pretraining epochs on every cell (no labels) before fine-tuning; 0 (default) skips: it lowered
-        validation accuracy on pbmc68k_reduced.
+        Self-supervised pretraining epochs on every cell (no labels: masked values and each cell's expression
+        profile, :meth:`~cape.models.CellTransformer.pretrain`) before fine-tuning a model built here; 0 skips.
     epochs, train_kwargs
         Most fine-tuning epochs (early stopping on a validation part of the fine-tune cells) and further
         :meth:`~cape.models.CellTransformer.train` keywords.
@@ -99,8 +101,7 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
     labels = checked_labels(adata, label_key)
     roles, split = split_roles(adata, labels, seed=seed, fine_tune_fraction=fine_tune_fraction)
     if model is None:
-        model = CellTransformer(adata, architecture, encoding, seed=seed, device=device,
-                                **({"dropout": 0.0} | dict(model_kwargs or {})))
+        model = CellTransformer(adata, architecture, encoding, seed=seed, device=device, **dict(model_kwargs or {}))
         if pretrain_epochs > 0:
             model.pretrain(adata, epochs=pretrain_epochs)
     model.train(fine_tune_cells(adata, roles, labels, label_key), label_key, epochs=epochs, **(train_kwargs or {}))

@@ -10,6 +10,7 @@ from ..._errors import CapeInputError
 from ..._settings import settings as cape_settings
 from ...bench.encodings import run_encodings_benchmark
 from ...bench.encodings_models import BACKBONES, INTEGRATIONS, TASKS, BenchSettings, variants
+from .._io import max_len_value
 from ._data import add_run_options, dataset_keys, dataset_name, load_dataset, perturbation_data
 
 
@@ -58,7 +59,7 @@ def register(bench) -> None:
     p.add_argument("--positions-seed", type=int, default=0, help="seed of Steps I-III, shared by all runs (0)")
     for flag, kind, what in [("--n-genes", int, "genes kept (most dispersed)"), ("--d-model", int, "model width"),
                              ("--n-layers", int, "layers"), ("--n-heads", int, "attention heads"),
-                             ("--max-len", int, "tokens per cell"),
+                             ("--max-len", max_len_value, "tokens per cell incl. <cls>, or 'auto'"),
                              ("--batch-size", int, "cells per training step"),
                              ("--lr", float, "learning rate (pretraining and fine-tuning)"),
                              ("--pretrain-epochs", int, "masked-value epochs"),
