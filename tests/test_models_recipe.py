@@ -227,3 +227,13 @@ def test_paired_rows_are_per_seed_differences():
     assert row["comparison"] == "current − logreg_pca" and row["difference"] == pytest.approx(d.mean())
     half = 4.302652729911275 * d.std(ddof=1) / np.sqrt(3)  # t_{0.975, 2}
     assert row["low"] == pytest.approx(d.mean() - half) and row["verdict"] == "better"
+
+
+def test_paired_rows_name_a_supervised_clustering():
+    records = [{"task": "clustering", "dataset": "d", "method": m, "seed": s, "metric": k, "value": v}
+               for s in range(3) for m, k, v in (("previous", "ARI", 0.5 + s / 10), ("previous", "unsupervised", 0.0),
+                                                 ("current", "ARI", 0.4), ("current", "unsupervised", 1.0),
+                                                 ("pca_kmeans", "ARI", 0.45))]
+    comparisons = set(paired_rows(records)["comparison"])
+    assert comparisons == {"current − pca_kmeans", "current − previous (supervised)",
+                           "previous (supervised) − pca_kmeans"}

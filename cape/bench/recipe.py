@@ -117,10 +117,12 @@ COMPARISONS = (("annotation", "accuracy", "current", "logreg_pca"), ("annotation
 
 def paired_rows(records: Sequence[dict]) -> pd.DataFrame:
     """Per dataset and comparison: mean of each side, mean per-seed difference, its 95 % t interval, the verdict
-    and the minimum detectable difference."""
+    and the minimum detectable difference. A clustering embedding that has seen labels is named ``(supervised)``."""
     frame = pd.DataFrame(records)
     rows = []
     for dataset, sub in frame.groupby("dataset", sort=False):
+        flags = sub[sub.metric == "unsupervised"].groupby("method")["value"].min()
+        supervised = set(flags.index[flags < 1])  # an embedding that has seen the fine-tune labels
         for task, metric, method, reference in COMPARISONS:
             pick = sub[(sub.task == task) & (sub.metric == metric)]
             wide = pick.pivot_table(index="seed", columns="method", values="value")
@@ -128,7 +130,10 @@ def paired_rows(records: Sequence[dict]) -> pd.DataFrame:
                 continue
             diff = (wide[method] - wide[reference]).dropna()
             mean, low, high = paired_interval(diff)
-            rows.append({"dataset": dataset, "task": task, "metric": metric, "comparison": f"{method} − {reference}",
+            method_name, reference_name = (f"{n} (supervised)" if task == "clustering" and n in supervised else n
+                                           for n in (method, reference))
+            comparison = f"{method_name} − {reference_name}"
+            rows.append({"dataset": dataset, "task": task, "metric": metric, "comparison": comparison,
                          "method": float(wide[method].mean()), "reference": float(wide[reference].mean()),
                          "difference": mean, "low": low, "high": high, "verdict": verdict(low, high),
                          "mdd": minimum_detectable_difference(float(diff.std(ddof=1)), len(diff)),
