@@ -62,7 +62,7 @@ def test_config_reaches_the_command_lines(workdir):
     (workdir / "scgpt_ckpt").mkdir()
     proc = snakemake(workdir, "-n", "-p", "--cores", "2", "--config", "device=cuda",
                      "train={'checkpoint': 'scgpt_ckpt', 'dropout': 0.1, 'pooling': 'cls', 'use_raw': True, "
-                     "'encoding_options': {'scale': 0.5}}", "causal={'h_every': 7}")
+                     "'encoding_options': {'scale': 0.5}}", "causal={'h_every': 7, 'interventions': 'condition'}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = {line.split(" -m cape ", 1)[1].split(" --input")[0].split()[-1]: line
                 for line in proc.stdout.splitlines() if " -m cape " in line}
@@ -73,6 +73,7 @@ def test_config_reaches_the_command_lines(workdir):
         assert flag in train, flag
     assert "--fit-lr" not in train and "--layer" not in train  # null keeps the CLI default
     assert "--h-every 7" in commands["causal"] and "--layer" not in commands["causal"]
+    assert "--interventions condition" in commands["causal"]
     for name, line in commands.items():  # every rule passes its {threads}
         assert "--device cuda --threads " in line, name
     gpus = [line for line in proc.stdout.splitlines() if line.strip().startswith("resources:") and "gpu=" in line]

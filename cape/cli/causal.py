@@ -57,6 +57,9 @@ def register(commands) -> None:
     parser.add_argument("--use-genes", default="cape_used",
                         help="boolean var column selecting genes ('cape_used'; all genes when absent); 'all'")
     parser.add_argument("--layer", default=None, help="use this layer instead of X")
+    parser.add_argument("--interventions", default=None, metavar="OBS_KEY",
+                        help="obs column of per-cell perturbation labels in GEARS form ('ctrl', 'A+ctrl', 'A+B'): "
+                             "each perturbed gene's own equation is left out for its cells, which orients edges")
     parser.add_argument("--h-every", type=_h_every, default=None,
                         help="steps between exact acyclicity evaluations, linearised in between, or 'auto' "
                              "(exact while the exponential is small, else every 10 steps)")
@@ -74,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     causal_graph(adata, rank=args.rank, tau=args.tau, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
                  batch_size=args.batch_size, lr=args.lr, device="auto", seed=None,
                  use_genes=None if args.use_genes == "all" else args.use_genes, layer=args.layer,
-                 h_every=args.h_every, min_positioned=args.min_positioned, model=args.model)
+                 h_every=args.h_every, min_positioned=args.min_positioned, model=args.model,
+                 interventions=args.interventions)
     write_h5ad(adata, out)
     return 0

@@ -26,6 +26,7 @@ from ..causal import (
 from ..causal import parents_mlp as _parents_mlp
 from ..causal.postprocess import AUTO_TAU_FLOOR, AUTO_TAU_MAX, choose_tau
 from ..causal.trainer import gene_moments
+from ..tasks.perturbation import CONTROL, condition_genes
 
 __all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "MIN_CELLS", "MODELS", "SCAN_TAUS", "causal_graph"]
 
@@ -109,6 +110,55 @@ def _format_scan(scan: dict[str, np.ndarray]) -> str:
                      zip(scan["tau"], scan["n_edges"], scan["positioned_fraction"], strict=True))
 
 
+def _intervention_mask(adata: ad.AnnData, key: str, genes: np.ndarray) -> tuple[sp.csr_matrix, dict]:
+    """Cells × graph genes, True where the cell's label in ``obs[key]`` names that gene as intervened on.
+
+    Labels are GEARS conditions (``"ctrl"``, ``"A+ctrl"``, ``"A+B"``). A target that is not a gene of ``adata``
+    is an error; one that is a gene but not in the graph (not selected, or constant) is logged, and its cells
+    keep every equation (nothing to leave out).
+    """
+    if key not in adata.obs:
+        raise CapeInputError(f"interventions={key!r}: no such column in adata.obs (it should hold per-cell GEARS "
+                             f"labels: '{CONTROL}', 'A+{CONTROL}', 'A+B')")
+    labels = adata.obs[key]
+    if labels.isna().any():
+        raise CapeInputError(f"obs[{key!r}] has {int(labels.isna().sum())} missing label(s): label every cell "
+                             f"('{CONTROL}' for controls)")
+    labels = labels.astype(str).to_numpy()
+    conditions = list(dict.fromkeys(labels))
+    targets = {c: condition_genes(c) for c in conditions}
+    all_targets = list(dict.fromkeys(g for t in targets.values() for g in t))
+    unknown = [g for g in all_targets if g not in adata.var_names]
+    if unknown:
+        raise CapeInputError(f"obs[{key!r}] names {len(unknown)} intervened gene(s) not in var_names, e.g. "
+                             f"{unknown[0]!r} (labels must be GEARS conditions: '{CONTROL}', 'A+{CONTROL}', 'A+B')")
+    position = {str(g): i for i, g in enumerate(genes)}
+    outside = [g for g in all_targets if g not in position]
+    if outside:
+        logger.warning("interventions: %d intervened gene(s) are not in the causal graph (not selected or "
+                       "constant), e.g. %s; their cells keep every equation", len(outside), outside[0])
+    code = {c: i for i, c in enumerate(conditions)}
+    per_cell = np.array([code[c] for c in labels])
+    rows, cols = [], []
+    for c, i in code.items():
+        cells = np.flatnonzero(per_cell == i)
+        for g in targets[c]:
+            if g in position:
+                rows.append(cells)
+                cols.append(np.full(cells.size, position[g]))
+    rows = np.concatenate(rows) if rows else np.zeros(0, dtype=int)
+    cols = np.concatenate(cols) if cols else np.zeros(0, dtype=int)
+    mask = sp.csr_matrix((np.ones(rows.size, dtype=bool), (rows, cols)), shape=(labels.size, genes.size))
+    in_graph = [g for g in all_targets if g in position]
+    n_cells = int(np.count_nonzero(mask.getnnz(axis=1)))
+    record = {"key": key, "n_intervened_cells": n_cells, "n_control_cells": int(np.sum(labels == CONTROL)),
+              "n_conditions": int(sum(1 for t in targets.values() if t)), "n_entries_left_out": int(mask.nnz),
+              "targets": [str(g) for g in in_graph], "targets_outside_graph": [str(g) for g in outside]}
+    if not in_graph:
+        logger.warning("interventions: obs[%r] names no gene of the causal graph: the fit uses no intervention", key)
+    return mask, record
+
+
 def _equations_record(fit, X, dag: np.ndarray, genes: np.ndarray, layer: str | None) -> dict:
     """What prediction needs from Step I (see ``equations`` in :func:`causal_graph`), h5ad-serialisable."""
     eq = learned_equations(fit.model, fit.mean, fit.std, X, dag)
@@ -138,6 +188,7 @@ def causal_graph(
     h_every: int | None = None,
     min_positioned: float = 0.5,
     model: str = "variational",
+    interventions: str | None = None,
 ) -> ad.AnnData | None:
     """Learn the causal gene graph (CAPE Step I: variational NOTEARS, paper Sec. 3.3).
 
@@ -186,7 +237,16 @@ def causal_graph(
     min_positioned
         Fraction of the used genes that must get at least one edge (be *positioned*). With ``tau="auto"``
         a graph below it raises :class:`~cape.CapeInputError` naming the cause and the remedy; with a fixed
-        τ the same line is logged as a warning. 0 turns the check off.
+        τ the same line is logged as a warning. 0 turns the check off (including the collapse check below).
+    interventions
+        ``obs`` column of per-cell intervention labels in GEARS format: ``"ctrl"`` for control cells,
+        ``"A+ctrl"`` for cells where gene A was perturbed (knocked out, knocked down, inhibited), ``"A+B"`` for
+        two genes (e.g. ``"condition"`` of :func:`cape.data.simulate_grn_cells` or of
+        :func:`cape.data.sachs_interventions`; Perturb-seq labels need that form). For each perturbed cell the
+        perturbed gene's own structural equation is left out of the likelihood (SDCD, DCD-FG), while its value
+        still enters its children's equations: what orients the edges around it. Every named gene must be in
+        ``var_names``; one outside the graph's genes is logged and its cells keep every equation. ``None``
+        (default): every cell is treated as observational.
 
     Reads
     -----
@@ -200,7 +260,11 @@ def causal_graph(
     - ``uns["cape"]["causal_graph"]``: parameters, seed, per-epoch loss/h/ρ/α, wall time, number of edges and of edges
       removed to break cycles, dropped constant genes, the cap on ρ (``rho_max``, variational model only);
       ``tau_used`` and ``tau_rule`` (``"fixed"``, ``"auto: paper"`` or ``"auto: positioning"``), ``max_weight``,
-      ``n_positioned`` and ``positioned_fraction``, and ``threshold_scan``: arrays ``tau`` (:data:`SCAN_TAUS` and
+      ``n_positioned`` and ``positioned_fraction``, ``collapsed`` and ``peak_weight`` (the collapse check: a fit
+      whose weights once reached 0.1 but that ends with almost no weight above 0.01 raises, see Raises),
+      ``interventions`` (with ``interventions=``: ``key``, ``n_intervened_cells``, ``n_control_cells``,
+      ``n_conditions``, ``n_entries_left_out``, ``targets`` in the graph, ``targets_outside_graph``),
+      and ``threshold_scan``: arrays ``tau`` (:data:`SCAN_TAUS` and
       ``tau_used``, descending), ``n_edges`` (edges of the DAG at that τ), ``n_positioned``, ``positioned_fraction``;
       ``equations``: the fitted structural equations that :func:`cape.tl.predict_intervention` evaluates (arrays and
       strings only): ``genes`` (the genes used, in model order), ``layer``, ``kind`` = ``"learned"``, the DAG's edges
@@ -220,7 +284,9 @@ def causal_graph(
     CapeInputError
         τ neither in [0, 1) nor ``"auto"``, NaN/inf values, fewer than :data:`MIN_CELLS` cells, fewer than two
         usable genes, invalid parameters, or (``tau="auto"``) fewer than ``min_positioned`` of the genes
-        positioned by weights above :data:`AUTO_TAU_FLOOR`. Fewer cells than genes only warns.
+        positioned by weights above :data:`AUTO_TAU_FLOOR`; a collapsed fit (A driven to almost nothing after
+        it had found weights, unless ``min_positioned=0``, then it warns); a missing ``interventions`` column,
+        a missing label or one naming a gene not in ``var_names``. Fewer cells than genes only warns.
     """
 
     start = time.perf_counter()
@@ -261,6 +327,8 @@ def causal_graph(
         X = X[:, np.flatnonzero(keep)]
         genes = genes[keep]
     n_genes = genes.size
+    intervened, intervention_record = (None, None) if interventions is None else \
+        _intervention_mask(adata, interventions, genes)
     if n_genes < 2:
         raise CapeInputError(f"a causal graph needs at least 2 non-constant genes, got {n_genes}"
                              + (f" ({genes[0]})" if n_genes == 1 else ""))
@@ -286,12 +354,18 @@ def causal_graph(
     try:
         if model == "parents_mlp":
             fit = fit_parents_mlp(X, lambda_screen=lambda_sparse * _parents_mlp.LAMBDA_SCREEN,
-                                  lambda_sparse=lambda_sparse * _parents_mlp.LAMBDA_SPARSE, device=dev, seed=seed)
+                                  lambda_sparse=lambda_sparse * _parents_mlp.LAMBDA_SPARSE, device=dev, seed=seed,
+                                  intervened=intervened)
         else:
             fit = fit_variational_notears(X, rank=rank_used, lambda_sparse=lambda_sparse, epochs=epochs,
-                                          batch_size=batch_size, lr=lr, device=dev, seed=seed, h_every=h_every)
+                                          batch_size=batch_size, lr=lr, device=dev, seed=seed, h_every=h_every,
+                                          intervened=intervened)
     except FloatingPointError as err:
         raise CapeInputError(f"{err}; try a smaller lr (got {lr}) or check X for extreme values") from err
+    if fit.collapsed:
+        if min_positioned > 0:
+            raise CapeInputError(fit.collapse_message)
+        logger.warning("%s (min_positioned=0: keeping the graph)", fit.collapse_message)
     tau_used, tau_rule = choose_tau(fit.adjacency, tau, min_positioned)
     dag, removed = make_dag(fit.adjacency, tau_used)
     if removed:
@@ -329,7 +403,8 @@ def causal_graph(
                    "use_genes": use_genes if isinstance(use_genes, str) else "custom",
                    "layer": layer or "X", "key_added": key_added,
                    "h_every": "auto" if h_every is None else int(h_every),
-                   "min_positioned": float(min_positioned), "model": model},
+                   "min_positioned": float(min_positioned), "model": model,
+                   "interventions": interventions or "none"},
         "rank_used": "dense" if rank_used is None else int(rank_used),
         "device_used": fit.device,
         "n_cells": int(n_cells),
@@ -345,6 +420,8 @@ def causal_graph(
         "dropped_constant_genes": [str(g) for g in np.asarray(adata.var_names[mask])[constant]],
         "epochs_run": int(fit.epochs_run),
         "converged": bool(fit.converged),
+        "collapsed": bool(fit.collapsed),
+        "peak_weight": float(fit.peak_weight),
         "h_every": int(fit.h_every),
         "recon_fraction": float(fit.recon_fraction),
         "compiled_mlp": bool(fit.compiled_mlp),
@@ -353,6 +430,8 @@ def causal_graph(
         "wall_time": float(time.perf_counter() - start),
         "versions": {"cape": str(__version__), "torch": str(torch.__version__)},
     }
+    if intervention_record is not None:
+        record["interventions"] = intervention_record
     if fit.rho_max is not None:  # the variational model's augmented Lagrangian (parents_mlp has none)
         record["rho_max"] = float(fit.rho_max)
     if fit.model is not None:  # a CausalFit built without its model (e.g. from a stored adjacency) has none

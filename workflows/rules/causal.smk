@@ -14,6 +14,8 @@ rule causal:
         rank=lambda wildcards: config["causal"]["rank"] if config["causal"]["rank"] else "dense",
         h_every=config["causal"]["h_every"] or "auto",
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
+        interventions=(f"--interventions {config['causal']['interventions']}"
+                       if config["causal"].get("interventions") else ""),
     threads: 2
     resources:
         mem_mb=2000,  # max_rss 0.83 GB on 5,000 cells × 33,000 genes (300 used)
@@ -25,5 +27,5 @@ rule causal:
         " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --min-positioned {params.opts[min_positioned]}"
         " --lambda-sparse {params.opts[lambda_sparse]}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
-        " --use-genes {params.opts[use_genes]} --h-every {params.h_every} {params.layer}"
+        " --use-genes {params.opts[use_genes]} --h-every {params.h_every} {params.layer} {params.interventions}"
         " > {log:q} 2>&1"
