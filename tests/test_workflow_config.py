@@ -50,7 +50,7 @@ def test_schema_defaults_are_the_cli_defaults(command):
         default = schema[dest].get("default")
         cli = action.default
         if dest == "rank":  # null = dense in the config; the CLI spells it 'dense' and stores None
-            assert (default, cli) == (40, 40)
+            assert (default, cli) == ("auto", "auto")
         elif action.const is True:  # store_true flags
             assert default is False and cli is False, dest
         else:

@@ -24,17 +24,27 @@ from ..causal import (
     tau_positioning,
 )
 from ..causal import parents_mlp as _parents_mlp
-from ..causal.postprocess import AUTO_TAU_FLOOR, AUTO_TAU_MAX, choose_tau
+from ..causal.postprocess import AUTO_TAU_FLOOR, AUTO_TAU_MAX, BUDGET_FDR, choose_tau, edge_budget
 from ..causal.trainer import gene_moments
 from ..tasks.perturbation import CONTROL, condition_genes
 
-__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "MIN_CELLS", "MODELS", "SCAN_TAUS", "causal_graph"]
+__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "DENSE_MAX_GENES", "MIN_CELLS", "MODELS", "SCAN_TAUS", "causal_graph"]
 
 logger = logging.getLogger("cape")
 
 #: Step I models: the paper's variational NOTEARS (low-rank, scales to whole transcriptomes) and the
 #: nonlinear-parents SEM (:mod:`cape.causal.parents_mlp`; gene panels up to ``PARENTS_MLP_MAX_GENES``).
-MODELS = ("variational", "parents_mlp")
+MODELS = ("variational", "parents_mlp", "paper")
+#: ``rank="auto"``: a dense A up to this many genes, A = UVᵀ of rank :data:`LOW_RANK` above. One epoch of 2,000 cells on
+#: one CPU thread took, dense vs rank 40: 0.6 vs 0.4 s at 200 genes, 1.0 vs 0.9 s at 500, 2.1 vs 1.5 s at 1,000 and
+#: 8.3 vs 2.5 s at 2,000 (docs/benchmarks/step1_counts.md).
+DENSE_MAX_GENES = 1000
+LOW_RANK = 40
+#: ``lambda_sparse=None``: λs for a dense A (measured on count data, see the docs page) and for A = UVᵀ (the paper's).
+LAMBDA_DENSE = 0.3
+LAMBDA_LOW_RANK = 1.0
+#: Most genes the partial-correlation test of ``tau="budget"`` is run on (an M×M inverse); above, ``"auto"``'s rule.
+BUDGET_MAX_GENES = 5000
 PARENTS_MLP_MAX_GENES = _parents_mlp.MAX_GENES
 #: Thresholds at which ``uns["cape"]["causal_graph"]["threshold_scan"]`` counts surviving edges and genes.
 SCAN_TAUS = (0.2, 0.1, 0.05, 0.02, 0.01)
@@ -67,13 +77,13 @@ def _select_genes(adata: ad.AnnData, use_genes) -> np.ndarray:
 
 
 def _check_tau(tau) -> float | str:
-    """``"auto"`` or a float in [0, 1)."""
-    if isinstance(tau, str) and tau.strip().lower() == "auto":
-        return "auto"
+    """``"budget"``, ``"auto"`` or a float in [0, 1)."""
+    if isinstance(tau, str) and tau.strip().lower() in ("auto", "budget"):
+        return tau.strip().lower()
     if isinstance(tau, (int, float, np.integer, np.floating)) and not isinstance(tau, bool) \
             and np.isfinite(tau) and 0.0 <= tau < 1.0:
         return float(tau)
-    raise CapeInputError(f"tau must be a number in [0, 1) or 'auto', got {tau!r}")
+    raise CapeInputError(f"tau must be a number in [0, 1), 'budget' or 'auto', got {tau!r}")
 
 
 def _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every=None, min_positioned=0.5) -> None:
@@ -81,9 +91,10 @@ def _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every=
     if isinstance(min_positioned, bool) or not (isinstance(min_positioned, (int, float, np.integer, np.floating))
                                                 and 0.0 <= min_positioned <= 1.0):
         raise CapeInputError(f"min_positioned must be a fraction in [0, 1], got {min_positioned!r}")
-    if rank is not None and (not isinstance(rank, (int, np.integer)) or rank < 1):
-        raise CapeInputError(f"rank must be a positive integer or None (dense), got {rank!r}")
-    if not (np.isfinite(lambda_sparse) and lambda_sparse >= 0):
+    if rank is not None and rank != "auto" and (isinstance(rank, bool) or not isinstance(rank, (int, np.integer))
+                                                or rank < 1):
+        raise CapeInputError(f"rank must be a positive integer, None (dense) or 'auto', got {rank!r}")
+    if lambda_sparse is not None and not (np.isfinite(lambda_sparse) and lambda_sparse >= 0):
         raise CapeInputError(f"lambda_sparse must be ≥ 0, got {lambda_sparse!r}")
     if not (isinstance(epochs, (int, np.integer)) and epochs >= 1):
         raise CapeInputError(f"epochs must be a positive integer, got {epochs!r}")
@@ -172,9 +183,9 @@ def _equations_record(fit, X, dag: np.ndarray, genes: np.ndarray, layer: str | N
 
 def causal_graph(
     adata: ad.AnnData,
-    rank: int | None = 40,
-    tau: float | str = "auto",
-    lambda_sparse: float = 1.0,
+    rank: int | str | None = "auto",
+    tau: float | str = "budget",
+    lambda_sparse: float | None = None,
     epochs: int = 100,
     batch_size: int = 128,
     lr: float = 3e-3,
@@ -197,15 +208,24 @@ def causal_graph(
     adata
         Cells × genes; X (or ``layer``) preprocessed (e.g. log-normalised), dense or sparse, no NaN.
     rank
-        Rank r of A = UVᵀ. ``None``, or r ≥ the number of genes, uses a dense A (logged).
+        Rank r of A = UVᵀ. ``"auto"`` (default): a dense A up to :data:`DENSE_MAX_GENES` genes (where it costs at
+        most ~1.4 times the low-rank fit), rank :data:`LOW_RANK` above (the paper's; ``model="paper"``: always
+        40). ``None``, or r ≥ the number of genes, uses a dense A (logged).
     tau
-        Edge threshold τ ∈ [0, 1): ``|A_ij| ≤ τ`` is dropped (the paper uses 0.2), or ``"auto"`` (default): the
-        paper's 0.2 where it already gives an edge to at least ``min_positioned`` of the genes, else the
-        largest τ that does, but not below :data:`AUTO_TAU_FLOOR` (weights at the optimiser's noise level).
-        With few cells the fitted weights are small (e.g. below 0.2 everywhere), and a fixed 0.2 would leave
-        every gene at the origin of Step II, i.e. CAPE would change nothing.
+        Edge threshold τ ∈ [0, 1): ``|A_ij| ≤ τ`` is dropped (the paper uses 0.2), or a rule:
+        ``"budget"`` (default): keep as many edges as the data support, the number K of gene pairs whose partial
+        correlation given all other genes is significant (Fisher's z, Benjamini–Hochberg at 5 %,
+        :func:`cape.causal.edge_budget`): τ is just below the K-th largest |A_ij|, never at or below
+        :data:`AUTO_TAU_FLOOR`. The test needs at least genes + 10 cells (and at most 5,000 genes); otherwise the
+        ``"auto"`` rule is used, and so it is when no pair is significant (with a warning); the record says so.
+        Under the budget the ``min_positioned`` check only warns: the edges kept are those the data support.
+        ``"auto"``: the paper's 0.2 where it already gives an edge to at least ``min_positioned`` of the genes,
+        else the largest τ that does, but not below :data:`AUTO_TAU_FLOOR` (weights at the optimiser's noise
+        level).
     lambda_sparse
-        λs of the L1 penalty (see :func:`cape.causal.fit_variational_notears` for its scaling).
+        λs of the L1 penalty (see :func:`cape.causal.fit_variational_notears` for its scaling). ``None`` (default):
+        0.3 for a dense A (on count data λs = 1 starved the weak edges; docs/benchmarks/step1_counts.md), 1 (the
+        paper's) for A = UVᵀ and as the multiplier of ``model="parents_mlp"``'s prices.
     epochs, batch_size, lr
         AdamW training (paper: 100, 128, 3e-3); training stops earlier once h has converged.
     device
@@ -233,7 +253,9 @@ def causal_graph(
         ``PARENTS_MLP_MAX_GENES`` genes with at least 10·(genes − 1) cells (its cost grows with genes², not
         with cells; with fewer cells each gene's MLP fits noise). With it ``rank``,
         ``epochs``, ``batch_size``, ``lr`` and ``h_every`` do not apply, and ``lambda_sparse`` multiplies
-        its L1 prices (:func:`cape.causal.fit_parents_mlp`).
+        its L1 prices (:func:`cape.causal.fit_parents_mlp`). ``"paper"``: the paper's Step I exactly as published
+        (variational NOTEARS with rank 40 and λs = 1 unless given; pass ``tau=0.2`` for its threshold), for
+        reproducing the paper's figures.
     min_positioned
         Fraction of the used genes that must get at least one edge (be *positioned*). With ``tau="auto"``
         a graph below it raises :class:`~cape.CapeInputError` naming the cause and the remedy; with a fixed
@@ -259,7 +281,9 @@ def causal_graph(
     - ``var["cape_used"]``: the genes that took part in the graph;
     - ``uns["cape"]["causal_graph"]``: parameters, seed, per-epoch loss/h/ρ/α, wall time, number of edges and of edges
       removed to break cycles, dropped constant genes, the cap on ρ (``rho_max``, variational model only);
-      ``tau_used`` and ``tau_rule`` (``"fixed"``, ``"auto: paper"`` or ``"auto: positioning"``), ``max_weight``,
+      ``tau_used`` and ``tau_rule`` (``"fixed"``, ``"budget"``, ``"auto: paper"`` or ``"auto: positioning"``),
+      ``edge_budget`` (``tau="budget"``: ``n_pairs`` = K, ``fdr``, or ``fallback``: why the ``"auto"`` rule was
+      used), ``lambda_sparse_used``, ``max_weight``,
       ``n_positioned`` and ``positioned_fraction``, ``collapsed`` and ``peak_weight`` (the collapse check: a fit
       whose weights once reached 0.1 but that ends with almost no weight above 0.01 raises, see Raises),
       ``interventions`` (with ``interventions=``: ``key``, ``n_intervened_cells``, ``n_control_cells``,
@@ -290,6 +314,8 @@ def causal_graph(
     """
 
     start = time.perf_counter()
+    if isinstance(rank, str) and rank != "auto":
+        raise CapeInputError(f"rank must be a positive integer, None (dense) or 'auto', got {rank!r}")
     _check_parameters(rank, tau, lambda_sparse, epochs, batch_size, lr, h_every, min_positioned)
     if model not in MODELS:
         raise CapeInputError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
@@ -345,19 +371,27 @@ def causal_graph(
     rank_used = rank
     if model == "parents_mlp":
         rank_used = None
+    elif rank == "auto":
+        rank_used = LOW_RANK if model == "paper" or n_genes > DENSE_MAX_GENES else None
+        if rank_used is not None and rank_used >= n_genes:
+            rank_used = None
     elif rank is not None and rank >= n_genes:
         logger.warning("rank %d ≥ number of genes %d: using a dense adjacency instead", rank, n_genes)
         rank_used = None
+    if lambda_sparse is not None:
+        lambda_used = float(lambda_sparse)
+    else:
+        lambda_used = LAMBDA_DENSE if rank_used is None and model == "variational" else LAMBDA_LOW_RANK
 
     seed = seed_everything(resolve_seed(seed))
     dev = resolve_device(device)
     try:
         if model == "parents_mlp":
-            fit = fit_parents_mlp(X, lambda_screen=lambda_sparse * _parents_mlp.LAMBDA_SCREEN,
-                                  lambda_sparse=lambda_sparse * _parents_mlp.LAMBDA_SPARSE, device=dev, seed=seed,
+            fit = fit_parents_mlp(X, lambda_screen=lambda_used * _parents_mlp.LAMBDA_SCREEN,
+                                  lambda_sparse=lambda_used * _parents_mlp.LAMBDA_SPARSE, device=dev, seed=seed,
                                   intervened=intervened)
         else:
-            fit = fit_variational_notears(X, rank=rank_used, lambda_sparse=lambda_sparse, epochs=epochs,
+            fit = fit_variational_notears(X, rank=rank_used, lambda_sparse=lambda_used, epochs=epochs,
                                           batch_size=batch_size, lr=lr, device=dev, seed=seed, h_every=h_every,
                                           intervened=intervened)
     except FloatingPointError as err:
@@ -366,7 +400,27 @@ def causal_graph(
         if min_positioned > 0:
             raise CapeInputError(fit.collapse_message)
         logger.warning("%s (min_positioned=0: keeping the graph)", fit.collapse_message)
-    tau_used, tau_rule = choose_tau(fit.adjacency, tau, min_positioned)
+    budget_record: dict | None = None
+    budget = None
+    if tau == "budget":
+        if n_genes > BUDGET_MAX_GENES:
+            budget_record = {"fallback": f"more than {BUDGET_MAX_GENES} genes: tau='auto' rule"}
+        else:
+            budget = edge_budget(X, BUDGET_FDR)
+            if budget is None:
+                budget_record = {"fallback": f"fewer than genes + 10 cells ({n_cells} for {n_genes} genes) for the "
+                                             "partial-correlation test: tau='auto' rule"}
+            elif budget == 0:
+                budget_record = {"n_pairs": 0, "fdr": BUDGET_FDR,
+                                 "fallback": f"no gene pair has a significant partial correlation (FDR {BUDGET_FDR:g}, "
+                                             f"{n_cells} cells, {n_genes} genes): tau='auto' rule, on weak evidence"}
+                budget = None
+            else:
+                budget_record = {"n_pairs": int(budget), "fdr": BUDGET_FDR}
+        if budget is None:
+            (logger.warning if budget_record.get("n_pairs") == 0 else logger.info)(
+                "tau='budget': %s", budget_record["fallback"])
+    tau_used, tau_rule = choose_tau(fit.adjacency, tau, min_positioned, budget)
     dag, removed = make_dag(fit.adjacency, tau_used)
     if removed:
         logger.info("removed %d edge(s) to break cycles left after thresholding", removed)
@@ -377,18 +431,22 @@ def causal_graph(
     logger.info("Step I: %d edges, %d of %d genes positioned at tau=%.3g (%s); largest weight %.3g; "
                 "edges (positioned genes) by tau: %s", rows.size, n_positioned, n_genes, tau_used, tau_rule,
                 max_weight, _format_scan(scan))
+    if tau_rule == "budget":
+        logger.info("tau='budget': %d gene pairs have a significant partial correlation (BH %g): kept the %d "
+                    "heaviest edges of the DAG (tau=%.3g)", budget, BUDGET_FDR, rows.size, tau_used)
     if n_positioned < min_positioned * n_genes:
 
         needed = tau_positioning(fit.adjacency, min_positioned)
         reason = (f"Step I kept {rows.size} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) at "
                   f"tau={tau_used:.3g}; the largest weight is {max_weight:.2g}")
-        if tau == "auto":
+        if tau_rule.startswith("auto"):
             raise CapeInputError(
                 f"{reason}, and positioning {min_positioned:.0%} of the genes would need tau≤{needed:.2g}, "
                 f"below the noise floor {AUTO_TAU_FLOOR}: use more cells ({n_cells} for {n_genes} genes), fewer "
                 f"genes (preprocess n_top_genes), or a fixed tau to accept such weak edges")
-        logger.warning("%s: use tau=auto or tau≤%.2g to position %.0f%% of the genes, or more cells", reason,
-                       needed, 100 * min_positioned)
+        logger.warning("%s: use tau=auto or tau≤%.2g to position %.0f%% of the genes, or more cells"
+                       + (" (tau=budget keeps the edges the data support, not a share of the genes)"
+                          if tau_rule == "budget" else ""), reason, needed, 100 * min_positioned)
 
     index = adata.var_names.get_indexer(genes)
     full = sp.csr_matrix((dag[rows, cols].astype(np.float32), (index[rows], index[cols])),
@@ -397,8 +455,9 @@ def causal_graph(
     adata.var["cape_used"] = adata.var_names.isin(genes)
 
     record = {
-        "params": {"rank": "dense" if rank is None else int(rank), "tau": tau,
-                   "lambda_sparse": float(lambda_sparse), "epochs": int(epochs), "batch_size": int(batch_size),
+        "params": {"rank": "dense" if rank is None else rank if rank == "auto" else int(rank), "tau": tau,
+                   "lambda_sparse": "auto" if lambda_sparse is None else float(lambda_sparse),
+                   "epochs": int(epochs), "batch_size": int(batch_size),
                    "lr": float(lr), "device": str(device), "seed": int(seed),
                    "use_genes": use_genes if isinstance(use_genes, str) else "custom",
                    "layer": layer or "X", "key_added": key_added,
@@ -406,6 +465,7 @@ def causal_graph(
                    "min_positioned": float(min_positioned), "model": model,
                    "interventions": interventions or "none"},
         "rank_used": "dense" if rank_used is None else int(rank_used),
+        "lambda_sparse_used": float(lambda_used),
         "device_used": fit.device,
         "n_cells": int(n_cells),
         "n_genes": int(n_genes),
@@ -432,6 +492,8 @@ def causal_graph(
     }
     if intervention_record is not None:
         record["interventions"] = intervention_record
+    if budget_record is not None:
+        record["edge_budget"] = budget_record
     if fit.rho_max is not None:  # the variational model's augmented Lagrangian (parents_mlp has none)
         record["rho_max"] = float(fit.rho_max)
     if fit.model is not None:  # a CausalFit built without its model (e.g. from a stored adjacency) has none

@@ -12,6 +12,8 @@ rule causal:
         cape=CAPE,
         opts=config["causal"],
         rank=lambda wildcards: config["causal"]["rank"] if config["causal"]["rank"] else "dense",
+        lambda_sparse=(f"--lambda-sparse {config['causal']['lambda_sparse']}"
+                       if config["causal"]["lambda_sparse"] is not None else ""),
         h_every=config["causal"]["h_every"] or "auto",
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
         interventions=(f"--interventions {config['causal']['interventions']}"
@@ -25,7 +27,7 @@ rule causal:
         "{params.cape} --threads {threads} causal"
         " --input {input:q} --output {output:q}"
         " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --min-positioned {params.opts[min_positioned]}"
-        " --lambda-sparse {params.opts[lambda_sparse]}"
+        " {params.lambda_sparse}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
         " --use-genes {params.opts[use_genes]} --h-every {params.h_every} {params.layer} {params.interventions}"
         " > {log:q} 2>&1"
