@@ -275,3 +275,28 @@ def test_default_step_one_positions_half_of_a_few_cell_tpm_set() -> None:
     scan = dict(zip(record["threshold_scan"]["tau"], record["threshold_scan"]["n_edges"], strict=True))
     assert scan[0.2] == 0 and record["tau_rule"] == "auto: positioning"
     assert record["positioned_fraction"] >= 0.5 and record["n_edges"] > 0
+
+
+@pytest.mark.parametrize(("model", "m", "rank", "lam", "rank_used", "lam_used"), [
+    ("variational", 20, "auto", None, None, 0.3),        # dense up to DENSE_MAX_GENES, λs 0.3
+    ("variational", 20, 5, None, 5, 1.0),                # an explicit low rank: the paper's λs
+    ("paper", 60, "auto", None, 40, 1.0),                # the paper's Step I
+    ("paper", 20, "auto", None, None, 1.0),              # rank 40 ≥ 20 genes: dense, λs still the paper's
+    ("variational", 20, "auto", 2.0, None, 2.0),         # an explicit λs is kept
+])
+def test_rank_and_lambda_defaults_follow_the_model_and_gene_count(monkeypatch, model, m, rank, lam, rank_used,
+                                                                  lam_used) -> None:
+    seen = {}
+
+    def fake_fit(X, **kwargs):
+        seen.update(kwargs)
+        return CausalFit(adjacency=_weights(m=X.shape[1], top=0.9), history={"loss": [1.0]}, epochs_run=1)
+
+    monkeypatch.setattr(importlib.import_module("cape.tl.causal_graph"), "fit_variational_notears", fake_fit)
+    a = _adata(n=200, m=m)
+    causal_graph(a, model=model, rank=rank, lambda_sparse=lam, tau=0.2, **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    assert seen["rank"] == rank_used and seen["lambda_sparse"] == lam_used
+    assert record["lambda_sparse_used"] == lam_used and record["params"]["model"] == model
+    with pytest.raises(CapeInputError, match="rank must be a positive integer, None \\(dense\\) or 'auto'"):
+        causal_graph(a, rank="low", **FAST)
