@@ -300,3 +300,45 @@ def test_rank_and_lambda_defaults_follow_the_model_and_gene_count(monkeypatch, m
     assert record["lambda_sparse_used"] == lam_used and record["params"]["model"] == model
     with pytest.raises(CapeInputError, match="rank must be a positive integer, None \\(dense\\) or 'auto'"):
         causal_graph(a, rank="low", **FAST)
+
+
+def test_screen_candidates_are_both_directions_of_the_significant_pairs() -> None:
+    from cape.causal import screen_candidates
+
+    X = _chain_data()
+    C = screen_candidates(X)
+    assert C.shape == (12, 12) and np.array_equal(C, C.T) and not C.diagonal().any()
+    assert all(C[j - 1, j] for j in range(1, 6))  # the chain's pairs are candidates
+    assert C.sum() // 2 <= 12  # few others at 20 % FDR
+    assert screen_candidates(X[:15]) is None  # no test with fewer than genes + 10 cells
+
+
+def test_dense_fit_is_restricted_to_the_screened_candidates(monkeypatch) -> None:
+    seen = {}
+
+    def fake_fit(X, **kwargs):
+        seen.update(kwargs)
+        return CausalFit(adjacency=_weights(m=X.shape[1], top=0.9), history={"loss": [1.0]}, epochs_run=1)
+
+    monkeypatch.setattr(importlib.import_module("cape.tl.causal_graph"), "fit_variational_notears", fake_fit)
+    a = ad.AnnData(_chain_data().astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(12)]))
+    causal_graph(a, tau=0.2, **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    assert seen["candidates"][0, 1] and record["screening"]["n_candidate_pairs"] == seen["candidates"].sum() // 2
+    causal_graph(a, tau=0.2, screen="none", **FAST)
+    assert seen["candidates"] is None and "screening" not in a.uns["cape"]["causal_graph"]
+    with pytest.raises(CapeInputError, match="screen must be one of"):
+        causal_graph(a, screen="lasso", **FAST)
+
+
+def test_candidates_keep_a_dense_a_at_zero_elsewhere() -> None:
+    from cape.causal import fit_variational_notears
+
+    X = _chain_data(n=300, m=6)
+    allowed = np.zeros((6, 6), dtype=bool)
+    allowed[0, 1] = allowed[1, 0] = True
+    fit = fit_variational_notears(X.astype(np.float32), rank=None, epochs=3, batch_size=64, device="cpu",
+                                  candidates=allowed)
+    assert np.all(fit.adjacency[~allowed] == 0) and np.abs(fit.adjacency[allowed]).max() > 0
+    with pytest.raises(ValueError, match="dense A only"):
+        fit_variational_notears(X.astype(np.float32), rank=2, epochs=1, device="cpu", candidates=allowed)

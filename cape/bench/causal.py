@@ -21,7 +21,8 @@ true edges, 2,000 control cells in 5 cell types, NB counts with dropout) with th
 ``grn_knockout`` the same plus its 30 single and 30 double knock-outs (1,800 cells) with their labels; each seed
 simulates a new network, ``cape.pp.preprocess(min_genes=20)`` log-normalises it, and every method sees that
 matrix. ``cape_default`` is what :func:`cape.tl.causal_graph` runs by default (rank ``"auto"``, λs ``None``,
-``tau="budget"``, and the knock-out labels where the setting has them); ``cape_default_nolabels`` the same
+``screen="partial_correlation"``, ``tau="budget"``, and the knock-out labels where the setting has them);
+``cape_default_nolabels`` the same
 without the labels; ``cape_paper`` the paper's Step I (rank 40, λs 1, τ 0.2). The undirected peers
 ``partial_correlation`` (pairs significant at 5 % FDR, :func:`cape.causal.edge_budget`) and ``graphical_lasso``
 (sklearn's ``GraphicalLasso``, α 0.02, on z-scored genes, its strongest pairs, as many as ``partial_correlation``
@@ -53,7 +54,7 @@ from .._io import save_figure, write_json, write_text
 from .._tables import mean_sd_table
 from ..causal import fit_parents_mlp, fit_variational_notears, make_dag
 from ..causal.metrics import dag_metrics
-from ..causal.postprocess import BUDGET_FDR, choose_tau, edge_budget, partial_correlations
+from ..causal.postprocess import BUDGET_FDR, choose_tau, edge_budget, partial_correlations, screen_candidates
 from ..data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
 from ..data.simulate import simulate_sem
 from ..pp import preprocess
@@ -101,6 +102,7 @@ CAPE_METHODS = {
     # cape.tl.causal_graph's defaults (issue 31): rank "auto", λs None, tau "budget", labels where the setting has them.
     "cape_default": {"rank": "auto", "tau": "budget", "labels": True},
     "cape_default_nolabels": {"rank": "auto", "tau": "budget", "labels": False},
+    "cape_default_noscreen": {"rank": "auto", "tau": "budget", "labels": True, "screen": False},
     # The paper's Step I: rank 40, λs 1, τ 0.2.
     "cape_paper": {"rank": LOW_RANK, "lambda_sparse": 1.0, "tau": 0.2},
 }
@@ -211,11 +213,14 @@ def _run_cape(method: str, X: np.ndarray, seed: int, intervened=None) -> tuple[n
     """Fit one cape variant; returns the weighted adjacency (before thresholding) and the wall time."""
     options = dict(CAPE_METHODS[method])
     options.pop("tau", None)
+    screen = options.pop("screen", True)
     if options.pop("labels", False) and intervened is not None:
         options["intervened"] = intervened
     if options["rank"] == "auto":  # what cape.tl.causal_graph does with rank="auto", lambda_sparse=None
         options["rank"] = None if X.shape[1] <= DENSE_MAX_GENES else LOW_RANK
         options.setdefault("lambda_sparse", LAMBDA_DENSE if options["rank"] is None else LAMBDA_LOW_RANK)
+        if options["rank"] is None and screen:  # screen="partial_correlation"
+            options["candidates"] = screen_candidates(X)
     if options.pop("model", None) == "parents_mlp":
         start = time.perf_counter()
         fit = fit_parents_mlp(X, seed=seed, device="cpu", progress_desc=method, **options)

@@ -8,9 +8,9 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 from scipy.stats import norm
 
-__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "BUDGET_FDR", "BUDGET_MIN_EXTRA_CELLS", "choose_tau", "edge_budget",
-           "is_dag", "make_dag", "partial_correlations", "positioned_genes", "tau_for_edges", "tau_positioning",
-           "threshold"]
+__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "BUDGET_FDR", "BUDGET_MIN_EXTRA_CELLS", "SCREEN_FDR", "choose_tau",
+           "edge_budget", "is_dag", "make_dag", "partial_correlation_tests", "partial_correlations",
+           "positioned_genes", "screen_candidates", "tau_for_edges", "tau_positioning", "threshold"]
 
 #: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
 AUTO_TAU_MAX = 0.2
@@ -21,6 +21,8 @@ AUTO_TAU_FLOOR = 0.01
 BUDGET_FDR = 0.05
 #: ... which need at least this many cells beyond the number of genes (their degrees of freedom are n − M − 1).
 BUDGET_MIN_EXTRA_CELLS = 10
+#: Candidate parents for a dense A (:func:`screen_candidates`): pairs significant at this looser false discovery rate.
+SCREEN_FDR = 0.2
 
 
 def threshold(A: np.ndarray, tau: float) -> np.ndarray:
@@ -146,27 +148,61 @@ def partial_correlations(X) -> np.ndarray:
     return R
 
 
-def edge_budget(X, fdr: float = BUDGET_FDR) -> int | None:
-    """How many gene pairs the data support: pairs whose partial correlation is significant at ``fdr``.
+def partial_correlation_tests(X) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every gene pair's two-sided p-value for a zero partial correlation (Fisher's z, z = atanh|r|·√(n − M − 1)).
 
-    Each pair's partial correlation r (given every other gene) is tested with Fisher's z, z = atanh|r|·√(n − M − 1),
-    and the p-values of the M(M − 1)/2 pairs are cut by Benjamini–Hochberg. ``None`` when X has fewer than
-    M + :data:`BUDGET_MIN_EXTRA_CELLS` cells (the test then has too few degrees of freedom). The count is of gene
-    pairs, the skeleton's edges: a graph thresholded to that many directed edges keeps about as many
-    regulations as a partial-correlation network that controls its false discoveries.
+    Returns ``(pairs, p)``: the upper-triangle index arrays (i < j) and their p-values; ``None`` when X has fewer
+    than M + :data:`BUDGET_MIN_EXTRA_CELLS` cells (too few degrees of freedom) or fewer than 2 genes.
     """
     n, m = X.shape
-    if not 0 < fdr < 1:
-        raise ValueError(f"fdr must be in (0, 1), got {fdr}")
     if m < 2 or n < m + BUDGET_MIN_EXTRA_CELLS:
         return None
     R = partial_correlations(X)
-    r = np.abs(R[np.triu_indices(m, 1)])
-    z = np.arctanh(np.clip(r, 0.0, 1.0 - 1e-12)) * np.sqrt(n - m - 1)
-    p = np.sort(2.0 * norm.sf(z))
-    passed = np.flatnonzero(p <= fdr * np.arange(1, p.size + 1) / p.size)
+    pairs = np.triu_indices(m, 1)
+    z = np.arctanh(np.clip(np.abs(R[pairs]), 0.0, 1.0 - 1e-12)) * np.sqrt(n - m - 1)
+    return pairs, 2.0 * norm.sf(z)
+
+
+def _bh_count(p: np.ndarray, fdr: float) -> int:
+    """Number of hypotheses Benjamini–Hochberg rejects at ``fdr``."""
+    if not 0 < fdr < 1:
+        raise ValueError(f"fdr must be in (0, 1), got {fdr}")
+    ranked = np.sort(p)
+    passed = np.flatnonzero(ranked <= fdr * np.arange(1, ranked.size + 1) / max(ranked.size, 1))
     return int(passed[-1] + 1) if passed.size else 0
 
+
+def edge_budget(X, fdr: float = BUDGET_FDR, tests: tuple | None = None) -> int | None:
+    """How many gene pairs the data support: pairs whose partial correlation is significant at ``fdr``.
+
+    Each pair's partial correlation (given every other gene) is tested with Fisher's z
+    (:func:`partial_correlation_tests`, or its result passed as ``tests``) and the p-values of the M(M − 1)/2 pairs
+    are cut by Benjamini–Hochberg. ``None`` when X has fewer than M + :data:`BUDGET_MIN_EXTRA_CELLS` cells. The
+    count is of gene pairs, the skeleton's edges: a graph thresholded to that many directed edges keeps about as
+    many regulations as a partial-correlation network that controls its false discoveries.
+    """
+    tests = tests if tests is not None else partial_correlation_tests(X)
+    return None if tests is None else _bh_count(tests[1], fdr)
+
+
+def screen_candidates(X, fdr: float = SCREEN_FDR, tests: tuple | None = None) -> np.ndarray | None:
+    """Candidate edges for a dense A, SDCD-style: both directions of every pair significant at ``fdr`` (M×M bool).
+
+    ``None`` without a test (see :func:`partial_correlation_tests`) or when no pair passes (then nothing is
+    screened out).
+    """
+    tests = tests if tests is not None else partial_correlation_tests(X)
+    if tests is None:
+        return None
+    (rows, cols), p = tests
+    k = _bh_count(p, fdr)
+    if k == 0:
+        return None
+    keep = p <= np.sort(p)[k - 1]
+    m = X.shape[1]
+    out = np.zeros((m, m), dtype=bool)
+    out[rows[keep], cols[keep]] = True
+    return out | out.T
 
 def tau_for_edges(A: np.ndarray, k: int) -> float:
     """The largest τ at which ``threshold(A, τ)`` keeps (at least) the ``k`` heaviest off-diagonal weights.

@@ -320,6 +320,7 @@ def fit_variational_notears(
     feature_norm: str = "gene",
     standardize: str | bool = "gene",
     intervened=None,
+    candidates=None,
     progress_desc: str = "causal graph",
 ) -> CausalFit:
     """Fit a variational NOTEARS model to X (cells × genes) and return the learnt weighted adjacency.
@@ -366,6 +367,9 @@ def fit_variational_notears(
         Optional cells × genes boolean matrix (dense or sparse): True where the gene was intervened on in that
         cell (e.g. knocked out). Its own equation's terms are left out of the loss for those cells (see
         :meth:`VariationalNotears.forward`), as SDCD and DCD-FG do; its value still drives its children.
+    candidates
+        Optional M×M boolean matrix (dense A only): the edges i → j A may use (True); the others stay 0, as in
+        SDCD's screened second stage.
     Other parameters are the optimiser's and the augmented Lagrangian's (see module docstring).
     """
     start = time.perf_counter()
@@ -393,6 +397,13 @@ def fit_variational_notears(
 
     model = VariationalNotears(n_genes, rank=rank, hidden=hidden, seed=seed, sample_latent=sample_latent,
                                feature_norm=feature_norm).to(dev)
+    if candidates is not None:
+        if rank is not None:
+            raise ValueError("candidates restrict a dense A only (rank=None)")
+        allowed = torch.as_tensor(np.asarray(candidates, dtype=bool), device=dev)
+        if allowed.shape != (n_genes, n_genes):
+            raise ValueError(f"candidates must be genes × genes = {(n_genes, n_genes)}, got {tuple(allowed.shape)}")
+        model.off_diagonal.mul_(allowed.to(model.off_diagonal.dtype))
     if feature_norm == "data":
         raw_std = np.where(raw_std > 0, raw_std, 1.0)
         model.set_feature_scale(torch.as_tensor(raw_std / std, dtype=torch.float32))

@@ -7,7 +7,7 @@ import argparse
 from .._errors import CapeInputError
 from .._io import write_h5ad
 from ..pp.preprocess import detect_scale
-from ..tl.causal_graph import MODELS, causal_graph
+from ..tl.causal_graph import MODELS, SCREENS, causal_graph
 from ._io import check_output, positive_int, read_input
 
 
@@ -67,6 +67,9 @@ def register(commands) -> None:
     parser.add_argument("--interventions", default=None, metavar="OBS_KEY",
                         help="obs column of per-cell perturbation labels in GEARS form ('ctrl', 'A+ctrl', 'A+B'): "
                              "each perturbed gene's own equation is left out for its cells, which orients edges")
+    parser.add_argument("--screen", choices=SCREENS, default="partial_correlation",
+                        help="candidate parents of a dense A: gene pairs with a significant partial correlation "
+                             "(20 %% FDR; default), or 'none'")
     parser.add_argument("--h-every", type=_h_every, default=None,
                         help="steps between exact acyclicity evaluations, linearised in between, or 'auto' "
                              "(exact while the exponential is small, else every 10 steps)")
@@ -85,6 +88,6 @@ def run(args: argparse.Namespace) -> int:
                  batch_size=args.batch_size, lr=args.lr, device="auto", seed=None,
                  use_genes=None if args.use_genes == "all" else args.use_genes, layer=args.layer,
                  h_every=args.h_every, min_positioned=args.min_positioned, model=args.model,
-                 interventions=args.interventions)
+                 interventions=args.interventions, screen=args.screen)
     write_h5ad(adata, out)
     return 0

@@ -24,7 +24,16 @@ from ..causal import (
     tau_positioning,
 )
 from ..causal import parents_mlp as _parents_mlp
-from ..causal.postprocess import AUTO_TAU_FLOOR, AUTO_TAU_MAX, BUDGET_FDR, choose_tau, edge_budget
+from ..causal.postprocess import (
+    AUTO_TAU_FLOOR,
+    AUTO_TAU_MAX,
+    BUDGET_FDR,
+    SCREEN_FDR,
+    choose_tau,
+    edge_budget,
+    partial_correlation_tests,
+    screen_candidates,
+)
 from ..causal.trainer import gene_moments
 from ..tasks.perturbation import CONTROL, condition_genes
 
@@ -45,6 +54,8 @@ LAMBDA_DENSE = 0.3
 LAMBDA_LOW_RANK = 1.0
 #: Most genes the partial-correlation test of ``tau="budget"`` is run on (an M×M inverse); above, ``"auto"``'s rule.
 BUDGET_MAX_GENES = 5000
+#: ``screen`` values: candidate parents from partial correlations (dense A), or none.
+SCREENS = ("partial_correlation", "none")
 PARENTS_MLP_MAX_GENES = _parents_mlp.MAX_GENES
 #: Thresholds at which ``uns["cape"]["causal_graph"]["threshold_scan"]`` counts surviving edges and genes.
 SCAN_TAUS = (0.2, 0.1, 0.05, 0.02, 0.01)
@@ -200,6 +211,7 @@ def causal_graph(
     min_positioned: float = 0.5,
     model: str = "variational",
     interventions: str | None = None,
+    screen: str = "partial_correlation",
 ) -> ad.AnnData | None:
     """Learn the causal gene graph (CAPE Step I: variational NOTEARS, paper Sec. 3.3).
 
@@ -269,6 +281,11 @@ def causal_graph(
         still enters its children's equations: what orients the edges around it. Every named gene must be in
         ``var_names``; one outside the graph's genes is logged and its cells keep every equation. ``None``
         (default): every cell is treated as observational.
+    screen
+        ``"partial_correlation"`` (default): with a dense A (``model="variational"``), SDCD-style candidate parents:
+        A may only use both directions of the gene pairs whose partial correlation is significant at 20 % FDR
+        (:func:`cape.causal.screen_candidates`; skipped, and recorded, without enough cells for the test or
+        without a significant pair). ``"none"``: every pair is a candidate.
 
     Reads
     -----
@@ -283,7 +300,8 @@ def causal_graph(
       removed to break cycles, dropped constant genes, the cap on ρ (``rho_max``, variational model only);
       ``tau_used`` and ``tau_rule`` (``"fixed"``, ``"budget"``, ``"auto: paper"`` or ``"auto: positioning"``),
       ``edge_budget`` (``tau="budget"``: ``n_pairs`` = K, ``fdr``, or ``fallback``: why the ``"auto"`` rule was
-      used), ``lambda_sparse_used``, ``max_weight``,
+      used), ``screening`` (dense A with ``screen="partial_correlation"``: ``fdr``, ``n_candidate_pairs``, or
+      ``fallback``), ``lambda_sparse_used``, ``max_weight``,
       ``n_positioned`` and ``positioned_fraction``, ``collapsed`` and ``peak_weight`` (the collapse check: a fit
       whose weights once reached 0.1 but that ends with almost no weight above 0.01 raises, see Raises),
       ``interventions`` (with ``interventions=``: ``key``, ``n_intervened_cells``, ``n_control_cells``,
@@ -383,6 +401,20 @@ def causal_graph(
     else:
         lambda_used = LAMBDA_DENSE if rank_used is None and model == "variational" else LAMBDA_LOW_RANK
 
+    if screen not in SCREENS:
+        raise CapeInputError(f"screen must be one of {', '.join(SCREENS)}, got {screen!r}")
+    tests = None
+    wants_screen = screen == "partial_correlation" and model == "variational" and rank_used is None
+    if (tau == "budget" or wants_screen) and n_genes <= BUDGET_MAX_GENES:
+        tests = partial_correlation_tests(X)
+    candidates, screen_record = None, None
+    if wants_screen:
+        candidates = screen_candidates(X, SCREEN_FDR, tests) if tests is not None else None
+        screen_record = ({"fdr": SCREEN_FDR, "n_candidate_pairs": int(candidates.sum() // 2)}
+                         if candidates is not None else
+                         {"fallback": "no partial-correlation test (fewer than genes + 10 cells, or more than "
+                                      f"{BUDGET_MAX_GENES} genes) or no significant pair: every pair is a candidate"})
+
     seed = seed_everything(resolve_seed(seed))
     dev = resolve_device(device)
     try:
@@ -393,7 +425,7 @@ def causal_graph(
         else:
             fit = fit_variational_notears(X, rank=rank_used, lambda_sparse=lambda_used, epochs=epochs,
                                           batch_size=batch_size, lr=lr, device=dev, seed=seed, h_every=h_every,
-                                          intervened=intervened)
+                                          intervened=intervened, candidates=candidates)
     except FloatingPointError as err:
         raise CapeInputError(f"{err}; try a smaller lr (got {lr}) or check X for extreme values") from err
     if fit.collapsed:
@@ -406,7 +438,7 @@ def causal_graph(
         if n_genes > BUDGET_MAX_GENES:
             budget_record = {"fallback": f"more than {BUDGET_MAX_GENES} genes: tau='auto' rule"}
         else:
-            budget = edge_budget(X, BUDGET_FDR)
+            budget = edge_budget(X, BUDGET_FDR, tests)
             if budget is None:
                 budget_record = {"fallback": f"fewer than genes + 10 cells ({n_cells} for {n_genes} genes) for the "
                                              "partial-correlation test: tau='auto' rule"}
@@ -463,7 +495,7 @@ def causal_graph(
                    "layer": layer or "X", "key_added": key_added,
                    "h_every": "auto" if h_every is None else int(h_every),
                    "min_positioned": float(min_positioned), "model": model,
-                   "interventions": interventions or "none"},
+                   "interventions": interventions or "none", "screen": screen},
         "rank_used": "dense" if rank_used is None else int(rank_used),
         "lambda_sparse_used": float(lambda_used),
         "device_used": fit.device,
@@ -494,6 +526,8 @@ def causal_graph(
         record["interventions"] = intervention_record
     if budget_record is not None:
         record["edge_budget"] = budget_record
+    if screen_record is not None:
+        record["screening"] = screen_record
     if fit.rho_max is not None:  # the variational model's augmented Lagrangian (parents_mlp has none)
         record["rho_max"] = float(fit.rho_max)
     if fit.model is not None:  # a CausalFit built without its model (e.g. from a stored adjacency) has none

@@ -29,5 +29,6 @@ rule causal:
         " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --min-positioned {params.opts[min_positioned]}"
         " {params.lambda_sparse}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
-        " --use-genes {params.opts[use_genes]} --h-every {params.h_every} {params.layer} {params.interventions}"
+        " --use-genes {params.opts[use_genes]} --h-every {params.h_every} --screen {params.opts[screen]}"
+        " {params.layer} {params.interventions}"
         " > {log:q} 2>&1"
