@@ -145,6 +145,10 @@ def test_collapse_reason_needs_an_empty_graph_and_evidence_of_signal() -> None:
     assert collapse_reason(empty, 0.05, 0.05, None, "x") == ""  # no signal anywhere
     full = np.full((6, 6), 0.3)
     assert collapse_reason(full, 0.4, 0.9, 0.1, "x") == ""
+    # 300 independent genes on 700 cells reach |r| ≈ 0.2 among their 44,850 pairs: not evidence of signal
+    big = np.zeros((300, 300))
+    assert collapse_reason(big, 0.0, 0.18, 0.03, "x", n_rows=700) == ""
+    assert collapse_reason(big, 0.0, 0.5, 0.03, "x", n_rows=700).startswith("Step I collapsed")
 
 
 def test_a_fit_on_independent_genes_is_not_a_collapse_and_records_its_peak() -> None:

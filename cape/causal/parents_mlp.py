@@ -269,14 +269,14 @@ def fit_parents_mlp(
         A = model.adjacency().detach().float().cpu().numpy().copy()
     np.fill_diagonal(A, 0.0)
     # The first layer starts at |A_ij| ≈ 0.3, so the peak says nothing here: only the data's correlations count.
-    correlation = 0.0
+    correlation, n_rows = 0.0, None
     if h_value <= 1e-8 and near_empty(A):  # what its stop rule would call converged
         rows = Xrows[np.sort(rng.permutation(n_cells)[:COLLAPSE_CHECK_CELLS])]
-        correlation = max_correlation(rows.toarray() if sp.issparse(rows) else rows)
+        correlation, n_rows = max_correlation(rows.toarray() if sp.issparse(rows) else rows), rows.shape[0]
     peak = max(history["max_weight"], default=0.0)
     remedy = (f"lower the L1 prices (lambda_screen {lambda_screen:g}, lambda_sparse {lambda_sparse:g}; "
               "cape.tl.causal_graph's lambda_sparse scales both) or give it more cells")
-    message = collapse_reason(A, 0.0, correlation, None, remedy)
+    message = collapse_reason(A, 0.0, correlation, None, remedy, n_rows)
     if message:
         logger.warning(message)
     return CausalFit(adjacency=A, history=history, epochs_run=screen_steps + steps,

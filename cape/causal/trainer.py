@@ -154,18 +154,28 @@ def max_correlation(F: np.ndarray) -> float:
     return float(C.max())
 
 
-def collapse_reason(A: np.ndarray, peak_weight: float, correlation: float, price: float | None, remedy: str) -> str:
+def null_max_correlation(n_genes: int, n_rows: int) -> float:
+    """About the largest |correlation| among M(M − 1)/2 pairs of independent genes on ``n_rows`` cells that a 5 %
+    Bonferroni test lets through: √(2·ln(pairs / 0.05) / n)."""
+    pairs = max(n_genes * (n_genes - 1) // 2, 1)
+    return math.sqrt(2.0 * math.log(pairs / 0.05) / max(n_rows, 1))
+
+
+def collapse_reason(A: np.ndarray, peak_weight: float, correlation: float, price: float | None, remedy: str,
+                    n_rows: int | None = None) -> str:
     """Why A counts as collapsed, with ``remedy``, or ``""`` when it does not.
 
     A near-empty A (:func:`near_empty`) after a fit that had signal — its largest weight reached
     :data:`COLLAPSE_SIGNAL` at some epoch, or two genes' features correlate by ``correlation`` > max(
-    :data:`COLLAPSE_SIGNAL`, :data:`COLLAPSE_PRICE_MARGIN` · ``price``), ``price`` being the L1 price of a unit
-    weight (``None``: not comparable, only the first bound) — has lost what the data hold: a penalty won against
-    them, and the stop rule's h = 0 and flat loss say nothing about the graph.
+    :data:`COLLAPSE_SIGNAL`, :data:`COLLAPSE_PRICE_MARGIN` · ``price``, the largest correlation independent genes
+    reach on ``n_rows`` cells (:func:`null_max_correlation`)), ``price`` being the L1 price of a unit weight
+    (``None``: not comparable) — has lost what the data hold: a penalty won against them, and the stop rule's
+    h = 0 and flat loss say nothing about the graph.
     """
     if not near_empty(A):
         return ""
-    bound = max(COLLAPSE_SIGNAL, COLLAPSE_PRICE_MARGIN * price if price is not None else 0.0)
+    bound = max(COLLAPSE_SIGNAL, COLLAPSE_PRICE_MARGIN * price if price is not None else 0.0,
+                null_max_correlation(np.shape(A)[0], n_rows) if n_rows else 0.0)
     if peak_weight < COLLAPSE_SIGNAL and correlation <= bound:
         return ""
     A = np.abs(np.asarray(A))
@@ -525,7 +535,7 @@ def fit_variational_notears(
         A = model.adjacency().detach().float().cpu().numpy().copy()
     np.fill_diagonal(A, 0.0)
     peak = max(history["max_weight"], default=0.0)
-    correlation = 0.0
+    correlation, n_rows = 0.0, None
     # A near-empty A that the stop rule calls converged: what do the data offer, in the features the SEM sees (a few
     # seconds at most)? Without the stop rule a near-empty A is under-training (e.g. 2 epochs from A = 0), which
     # converged=False already says.
@@ -535,11 +545,11 @@ def fit_variational_notears(
         with torch.no_grad():
             xb = (torch.as_tensor(rows, dtype=torch.float32, device=dev) - mean_t) * inv_std_t
             features = model.feature_norm(model.encoder_mlp(xb)) * model.feature_scale
-        correlation = max_correlation(features.cpu().numpy())
+        correlation, n_rows = max_correlation(features.cpu().numpy()), len(rows)
     message = collapse_reason(A, peak, correlation, L1_UNIT * lambda_sparse,
                               f"lower lambda_sparse (got {lambda_sparse:g})"
                               + (f", use a dense A (rank=None instead of {rank})" if rank is not None else "")
-                              + " or give it more cells")
+                              + " or give it more cells", n_rows)
     if message:
         logger.warning(message)
     return CausalFit(
