@@ -149,7 +149,7 @@ def partial_correlations(X) -> np.ndarray:
 
 
 def partial_correlation_tests(X) -> tuple[np.ndarray, np.ndarray] | None:
-    """Every gene pair's two-sided p-value for a zero partial correlation (Fisher's z, z = atanh|r|·√(n − M − 1)).
+    """Every gene pair's two-sided p-value for a zero partial correlation (Fisher's z, z = atanh(abs(r))·√(n − M − 1)).
 
     Returns ``(pairs, p)``: the upper-triangle index arrays (i < j) and their p-values; ``None`` when X has fewer
     than M + :data:`BUDGET_MIN_EXTRA_CELLS` cells (too few degrees of freedom) or fewer than 2 genes.
@@ -207,7 +207,7 @@ def screen_candidates(X, fdr: float = SCREEN_FDR, tests: tuple | None = None) ->
 def tau_for_edges(A: np.ndarray, k: int) -> float:
     """The largest τ at which ``threshold(A, τ)`` keeps (at least) the ``k`` heaviest off-diagonal weights.
 
-    Just below the k-th largest |A_ij| (in A's dtype, so that ``|A| > τ`` keeps it); the largest weight itself when
+    Just below the k-th largest ``|A_ij|`` (in A's dtype, so that ``|A| > τ`` keeps it); the largest weight itself when
     k = 0 (nothing is kept), 0.0 when A has fewer than k nonzero weights.
     """
     A = np.asarray(A)

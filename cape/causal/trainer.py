@@ -79,7 +79,7 @@ L1_UNIT = 0.1
 COLLAPSE_FLOOR = 0.01
 #: ... a fit ending with fewer weights above it than this share of the genes (at least one) is near-empty ...
 COLLAPSE_EDGES_PER_GENE = 0.02
-#: ... and has collapsed if the data had signal: its largest |A_ij| at the end of an epoch reached this (above the
+#: ... and has collapsed if the data had signal: its largest ``|A_ij|`` at the end of an epoch reached this (above the
 #: ~0.05 of a fresh low-rank A), or two genes' features correlate by more than this and by more than
 #: :data:`COLLAPSE_PRICE_MARGIN` times the L1 price of a unit weight (a dense A would then gain from that edge).
 COLLAPSE_SIGNAL = 0.1
@@ -96,7 +96,7 @@ class CausalFit:
     adjacency
         Learnt weighted M×M adjacency (before thresholding; diagonal set to 0), float32.
     history
-        Per epoch: ``loss``, ``nelbo``, ``h``, ``rho``, ``alpha``, ``max_weight`` (largest |A_ij|), ``seconds``.
+        Per epoch: ``loss``, ``nelbo``, ``h``, ``rho``, ``alpha``, ``max_weight`` (largest ``|A_ij|``), ``seconds``.
     epochs_run, converged, wall_time, device, rank, h_every, rho_max, compiled_mlp, recon_fraction
         Bookkeeping of the run (``rank`` None = dense; ``rho_max`` None: no augmented Lagrangian, as in
         :func:`cape.causal.fit_parents_mlp`).
@@ -108,7 +108,7 @@ class CausalFit:
     collapsed, collapse_message
         Whether A ended (nearly) empty although the data had signal (then ``converged`` is False; the data's
         correlations are only consulted when the stop rule fired, see :func:`collapse_reason`), and a one-line
-        explanation with what to change (see :func:`collapse_reason`); ``peak_weight`` is the largest |A_ij| met
+        explanation with what to change (see :func:`collapse_reason`); ``peak_weight`` is the largest ``|A_ij|`` met
         at the end of any epoch.
     n_intervened
         Cell × gene entries whose own equation was left out (``intervened``; 0 without interventions).
@@ -142,7 +142,7 @@ def near_empty(A: np.ndarray) -> bool:
 
 
 def max_correlation(F: np.ndarray) -> float:
-    """Largest |Pearson correlation| between two different columns of F (0 for fewer than two usable columns)."""
+    """Largest absolute Pearson correlation between two different columns of F (0 for fewer than two usable columns)."""
     F = np.asarray(F, dtype=np.float64)
     F = F - F.mean(0)
     norm = np.sqrt((F * F).sum(0))
@@ -155,7 +155,7 @@ def max_correlation(F: np.ndarray) -> float:
 
 
 def null_max_correlation(n_genes: int, n_rows: int) -> float:
-    """About the largest |correlation| among M(M − 1)/2 pairs of independent genes on ``n_rows`` cells that a 5 %
+    """About the largest absolute correlation among M(M − 1)/2 pairs of independent genes on ``n_rows`` cells that a 5 %
     Bonferroni test lets through: √(2·ln(pairs / 0.05) / n)."""
     pairs = max(n_genes * (n_genes - 1) // 2, 1)
     return math.sqrt(2.0 * math.log(pairs / 0.05) / max(n_rows, 1))
