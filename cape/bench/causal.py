@@ -27,7 +27,9 @@ without the labels; ``cape_paper`` the paper's Step I (rank 40, λs 1, τ 0.2). 
 ``partial_correlation`` (pairs significant at 5 % FDR, :func:`cape.causal.edge_budget`) and ``graphical_lasso``
 (sklearn's ``GraphicalLasso``, α 0.02, on z-scored genes, its strongest pairs, as many as ``partial_correlation``
 keeps) return each pair in both directions: compare them on ``skeleton_f1`` (F1 of the undirected edges) and
-``auprc``; their ``f1`` is gcastle's, which credits an undirected pair in either direction.
+``auprc``; their ``f1`` is gcastle's, which credits an undirected pair in either direction. ``sachs_conditions``
+is Sachs et al. (2005) as :func:`cape.data.sachs_interventions` labels it (the control cells and the 6
+conditions that target a measured protein, 5,553 cells, log1p), with those labels for ``cape_default``.
 
 Outputs under ``out``: ``causal.json`` (records: setting, method, seed, metric, value, status),
 ``causal.md`` (mean ± sd) and ``causal.png``.
@@ -56,6 +58,7 @@ from ..causal import fit_parents_mlp, fit_variational_notears, make_dag
 from ..causal.metrics import dag_metrics
 from ..causal.postprocess import BUDGET_FDR, choose_tau, edge_budget, partial_correlations, screen_candidates
 from ..data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
+from ..data.perturbation import sachs_interventions
 from ..data.simulate import simulate_sem
 from ..pp import preprocess
 from ..tl.causal_graph import DENSE_MAX_GENES, LAMBDA_DENSE, LAMBDA_LOW_RANK, LOW_RANK, _intervention_mask
@@ -77,6 +80,7 @@ SETTINGS = {
     "sachs_all": {"kind": "sachs", "cells": "all"},
     "grn_control": {"kind": "grn", "cells": "control"},
     "grn_knockout": {"kind": "grn", "cells": "all"},
+    "sachs_conditions": {"kind": "sachs", "cells": "conditions"},
 }
 #: cape variants: library defaults (each gene standardised), and ``*_raw``: fed the unstandardised matrix the
 #: peers see, keeping the genes' relative scales (``standardize="none"``, ``feature_norm="data"``). On
@@ -150,6 +154,10 @@ def _dataset(setting: str, seed: int, n_samples: int | None):
         return _grn_dataset(spec["cells"], seed)
 
     a = data.load("sachs2005")
+    if spec["cells"] == "conditions":  # GEARS labels: ctrl and the 6 conditions that target a measured protein
+        b = sachs_interventions(a)  # log1p already
+        mask = _intervention_mask(b, "condition", np.asarray(b.var_names))[0]
+        return np.asarray(b.X, dtype=np.float64), b.varp["true_graph"].toarray(), mask
     if spec["cells"] == "observational":
         a = a[a.obs["condition"].astype(str) == "cd3cd28"]
     X = np.log1p(np.asarray(a.X, dtype=np.float64))
