@@ -56,7 +56,7 @@ from .._io import save_figure, write_json, write_text
 from .._tables import mean_sd_table
 from ..causal import fit_parents_mlp, fit_variational_notears, make_dag
 from ..causal.metrics import dag_metrics
-from ..causal.postprocess import BUDGET_FDR, choose_tau, edge_budget, partial_correlations, screen_candidates
+from ..causal.postprocess import choose_tau, edge_budget, partial_correlations, screen_candidates
 from ..data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
 from ..data.perturbation import sachs_interventions
 from ..data.simulate import simulate_sem
@@ -110,6 +110,8 @@ CAPE_METHODS = {
     # The paper's Step I: rank 40, λs 1, τ 0.2.
     "cape_paper": {"rank": LOW_RANK, "lambda_sparse": 1.0, "tau": 0.2},
 }
+#: False discovery rate of the undirected peers' pairs (the usual 5 %; cape's budget uses its own, BUDGET_FDR).
+PEER_FDR = 0.05
 #: Undirected peers run in this process (sklearn / NumPy): each returns every chosen pair in both directions.
 UNDIRECTED_PEERS = {
     "partial_correlation": "|partial correlation|, pairs significant at 5 % FDR (Fisher z, Benjamini–Hochberg)",
@@ -178,7 +180,7 @@ def _run_undirected(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, 
     start = time.perf_counter()
     if method == "partial_correlation":
         scores = np.abs(partial_correlations(X))
-        k = edge_budget(X, BUDGET_FDR) or 0
+        k = edge_budget(X, PEER_FDR) or 0
     else:
         from sklearn.covariance import GraphicalLasso
 
@@ -187,7 +189,7 @@ def _run_undirected(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, 
         scores = np.abs(precision / np.outer(d, d))
         np.fill_diagonal(scores, 0.0)
         # At α 0.02 most pairs stay nonzero (8,000 of 19,900 on grn_control): keep as many as partial correlation.
-        k = min(edge_budget(X, BUDGET_FDR) or 0, int(np.count_nonzero(np.triu(scores > 1e-8, 1))))
+        k = min(edge_budget(X, PEER_FDR) or 0, int(np.count_nonzero(np.triu(scores > 1e-8, 1))))
     upper = np.triu_indices(scores.shape[0], 1)
     order = np.argsort(-scores[upper], kind="stable")[:k]
     chosen = np.zeros_like(scores)
