@@ -87,7 +87,7 @@ SETTINGS = {
 #: simulated SEMs the variance grows along the causal order ("varsortability", Reisach et al. 2021), which
 #: least-squares methods such as NOTEARS exploit on raw data; standardising removes that cue for everyone.
 CAPE_METHODS = {
-    # What cape.tl.causal_graph runs: rank 40, dense when M ≤ 40.
+    # Step I as cape.tl.causal_graph ran it before issue 31: rank 40 (dense when M ≤ 40), λs 1; see cape_default.
     "cape": {"rank": "default"},
     # One experiment per suspected cause of a loss against a peer (``--diagnose``), each changing one thing:
     "cape_lambda0.3": {"rank": "default", "lambda_sparse": 0.3},  # sparsity scale
