@@ -100,7 +100,7 @@ def test_benchmark_feeds_raw_and_standardized_inputs_from_a_seed_offset(tmp_path
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny", {"kind": "sem", "n_nodes": 4, "n_samples": 200})
     seen = []
 
-    def empty_graph(method, X, seed):
+    def empty_graph(method, X, seed, intervened=None):
         seen.append((seed, np.array(X)))
         return np.zeros((X.shape[1], X.shape[1])), 1.0
 
@@ -196,7 +196,7 @@ def test_sdcd_peer_without_sdcd_says_how_to_install_it(tmp_path, monkeypatch) ->
 def test_extra_thresholds_score_the_same_fit_and_every_graph_is_checked_for_cycles(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny", {"kind": "sem", "n_nodes": 4, "n_samples": 200})
     weights = np.array([[0, 0.25, 0, 0], [0, 0, 0.15, 0], [0.05, 0, 0, 0], [0, 0, 0, 0]])  # a 3-cycle at τ 0.05
-    monkeypatch.setattr(bench_causal, "_run_cape", lambda method, X, seed: (weights, 2.5))
+    monkeypatch.setattr(bench_causal, "_run_cape", lambda method, X, seed, intervened=None: (weights, 2.5))
     records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape"], n_seeds=1,
                                                 taus=[0.05, 0.1, "auto"])
     methods = {r["method"] for r in records}
@@ -224,3 +224,41 @@ def test_standardized_leaves_constant_columns_centred() -> None:
     Z = bench_causal.standardized(X)
     np.testing.assert_allclose(Z[:, 0].std(), 1.0)
     np.testing.assert_allclose(Z[:, 1], 0.0)
+
+
+def test_count_data_settings_pass_the_knockout_labels_and_score_undirected_peers(tmp_path, monkeypatch) -> None:
+    X = np.random.default_rng(0).normal(size=(60, 5))
+    X[:, 1] += X[:, 0]
+    truth = np.zeros((5, 5))
+    truth[0, 1] = 1.0
+    mask = np.zeros((60, 5), dtype=bool)
+    mask[:20, 1] = True
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "all"})
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed: (X, truth, mask))
+    seen = {}
+
+    def fake(method, X, seed, intervened=None):
+        options = dict(bench_causal.CAPE_METHODS[method])
+        seen[method] = intervened if options.get("labels") else None
+        W = np.zeros((5, 5))
+        W[0, 1] = 0.5
+        return W, 1.0
+
+    monkeypatch.setattr(bench_causal, "_run_cape", fake)
+    records = bench_causal.run_causal_benchmark(
+        out=tmp_path, settings=["tiny_grn"], n_seeds=1,
+        methods=["cape_default", "cape_default_nolabels", "partial_correlation", "graphical_lasso"])
+    assert seen["cape_default"] is mask and seen["cape_default_nolabels"] is None
+    value = {(r["method"], r["metric"]): r["value"] for r in records}
+    assert value[("cape_default", "skeleton_f1")] == 1.0 and value[("cape_default", "f1")] == 1.0
+    assert value[("partial_correlation", "skeleton_f1")] == 1.0  # the one strong pair, both directions
+    assert value[("graphical_lasso", "nnz")] >= 1 and 0 < value[("partial_correlation", "auprc")] <= 1
+    assert "skeleton_f1" in (tmp_path / "causal.md").read_text()
+
+
+def test_skeleton_f1_ignores_direction() -> None:
+    T = np.zeros((3, 3))
+    T[0, 1] = T[1, 2] = 1
+    E = np.zeros((3, 3))
+    E[1, 0] = E[0, 2] = 1
+    assert bench_causal.skeleton_f1(T, E) == 0.5 and bench_causal.skeleton_f1(T, T.T) == 1.0

@@ -294,6 +294,13 @@ def test_causal_refuses_fewer_cells_than_step1_minimum(tmp_path, capsys):
     assert_refused(proc, f"at least {MIN_CELLS} cells", f"got {MIN_CELLS - 1}", outputs=[out])
 
 
+def test_causal_refuses_an_unknown_interventions_column(tmp_path, capsys):
+    out = tmp_path / "c.h5ad"
+    proc = run(capsys, "causal", "-i", _write(tmp_path, cape_adata(), "in.h5ad"), "-o", str(out), "--epochs", "1",
+               "--interventions", "perturbation")
+    assert_refused(proc, "interventions='perturbation'", "no such column in adata.obs", outputs=[out])
+
+
 # -------------------------------------------------------------------------- trained models and checkpoints
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):

@@ -37,3 +37,8 @@ def test_report_names_the_step_one_model_and_its_edges(trained_adata, tmp_path):
                                                    "model": "parents_mlp"}
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert "model parents_mlp, 17 edges" in text
+    adata.uns["cape"]["causal_graph"] |= {"tau_rule": "budget", "edge_budget": {"n_pairs": 20, "fdr": 0.05},
+                                          "interventions": {"key": "condition", "n_intervened_cells": 40}}
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert ("17 edges at τ 0.2 (threshold rule budget: 20 gene pairs with a significant partial correlation, "
+            "FDR 0.05); interventions obs['condition']: 40 perturbed cells") in text

@@ -78,7 +78,7 @@ def test_auto_keeps_the_papers_tau_where_it_positions_enough(fitted) -> None:
     fitted["A"] = _weights(top=0.9)
     assert positioned_genes(fitted["A"], 0.2).mean() >= 0.5  # the premise
     a = _adata()
-    causal_graph(a, **FAST)
+    causal_graph(a, tau="auto", **FAST)
     record = a.uns["cape"]["causal_graph"]
     assert record["params"]["tau"] == "auto" and record["tau_rule"] == "auto: paper"
     assert record["tau_used"] == AUTO_TAU_MAX
@@ -89,7 +89,7 @@ def test_auto_lowers_tau_until_half_the_genes_are_positioned(fitted, tmp_path) -
     # The issue's case: weights topping out near 0.1, so τ = 0.2 keeps nothing.
     fitted["A"] = _weights(top=0.1)
     a = _adata()
-    causal_graph(a, **FAST)
+    causal_graph(a, tau="auto", **FAST)
     record = a.uns["cape"]["causal_graph"]
     dag = a.varp["cape_dag"].toarray()
     positioned = (dag != 0).any(0) | (dag != 0).any(1)
@@ -117,7 +117,7 @@ def test_auto_stops_with_one_line_when_the_weights_are_noise(fitted) -> None:
     fitted["A"] = _weights(top=0.004)
     a = _adata()
     with pytest.raises(CapeInputError) as err:
-        causal_graph(a, **FAST)
+        causal_graph(a, tau="auto", **FAST)
     message = str(err.value)
     assert "\n" not in message
     assert "Step I kept 0 edges (0% of 20 genes positioned) at tau=0.01" in message
@@ -141,7 +141,7 @@ def test_fixed_tau_warns_with_the_remedy_and_min_positioned_zero_is_silent(fitte
 
 @pytest.mark.parametrize("tau", ["automatic", "", True, 1.0, 1.5, -0.01, float("inf")])
 def test_bad_tau_is_refused(tau) -> None:
-    with pytest.raises(CapeInputError, match="tau must be a number in \\[0, 1\\) or 'auto'"):
+    with pytest.raises(CapeInputError, match="tau must be a number in \\[0, 1\\), 'budget' or 'auto'"):
         causal_graph(_adata(), tau=tau, **FAST)
 
 
@@ -166,7 +166,7 @@ def test_cli_tau_auto_and_bad_tau(fitted, tmp_path, capsys) -> None:
     bad = tmp_path / "bad.h5ad"
     assert main(["--quiet", "causal", "--input", str(src), "--output", str(bad), "--tau", "1.5"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "cape: error: tau must be a number in [0, 1) or 'auto', got 1.5"
+    assert err == "cape: error: tau must be a number in [0, 1), 'budget' or 'auto', got 1.5"
     assert not bad.exists()
     # Weights at noise level under tau=auto: exit 2, one line, no output file.
     fitted["A"] = _weights(top=0.004)
@@ -178,8 +178,8 @@ def test_cli_tau_auto_and_bad_tau(fitted, tmp_path, capsys) -> None:
     assert usage.value.code == 2
 
 
-@pytest.mark.parametrize("value, ok", [("auto", True), (0.05, True), ("0.05", True), (0, True), (".1", True),
-                                       (1.5, False), ("1.5", False), ("autox", False), (-0.1, False)])
+@pytest.mark.parametrize("value, ok", [("auto", True), ("budget", True), (0.05, True), ("0.05", True), (0, True),
+                                       (".1", True), (1.5, False), ("1.5", False), ("autox", False), (-0.1, False)])
 def test_schema_accepts_auto_or_a_number_in_unit_interval(value, ok) -> None:
     config = {"causal": {"tau": value}}
     coerce_config(config, SCHEMA)
@@ -190,11 +190,76 @@ def test_schema_accepts_auto_or_a_number_in_unit_interval(value, ok) -> None:
             validate_config(config, SCHEMA)
 
 
-def test_default_config_uses_auto() -> None:
+def test_default_config_uses_the_edge_budget() -> None:
     config = yaml.safe_load((SCHEMA.parent / "config.yaml").read_text())
-    assert config["causal"]["tau"] == "auto"
+    assert config["causal"]["tau"] == "budget"
     schema = yaml.safe_load(SCHEMA.read_text())
-    assert schema["properties"]["causal"]["properties"]["tau"]["default"] == "auto"
+    assert schema["properties"]["causal"]["properties"]["tau"]["default"] == "budget"
+
+
+# --- tau="budget" (the default): as many edges as significant partial correlations -----------------------------
+def _chain_data(n: int = 400, m: int = 12, seed: int = 0) -> np.ndarray:
+    """g0 → g1 → … → g5 (strong), g6 … independent."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, m))
+    for j in range(1, 6):
+        X[:, j] += X[:, j - 1]
+    return X
+
+
+def test_edge_budget_counts_the_significant_partial_correlations() -> None:
+    from cape.causal import edge_budget, partial_correlations
+
+    X = _chain_data()
+    R = partial_correlations(X)
+    assert R.shape == (12, 12) and np.all(np.diag(R) == 0) and np.allclose(R, R.T)
+    assert np.all(np.abs(R[np.arange(5), np.arange(1, 6)]) > 0.4)  # the chain's pairs
+    assert 5 <= edge_budget(X) <= 7  # the 5 chain pairs (at 5 % FDR, rarely one more)
+    assert edge_budget(np.random.default_rng(1).normal(size=(400, 12))) <= 1
+    assert edge_budget(X[:20]) is None  # fewer than genes + 10 cells: no test
+
+
+def test_tau_for_edges_keeps_the_k_heaviest() -> None:
+    from cape.causal import tau_for_edges, threshold
+
+    A = np.array([[0, 0.5, 0.1], [0.3, 0, 0.2], [0.05, 0.4, 0]], dtype=np.float32)
+    for k in range(1, 7):
+        assert np.count_nonzero(threshold(A, tau_for_edges(A, k))) == k
+    assert np.count_nonzero(threshold(A, tau_for_edges(A, 0))) == 0
+    assert tau_for_edges(A, 100) == 0.0 or np.count_nonzero(threshold(A, tau_for_edges(A, 100))) == 6
+
+
+def test_budget_keeps_as_many_edges_as_the_data_support(fitted, tmp_path) -> None:
+    X = _chain_data()
+    a = ad.AnnData(X.astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(12)]))
+    rng = np.random.default_rng(0)
+    A = (rng.random((12, 12)) * 0.3).astype(np.float32)  # every weight above the floor: the budget decides
+    np.fill_diagonal(A, 0)
+    fitted["A"] = A
+    causal_graph(a, min_positioned=0, **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    k = record["edge_budget"]["n_pairs"]
+    assert record["params"]["tau"] == "budget" and record["tau_rule"] == "budget"
+    assert 5 <= k <= 7 and record["edge_budget"]["fdr"] == 0.1
+    assert record["n_edges"] <= k and record["n_edges"] >= k - 2  # cycle breaking may drop a few
+    assert record["tau_used"] == cape.causal.tau_for_edges(A, k)
+    a.write_h5ad(tmp_path / "a.h5ad")  # the record survives the file
+    assert ad.read_h5ad(tmp_path / "a.h5ad").uns["cape"]["causal_graph"]["tau_rule"] == "budget"
+
+
+def test_budget_falls_back_to_auto_without_enough_cells_or_signal(fitted, caplog) -> None:
+    fitted["A"] = _weights(top=0.9)
+    a = _adata(n=25, m=20)  # 25 < 20 + 10 cells: no test
+    causal_graph(a, **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    assert record["tau_rule"] == "auto: paper" and "fewer than genes + 10 cells" in record["edge_budget"]["fallback"]
+    b = _adata(n=200, m=10)  # independent genes: (almost surely) no significant pair
+    fitted["A"] = _weights(m=10, top=0.9)
+    with caplog.at_level(logging.WARNING, logger="cape"):
+        causal_graph(b, **FAST)
+    record = b.uns["cape"]["causal_graph"]
+    if record["edge_budget"].get("n_pairs") == 0:
+        assert record["tau_rule"].startswith("auto") and "no gene pair has a significant" in caplog.text
 
 
 @pytest.mark.slow
@@ -210,3 +275,70 @@ def test_default_step_one_positions_half_of_a_few_cell_tpm_set() -> None:
     scan = dict(zip(record["threshold_scan"]["tau"], record["threshold_scan"]["n_edges"], strict=True))
     assert scan[0.2] == 0 and record["tau_rule"] == "auto: positioning"
     assert record["positioned_fraction"] >= 0.5 and record["n_edges"] > 0
+
+
+@pytest.mark.parametrize(("model", "m", "rank", "lam", "rank_used", "lam_used"), [
+    ("variational", 20, "auto", None, None, 0.3),        # dense up to DENSE_MAX_GENES, λs 0.3
+    ("variational", 20, 5, None, 5, 1.0),                # an explicit low rank: the paper's λs
+    ("paper", 60, "auto", None, 40, 1.0),                # the paper's Step I
+    ("paper", 20, "auto", None, None, 1.0),              # rank 40 ≥ 20 genes: dense, λs still the paper's
+    ("variational", 20, "auto", 2.0, None, 2.0),         # an explicit λs is kept
+])
+def test_rank_and_lambda_defaults_follow_the_model_and_gene_count(monkeypatch, model, m, rank, lam, rank_used,
+                                                                  lam_used) -> None:
+    seen = {}
+
+    def fake_fit(X, **kwargs):
+        seen.update(kwargs)
+        return CausalFit(adjacency=_weights(m=X.shape[1], top=0.9), history={"loss": [1.0]}, epochs_run=1)
+
+    monkeypatch.setattr(importlib.import_module("cape.tl.causal_graph"), "fit_variational_notears", fake_fit)
+    a = _adata(n=200, m=m)
+    causal_graph(a, model=model, rank=rank, lambda_sparse=lam, tau=0.2, **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    assert seen["rank"] == rank_used and seen["lambda_sparse"] == lam_used
+    assert record["lambda_sparse_used"] == lam_used and record["params"]["model"] == model
+    with pytest.raises(CapeInputError, match="rank must be a positive integer, None \\(dense\\) or 'auto'"):
+        causal_graph(a, rank="low", **FAST)
+
+
+def test_screen_candidates_are_both_directions_of_the_significant_pairs() -> None:
+    from cape.causal import screen_candidates
+
+    X = _chain_data()
+    C = screen_candidates(X)
+    assert C.shape == (12, 12) and np.array_equal(C, C.T) and not C.diagonal().any()
+    assert all(C[j - 1, j] for j in range(1, 6))  # the chain's pairs are candidates
+    assert C.sum() // 2 <= 12  # few others at 20 % FDR
+    assert screen_candidates(X[:15]) is None  # no test with fewer than genes + 10 cells
+
+
+def test_dense_fit_is_restricted_to_the_screened_candidates(monkeypatch) -> None:
+    seen = {}
+
+    def fake_fit(X, **kwargs):
+        seen.update(kwargs)
+        return CausalFit(adjacency=_weights(m=X.shape[1], top=0.9), history={"loss": [1.0]}, epochs_run=1)
+
+    monkeypatch.setattr(importlib.import_module("cape.tl.causal_graph"), "fit_variational_notears", fake_fit)
+    a = ad.AnnData(_chain_data().astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(12)]))
+    causal_graph(a, tau=0.2, **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    assert seen["candidates"][0, 1] and record["screening"]["n_candidate_pairs"] == seen["candidates"].sum() // 2
+    causal_graph(a, tau=0.2, screen="none", **FAST)
+    assert seen["candidates"] is None and "screening" not in a.uns["cape"]["causal_graph"]
+    with pytest.raises(CapeInputError, match="screen must be one of"):
+        causal_graph(a, screen="lasso", **FAST)
+
+
+def test_candidates_keep_a_dense_a_at_zero_elsewhere() -> None:
+    from cape.causal import fit_variational_notears
+
+    X = _chain_data(n=300, m=6)
+    allowed = np.zeros((6, 6), dtype=bool)
+    allowed[0, 1] = allowed[1, 0] = True
+    fit = fit_variational_notears(X.astype(np.float32), rank=None, epochs=3, batch_size=64, device="cpu",
+                                  candidates=allowed)
+    assert np.all(fit.adjacency[~allowed] == 0) and np.abs(fit.adjacency[allowed]).max() > 0
+    with pytest.raises(ValueError, match="dense A only"):
+        fit_variational_notears(X.astype(np.float32), rank=2, epochs=1, device="cpu", candidates=allowed)

@@ -50,7 +50,7 @@ def test_schema_defaults_are_the_cli_defaults(command):
         default = schema[dest].get("default")
         cli = action.default
         if dest == "rank":  # null = dense in the config; the CLI spells it 'dense' and stores None
-            assert (default, cli) == (40, 40)
+            assert (default, cli) == ("auto", "auto")
         elif action.const is True:  # store_true flags
             assert default is False and cli is False, dest
         else:
@@ -62,7 +62,7 @@ def test_config_reaches_the_command_lines(workdir):
     (workdir / "scgpt_ckpt").mkdir()
     proc = snakemake(workdir, "-n", "-p", "--cores", "2", "--config", "device=cuda",
                      "train={'checkpoint': 'scgpt_ckpt', 'dropout': 0.1, 'pooling': 'cls', 'use_raw': True, "
-                     "'encoding_options': {'scale': 0.5}}", "causal={'h_every': 7}")
+                     "'encoding_options': {'scale': 0.5}}", "causal={'h_every': 7, 'interventions': 'condition'}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = {line.split(" -m cape ", 1)[1].split(" --input")[0].split()[-1]: line
                 for line in proc.stdout.splitlines() if " -m cape " in line}
@@ -74,6 +74,7 @@ def test_config_reaches_the_command_lines(workdir):
     assert "--fit-lr 0.0003" in train and "--max-len auto" in train and "--cell-weight 1.0" in train
     assert "--layer" not in train  # null keeps the CLI default
     assert "--h-every 7" in commands["causal"] and "--layer" not in commands["causal"]
+    assert "--interventions condition" in commands["causal"]
     for name, line in commands.items():  # every rule passes its {threads}
         assert "--device cuda --threads " in line, name
     gpus = [line for line in proc.stdout.splitlines() if line.strip().startswith("resources:") and "gpu=" in line]

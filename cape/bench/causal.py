@@ -16,6 +16,21 @@ range of seeds, report another). Wall time is measured around each fit.
 order, a cue least-squares methods exploit on raw data and lose on standardised data; running both shows
 how much of a method's score comes from it. Each record carries ``input``.
 
+Count data (issue 31): ``grn_control`` is :func:`cape.data.simulate_grn_cells` at its quick size (200 genes, 300
+true edges, 2,000 control cells in 5 cell types, NB counts with dropout) with the control cells only, and
+``grn_knockout`` the same plus its 30 single and 30 double knock-outs (1,800 cells) with their labels; each seed
+simulates a new network, ``cape.pp.preprocess(min_genes=20)`` log-normalises it, and every method sees that
+matrix. ``cape_default`` is what :func:`cape.tl.causal_graph` runs by default (rank ``"auto"``, λs ``None``,
+``screen="partial_correlation"``, ``tau="budget"``, and the knock-out labels where the setting has them);
+``cape_default_nolabels`` the same
+without the labels; ``cape_paper`` the paper's Step I (rank 40, λs 1, τ 0.2). The undirected peers
+``partial_correlation`` (pairs significant at 5 % FDR, :func:`cape.causal.edge_budget`) and ``graphical_lasso``
+(sklearn's ``GraphicalLasso``, α 0.02, on z-scored genes, its strongest pairs, as many as ``partial_correlation``
+keeps) return each pair in both directions: compare them on ``skeleton_f1`` (F1 of the undirected edges) and
+``auprc``; their ``f1`` is gcastle's, which credits an undirected pair in either direction. ``sachs_conditions``
+is Sachs et al. (2005) as :func:`cape.data.sachs_interventions` labels it (the control cells and the 6
+conditions that target a measured protein, 5,553 cells, log1p), with those labels for ``cape_default``.
+
 Outputs under ``out``: ``causal.json`` (records: setting, method, seed, metric, value, status),
 ``causal.md`` (mean ± sd) and ``causal.png``.
 """
@@ -41,8 +56,12 @@ from .._io import save_figure, write_json, write_text
 from .._tables import mean_sd_table
 from ..causal import fit_parents_mlp, fit_variational_notears, make_dag
 from ..causal.metrics import dag_metrics
-from ..causal.postprocess import choose_tau
+from ..causal.postprocess import choose_tau, edge_budget, partial_correlations, screen_candidates
+from ..data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
+from ..data.perturbation import sachs_interventions
 from ..data.simulate import simulate_sem
+from ..pp import preprocess
+from ..tl.causal_graph import DENSE_MAX_GENES, LAMBDA_DENSE, LAMBDA_LOW_RANK, LOW_RANK, _intervention_mask
 from .peers import PEERS, run_peer
 
 __all__ = ["CAPE_METHODS", "DIAGNOSE", "INPUTS", "SETTINGS", "is_acyclic", "run_causal_benchmark", "standardized"]
@@ -59,13 +78,16 @@ SETTINGS = {
        for sem in ("mlp", "linear")},
     "sachs_obs": {"kind": "sachs", "cells": "observational"},
     "sachs_all": {"kind": "sachs", "cells": "all"},
+    "grn_control": {"kind": "grn", "cells": "control"},
+    "grn_knockout": {"kind": "grn", "cells": "all"},
+    "sachs_conditions": {"kind": "sachs", "cells": "conditions"},
 }
 #: cape variants: library defaults (each gene standardised), and ``*_raw``: fed the unstandardised matrix the
 #: peers see, keeping the genes' relative scales (``standardize="none"``, ``feature_norm="data"``). On
 #: simulated SEMs the variance grows along the causal order ("varsortability", Reisach et al. 2021), which
 #: least-squares methods such as NOTEARS exploit on raw data; standardising removes that cue for everyone.
 CAPE_METHODS = {
-    # What cape.tl.causal_graph runs: rank 40, dense when M ≤ 40.
+    # Step I as cape.tl.causal_graph ran it before issue 31: rank 40 (dense when M ≤ 40), λs 1; see cape_default.
     "cape": {"rank": "default"},
     # One experiment per suspected cause of a loss against a peer (``--diagnose``), each changing one thing:
     "cape_lambda0.3": {"rank": "default", "lambda_sparse": 0.3},  # sparsity scale
@@ -81,10 +103,24 @@ CAPE_METHODS = {
     "cape_low_rank": {"rank": "low"},
     "cape_dense_raw": {"rank": None, "standardize": "none", "feature_norm": "data"},
     "cape_low_rank_raw": {"rank": "low", "standardize": "none", "feature_norm": "data"},
+    # cape.tl.causal_graph's defaults (issue 31): rank "auto", λs None, tau "budget", labels where the setting has them.
+    "cape_default": {"rank": "auto", "tau": "budget", "labels": True},
+    "cape_default_nolabels": {"rank": "auto", "tau": "budget", "labels": False},
+    "cape_default_noscreen": {"rank": "auto", "tau": "budget", "labels": True, "screen": False},
+    # The paper's Step I: rank 40, λs 1, τ 0.2.
+    "cape_paper": {"rank": LOW_RANK, "lambda_sparse": 1.0, "tau": 0.2},
+}
+#: False discovery rate of the undirected peers' pairs (the usual 5 %; cape's budget uses its own, BUDGET_FDR).
+PEER_FDR = 0.05
+#: Undirected peers run in this process (sklearn / NumPy): each returns every chosen pair in both directions.
+UNDIRECTED_PEERS = {
+    "partial_correlation": "|partial correlation|, pairs significant at 5 % FDR (Fisher z, Benjamini–Hochberg)",
+    "graphical_lasso": "sklearn GraphicalLasso (alpha 0.02) on z-scored genes, its strongest pairs, as many as "
+                       "partial_correlation keeps",
 }
 QUICK = {"settings": ["fig3"], "n_samples": 2000, "seeds": 2, "budget": 60.0,
          "methods": ["cape_dense", "cape_low_rank", "notears", "dagma_linear"]}
-METRICS = ("shd", "tpr", "fdr", "f1", "auprc", "nnz")
+METRICS = ("shd", "tpr", "fdr", "f1", "skeleton_f1", "auprc", "nnz")
 INPUTS = ("raw", "standardized")
 
 
@@ -93,20 +129,73 @@ def _low_rank(n_nodes: int) -> int:
     return max(1, min(40, n_nodes // 2))
 
 
+def _grn_dataset(cells: str, seed: int):
+    """simulate_grn_cells (quick size, this seed), preprocessed; X, truth and the knock-out mask (or None)."""
+    a = simulate_grn_cells(**{**GRN_SIMULATIONS["quick"], "seed": seed})
+    preprocess(a, min_genes=20)
+    if cells == "control":
+        a = a[a.obs["condition"].astype(str) == "ctrl"].copy()
+    X = a.X.toarray() if hasattr(a.X, "toarray") else np.asarray(a.X)
+    X = np.asarray(X, dtype=np.float64)
+    keep = X.std(0) > 0
+    a = a[:, keep].copy()
+    mask = None if cells == "control" else _intervention_mask(a, "condition", np.asarray(a.var_names))[0]
+    return X[:, keep], a.varp["true_dag"].toarray(), mask
+
+
 def _dataset(setting: str, seed: int, n_samples: int | None):
+    """X (samples × variables), the true DAG and the per-cell intervention mask (None without labels)."""
     spec = SETTINGS[setting]
     if spec["kind"] == "sem":
 
         n = n_samples or spec["n_samples"]
         a = simulate_sem(spec["n_nodes"], 2 * spec["n_nodes"], n, graph=spec.get("graph", "scale_free"),
                          sem=spec.get("sem", "mlp"), seed=seed)
-        return np.asarray(a.X, dtype=np.float64), a.varp["true_dag"].toarray()
+        return np.asarray(a.X, dtype=np.float64), a.varp["true_dag"].toarray(), None
+    if spec["kind"] == "grn":
+        return _grn_dataset(spec["cells"], seed)
 
     a = data.load("sachs2005")
+    if spec["cells"] == "conditions":  # GEARS labels: ctrl and the 6 conditions that target a measured protein
+        b = sachs_interventions(a)  # log1p already
+        mask = _intervention_mask(b, "condition", np.asarray(b.var_names))[0]
+        return np.asarray(b.X, dtype=np.float64), b.varp["true_graph"].toarray(), mask
     if spec["cells"] == "observational":
         a = a[a.obs["condition"].astype(str) == "cd3cd28"]
     X = np.log1p(np.asarray(a.X, dtype=np.float64))
-    return X, a.varp["true_graph"].toarray()
+    return X, a.varp["true_graph"].toarray(), None
+
+
+def skeleton_f1(true: np.ndarray, estimated: np.ndarray) -> float:
+    """F1 of the undirected edges (a pair counts once, whatever its direction or whether both are given)."""
+    T, E = np.asarray(true) != 0, np.asarray(estimated) != 0
+    upper = np.triu_indices(T.shape[0], 1)
+    t, e = (T | T.T)[upper], (E | E.T)[upper]
+    hits = int(np.sum(t & e))
+    return 0.0 if hits == 0 else 2.0 * hits / (int(t.sum()) + int(e.sum()))
+
+
+def _run_undirected(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """An undirected peer: (chosen pairs, both directions, weighted by |score|; |score| of every pair; seconds)."""
+    start = time.perf_counter()
+    if method == "partial_correlation":
+        scores = np.abs(partial_correlations(X))
+        k = edge_budget(X, PEER_FDR) or 0
+    else:
+        from sklearn.covariance import GraphicalLasso
+
+        precision = GraphicalLasso(alpha=0.02, max_iter=200).fit(standardized(X)).precision_
+        d = np.sqrt(np.diag(precision))
+        scores = np.abs(precision / np.outer(d, d))
+        np.fill_diagonal(scores, 0.0)
+        # At α 0.02 most pairs stay nonzero (8,000 of 19,900 on grn_control): keep as many as partial correlation.
+        k = min(edge_budget(X, PEER_FDR) or 0, int(np.count_nonzero(np.triu(scores > 1e-8, 1))))
+    upper = np.triu_indices(scores.shape[0], 1)
+    order = np.argsort(-scores[upper], kind="stable")[:k]
+    chosen = np.zeros_like(scores)
+    chosen[upper[0][order], upper[1][order]] = scores[upper][order]
+    chosen = chosen + chosen.T
+    return chosen, scores, time.perf_counter() - start
 
 
 def is_acyclic(W: np.ndarray) -> bool:
@@ -130,9 +219,18 @@ DEFAULT_TAU = 0.2
 AUTO_MIN_POSITIONED = 0.5
 
 
-def _run_cape(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
+def _run_cape(method: str, X: np.ndarray, seed: int, intervened=None) -> tuple[np.ndarray, float]:
     """Fit one cape variant; returns the weighted adjacency (before thresholding) and the wall time."""
     options = dict(CAPE_METHODS[method])
+    options.pop("tau", None)
+    screen = options.pop("screen", True)
+    if options.pop("labels", False) and intervened is not None:
+        options["intervened"] = intervened
+    if options["rank"] == "auto":  # what cape.tl.causal_graph does with rank="auto", lambda_sparse=None
+        options["rank"] = None if X.shape[1] <= DENSE_MAX_GENES else LOW_RANK
+        options.setdefault("lambda_sparse", LAMBDA_DENSE if options["rank"] is None else LAMBDA_LOW_RANK)
+        if options["rank"] is None and screen:  # screen="partial_correlation"
+            options["candidates"] = screen_candidates(X)
     if options.pop("model", None) == "parents_mlp":
         start = time.perf_counter()
         fit = fit_parents_mlp(X, seed=seed, device="cpu", progress_desc=method, **options)
@@ -159,9 +257,9 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
     """
 
     settings = settings or (QUICK["settings"] if quick else list(SETTINGS))
-    methods = methods or (QUICK["methods"] if quick else [*CAPE_METHODS, *PEERS])
-    unknown = [s for s in settings if s not in SETTINGS] + [m for m in methods
-                                                            if m not in PEERS and m not in CAPE_METHODS]
+    methods = methods or (QUICK["methods"] if quick else [*CAPE_METHODS, *PEERS, *UNDIRECTED_PEERS])
+    unknown = [s for s in settings if s not in SETTINGS] + [
+        m for m in methods if m not in PEERS and m not in CAPE_METHODS and m not in UNDIRECTED_PEERS]
     if unknown:
         raise CapeInputError(f"unknown setting or method: {', '.join(unknown)}")
     inputs = list(inputs or ["raw"])
@@ -169,8 +267,8 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
         raise CapeInputError(f"inputs must be among {', '.join(INPUTS)}, got {', '.join(inputs) or 'none'}")
     if seed_offset < 0:
         raise CapeInputError(f"seed_offset must be ≥ 0, got {seed_offset}")
-    taus = [t if t == "auto" else float(t) for t in (taus or [])]
-    if any(t != "auto" and not t > 0 for t in taus):
+    taus = [t if t in ("auto", "budget") else float(t) for t in (taus or [])]
+    if any(t not in ("auto", "budget") and not t > 0 for t in taus):
         raise CapeInputError(f"thresholds must be > 0, got {', '.join(map(str, taus))}")
     n_seeds = n_seeds or (QUICK["seeds"] if quick else 5)
     budget = budget or (QUICK["budget"] if quick else 600.0)
@@ -179,20 +277,28 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
     for setting in settings:
         # Sachs data are fixed: seeds only change the methods' initialisation.
         for seed in range(seed_offset, seed_offset + n_seeds):
-            X_raw, truth = _dataset(setting, seed, n_samples)
+            X_raw, truth, intervened = _dataset(setting, seed, n_samples)
             for kind in inputs:
                 X = X_raw if kind == "raw" else standardized(X_raw)
                 for method in methods:
                     base = {"setting": setting, "input": kind, "method": method, "seed": seed,
                             "n_samples": int(X.shape[0]), "n_nodes": int(X.shape[1])}
                     graphs: dict[str, np.ndarray | None] = {}
+                    ranking = None  # scores of every pair for the AUPRC, when not the graph's own weights
                     if method in CAPE_METHODS:
-                        weights, seconds = _run_cape(method, X, seed)
+                        weights, seconds = _run_cape(method, X, seed, intervened)
                         status = "ok"
-                        graphs[method] = make_dag(weights, DEFAULT_TAU)[0]
-                        graphs.update({f"{method}@τ{t if t == 'auto' else f'{t:g}'}":
-                                       make_dag(weights, choose_tau(weights, t, AUTO_MIN_POSITIONED)[0])[0]
+                        rule = CAPE_METHODS[method].get("tau", DEFAULT_TAU)
+                        k = edge_budget(X) if rule == "budget" else None
+                        graphs[method] = make_dag(weights, choose_tau(weights, rule, AUTO_MIN_POSITIONED, k)[0])[0]
+                        graphs.update({f"{method}@τ{t if t in ('auto', 'budget') else f'{t:g}'}":
+                                       make_dag(weights, choose_tau(weights, t, AUTO_MIN_POSITIONED,
+                                                                    edge_budget(X) if t == "budget" else None)[0])[0]
                                        for t in taus})
+                        ranking = weights
+                    elif method in UNDIRECTED_PEERS:
+                        graphs[method], ranking, seconds = _run_undirected(method, X, seed)
+                        status = "ok"
                     else:
                         result = run_peer(method, X, budget=budget, seed=seed, threads=torch.get_num_threads())
                         graphs[method], seconds, status = result.adjacency, result.seconds, result.status
@@ -203,6 +309,10 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                             records.append({**row, "metric": "acyclic", "value": float(is_acyclic(W)),
                                             "status": status})
                         scores = dag_metrics(truth, W) if W is not None else dict.fromkeys(METRICS, float("nan"))
+                        if W is not None:
+                            scores["skeleton_f1"] = skeleton_f1(truth, W)
+                            if ranking is not None:  # every pair's score, not only the kept edges'
+                                scores["auprc"] = dag_metrics(truth, ranking)["auprc"]
                         records.extend({**row, "metric": k, "value": float(scores[k]), "status": status}
                                        for k in METRICS)
                         logger.info("%s %s seed %d %s: %s, SHD %s, F1 %.3g, %.1f s", setting, kind, seed, name,
@@ -232,7 +342,8 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
     return records
 
 
-def _median_table(records: list[dict], metrics: tuple[str, ...] = ("shd", "f1", "nnz", "seconds")) -> str:
+def _median_table(records: list[dict],
+                  metrics: tuple[str, ...] = ("shd", "f1", "skeleton_f1", "auprc", "nnz", "seconds")) -> str:
     """Markdown table of the median over seeds of ``metrics`` per setting, input and method (finished runs)."""
 
     frame = pd.DataFrame([r for r in records if r["metric"] in metrics and r.get("status", "ok") == "ok"])

@@ -39,6 +39,7 @@ PEERS = {
     "golem": "gcastle GOLEM (equal variances)",
     "notears_nonlinear": "gcastle NotearsNonlinear (MLP)",
     "dagma_linear": "DAGMA DagmaLinear (l2)",
+    "dagma_linear_counts": "DAGMA DagmaLinear (l2, lambda1 0.03, w_threshold 0.05, z-scored input: issue 31's setting)",
     "dagma_mlp": "DAGMA DagmaMLP + DagmaNonlinear (hidden 10)",
     "sdcd": "SDCD (Nazaret et al. 2024; sdcd 0.1.4 defaults, own environment)",
     "dcdfg": "DCD-FG (sdcd 0.1.4's wrapper, defaults; needs pytorch_lightning, own environment)",
@@ -86,6 +87,11 @@ def _fit(method: str, X: np.ndarray, seed: int) -> np.ndarray:
             from dagma.linear import DagmaLinear  # optional dependency (extra `peers`)
 
             return np.asarray(DagmaLinear(loss_type="l2").fit(X, lambda1=0.02))
+        if method == "dagma_linear_counts":
+            from dagma.linear import DagmaLinear  # optional dependency (extra `peers`)
+
+            Z = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
+            return np.asarray(DagmaLinear(loss_type="l2").fit(Z, lambda1=0.03, w_threshold=0.05))
         from dagma.nonlinear import DagmaMLP, DagmaNonlinear  # optional dependency (extra `peers`)
 
         model = DagmaMLP(dims=[d, 10, 1], bias=True, dtype=torch.double)

@@ -26,7 +26,17 @@ from .intervention import (
 )
 from .model import ElementwiseMLP, VariationalNotears
 from .parents_mlp import ParentsMLP, fit_parents_mlp
-from .postprocess import is_dag, make_dag, positioned_genes, tau_positioning, threshold
+from .postprocess import (
+    edge_budget,
+    is_dag,
+    make_dag,
+    partial_correlations,
+    positioned_genes,
+    screen_candidates,
+    tau_for_edges,
+    tau_positioning,
+    threshold,
+)
 from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
 
 __all__ = [
@@ -44,6 +54,7 @@ __all__ = [
     "acyclicity_weights",
     "cpdag",
     "descendants",
+    "edge_budget",
     "equivalence_class_effects",
     "fit_parents_mlp",
     "fit_variational_notears",
@@ -56,7 +67,10 @@ __all__ = [
     "linear_equations",
     "local_parent_sets",
     "make_dag",
+    "partial_correlations",
     "positioned_genes",
+    "screen_candidates",
+    "tau_for_edges",
     "tau_positioning",
     "threshold",
     "topological_order",

@@ -247,24 +247,34 @@ class VariationalNotears(nn.Module):
         return self.decoder_mlp(self.propagate(z))
 
     def forward(self, x: torch.Tensor, sample: bool | None = None,
-                recon_rows: int | None = None) -> dict[str, torch.Tensor]:
+                recon_rows: int | None = None, keep: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Per-cell −ELBO terms averaged over the batch: ``{"recon", "kl", "nelbo"}``.
 
         ``sample`` draws Z by reparameterisation (default: in training mode when ``sample_latent``);
         otherwise Z = μ_Z. ``recon_rows`` = k < batch size averages the reconstruction term over k cells
         drawn at random (torch's generator) instead of all: an unbiased estimate of the same mean at k/B
         of the decoder's cost. The KL term, the only one A enters, always uses every cell.
+
+        ``keep`` (batch × genes, 1 or 0) leaves gene j's own terms out for the cells where it is 0: a gene
+        intervened on in a cell (a knock-out) does not follow its structural equation there, so, as in SDCD
+        and DCD-FG, its equation's likelihood is dropped for those cells while its value still enters its
+        children's equations. Sums stay divided by the batch size (the scale of a per-cell loss).
         """
         if sample is None:
             sample = self.training and self.sample_latent
         mu = self.encode(x)
         logvar = self.z_logvar
         z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar) if sample else mu
-        x_target = x
+        x_target, keep_recon = x, keep
         if recon_rows is not None and recon_rows < x.shape[0]:
             rows = torch.randperm(x.shape[0], device=x.device)[:max(1, int(recon_rows))]
             z, x_target = z[rows], x[rows]
+            keep_recon = None if keep is None else keep[rows]
         x_hat = self.decode(z)
-        recon = 0.5 * (x_target - x_hat).pow(2).sum(1).mean()
-        kl = 0.5 * (mu.pow(2) + logvar.exp() - 1.0 - logvar).sum(1).mean()
+        recon_terms = (x_target - x_hat).pow(2)
+        kl_terms = mu.pow(2) + logvar.exp() - 1.0 - logvar
+        if keep is not None:
+            recon_terms, kl_terms = recon_terms * keep_recon, kl_terms * keep
+        recon = 0.5 * recon_terms.sum(1).mean()
+        kl = 0.5 * kl_terms.sum(1).mean()
         return {"recon": recon, "kl": kl, "nelbo": recon + kl}

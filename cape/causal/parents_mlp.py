@@ -43,7 +43,16 @@ from torch import nn
 from .._progress import progress
 from .._settings import resolve_device
 from .acyclicity import acyclicity_dense
-from .trainer import CausalFit, _flushing_denormals, gene_moments
+from .trainer import (
+    COLLAPSE_CHECK_CELLS,
+    CausalFit,
+    _flushing_denormals,
+    collapse_reason,
+    gene_moments,
+    intervention_rows,
+    max_correlation,
+    near_empty,
+)
 
 __all__ = ["H_LINEAR_MAX", "LAMBDA_SCREEN", "LAMBDA_SPARSE", "MAX_GENES", "ParentsMLP", "bounded_acyclicity",
            "fit_parents_mlp", "min_cells", "profiled_gaussian_nll"]
@@ -121,10 +130,19 @@ def bounded_acyclicity(h: torch.Tensor, limit: float = H_LINEAR_MAX) -> torch.Te
     return torch.where(h <= limit, h, limit * (1.0 + torch.log(h.clamp_min(limit) / limit)))
 
 
-def profiled_gaussian_nll(predicted: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def profiled_gaussian_nll(predicted: torch.Tensor, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
     """½ Σ_j log mean_b (x_bj − predicted_bj)²: the Gaussian NLL per cell at each gene's best variance
-    (constants dropped). Invariant to rescaling any gene (it adds a constant)."""
-    return 0.5 * torch.log((x - predicted).pow(2).mean(0).clamp_min(1e-8)).sum()
+    (constants dropped). Invariant to rescaling any gene (it adds a constant).
+
+    ``keep`` (batch × genes, 1 or 0): the mean over b runs over the cells where gene j's equation holds (0 where
+    the gene was intervened on); a gene without such a cell in the batch adds 0.
+    """
+    squared = (x - predicted).pow(2)
+    if keep is None:
+        return 0.5 * torch.log(squared.mean(0).clamp_min(1e-8)).sum()
+    n = keep.sum(0)
+    mean = (squared * keep).sum(0) / n.clamp_min(1.0)
+    return 0.5 * torch.where(n > 0, torch.log(mean.clamp_min(1e-8)), torch.zeros_like(mean)).sum()
 
 
 @_flushing_denormals
@@ -144,6 +162,7 @@ def fit_parents_mlp(
     gamma_step: float = 5e-3,
     device: str | torch.device = "auto",
     seed: int = 0,
+    intervened=None,
     progress_desc: str = "causal graph (parents MLP)",
 ) -> CausalFit:
     """Fit :class:`ParentsMLP` structural equations to X (cells × genes); see the module docstring.
@@ -169,13 +188,14 @@ def fit_parents_mlp(
         A candidate parent needs A_ij > ``screen_fraction`` · max A after screening.
     gamma_step
         Growth of the acyclicity penalty's coefficient γ per constrained step (γ starts at 0).
-    device, seed, progress_desc
-        As for :func:`cape.causal.fit_variational_notears`.
+    device, seed, intervened, progress_desc
+        As for :func:`cape.causal.fit_variational_notears` (``intervened``: each gene's equation is left out of the
+        likelihood for the cells where it was intervened on).
 
     Returns
     -------
     :class:`~cape.causal.CausalFit` with ``model`` the fitted :class:`ParentsMLP` and ``history`` every
-    100 steps: ``step``, ``stage``, ``loss``, ``nll``, ``h``, ``gamma``, ``edges_candidate``.
+    100 steps: ``step``, ``stage``, ``loss``, ``nll``, ``h``, ``gamma``, ``edges_candidate``, ``max_weight``.
     """
     n_cells, n_genes = X.shape
     if n_genes > MAX_GENES:
@@ -193,18 +213,23 @@ def fit_parents_mlp(
     mean, std = gene_moments(X)
     std = np.where(std > 0, std, 1.0)
     Xrows = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
+    Irows = intervention_rows(intervened, n_cells, n_genes)
     mean_t = torch.as_tensor(mean, dtype=torch.float32, device=dev)
     inv_std_t = torch.as_tensor(1.0 / std, dtype=torch.float32, device=dev)
     model = ParentsMLP(n_genes, hidden=hidden, generator=generator).to(dev)
     batch = min(int(batch_size), n_cells)
 
-    def minibatch() -> torch.Tensor:
-        rows = Xrows[rng.integers(0, n_cells, size=batch)]
+    def minibatch() -> tuple[torch.Tensor, torch.Tensor | None]:
+        idx = rng.integers(0, n_cells, size=batch)
+        rows = Xrows[idx]
         rows = rows.toarray() if sp.issparse(rows) else rows
-        return (torch.as_tensor(np.asarray(rows), dtype=torch.float32, device=dev) - mean_t) * inv_std_t
+        x = (torch.as_tensor(np.asarray(rows), dtype=torch.float32, device=dev) - mean_t) * inv_std_t
+        keep = None if Irows is None else 1.0 - torch.as_tensor(Irows[idx].toarray(), dtype=torch.float32,
+                                                                  device=dev)
+        return x, keep
 
     history: dict[str, list[float]] = {k: [] for k in ("step", "stage", "loss", "nll", "h", "gamma",
-                                                        "edges_candidate")}
+                                                        "edges_candidate", "max_weight")}
     bar = progress(range(screen_steps + steps), desc=progress_desc, total=screen_steps + steps)
     gamma = 0.0
     h_value = float("nan")
@@ -217,9 +242,9 @@ def fit_parents_mlp(
                 model.restrict(A > screen_fraction * A.max())
             logger.info("%s: %d candidate edges after screening", progress_desc, int(model.mask.sum()))
             optimiser = torch.optim.Adam(model.parameters(), lr=lr)
-        x = minibatch()
+        x, keep = minibatch()
         A = model.adjacency()
-        nll = profiled_gaussian_nll(model(x), x)
+        nll = profiled_gaussian_nll(model(x), x, keep)
         loss = nll + (lambda_screen if stage == 1 else lambda_sparse) * A.sum()
         loss = loss + l2 * sum(p.pow(2).sum() for p in model.parameters())
         if stage == 2:
@@ -234,7 +259,8 @@ def fit_parents_mlp(
             raise FloatingPointError(f"parents-MLP training diverged in stage {stage} at step {t + 1}")
         if (t + 1) % 100 == 0 or t + 1 in (screen_steps, screen_steps + steps):
             for key, value in (("step", t + 1), ("stage", stage), ("loss", loss), ("nll", nll), ("h", h_value),
-                               ("gamma", gamma), ("edges_candidate", model.mask.sum())):
+                               ("gamma", gamma), ("edges_candidate", model.mask.sum()),
+                               ("max_weight", A.detach().max())):
                 history[key].append(float(value.detach() if isinstance(value, torch.Tensor) else value))
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(stage=stage, nll=f"{float(nll.detach()):.4g}", h=f"{h_value:.2e}")
@@ -242,6 +268,19 @@ def fit_parents_mlp(
     with torch.no_grad():
         A = model.adjacency().detach().float().cpu().numpy().copy()
     np.fill_diagonal(A, 0.0)
-    return CausalFit(adjacency=A, history=history, epochs_run=screen_steps + steps, converged=h_value <= 1e-8,
-                     wall_time=time.perf_counter() - start, device=str(dev), rank=None, h_every=1,
-                     model=model, mean=np.asarray(mean, dtype=np.float64), std=np.asarray(std, dtype=np.float64))
+    # The first layer starts at |A_ij| ≈ 0.3, so the peak says nothing here: only the data's correlations count.
+    correlation, n_rows = 0.0, None
+    if h_value <= 1e-8 and near_empty(A):  # what its stop rule would call converged
+        rows = Xrows[np.sort(rng.permutation(n_cells)[:COLLAPSE_CHECK_CELLS])]
+        correlation, n_rows = max_correlation(rows.toarray() if sp.issparse(rows) else rows), rows.shape[0]
+    peak = max(history["max_weight"], default=0.0)
+    remedy = (f"lower the L1 prices (lambda_screen {lambda_screen:g}, lambda_sparse {lambda_sparse:g}; "
+              "cape.tl.causal_graph's lambda_sparse scales both) or give it more cells")
+    message = collapse_reason(A, 0.0, correlation, None, remedy, n_rows)
+    if message:
+        logger.warning(message)
+    return CausalFit(adjacency=A, history=history, epochs_run=screen_steps + steps,
+                     converged=h_value <= 1e-8 and not message, wall_time=time.perf_counter() - start,
+                     device=str(dev), rank=None, h_every=1, model=model, mean=np.asarray(mean, dtype=np.float64),
+                     std=np.asarray(std, dtype=np.float64), collapsed=bool(message), collapse_message=message,
+                     peak_weight=float(peak), n_intervened=0 if Irows is None else int(Irows.nnz))

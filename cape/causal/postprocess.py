@@ -6,15 +6,25 @@ import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
+from scipy.stats import norm
 
-__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "choose_tau", "is_dag", "make_dag", "positioned_genes", "tau_positioning",
-           "threshold"]
+__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "BUDGET_FDR", "BUDGET_MIN_EXTRA_CELLS", "SCREEN_FDR", "choose_tau",
+           "edge_budget", "is_dag", "make_dag", "partial_correlation_tests", "partial_correlations",
+           "positioned_genes", "screen_candidates", "tau_for_edges", "tau_positioning", "threshold"]
 
 #: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
 AUTO_TAU_MAX = 0.2
 #: ``tau="auto"`` never goes below this: Adam moves every weight by about lr (3e-3) per step, so weights
 #: without support hover at that scale (a fit on gene-wise shuffled data tops out near 0.003).
 AUTO_TAU_FLOOR = 0.01
+#: ``tau="budget"``: false discovery rate of the partial-correlation tests that set the number of edges (on
+#: simulate_grn_cells quick, control cells, three fits: 10 % gave a higher skeleton and directed F1 than 5 %, 20 %
+#: no better; docs/benchmarks/step1_counts.md) ...
+BUDGET_FDR = 0.1
+#: ... which need at least this many cells beyond the number of genes (their degrees of freedom are n − M − 1).
+BUDGET_MIN_EXTRA_CELLS = 10
+#: Candidate parents for a dense A (:func:`screen_candidates`): pairs significant at this looser false discovery rate.
+SCREEN_FDR = 0.2
 
 
 def threshold(A: np.ndarray, tau: float) -> np.ndarray:
@@ -106,17 +116,109 @@ def tau_positioning(A: np.ndarray, fraction: float) -> float:
     return float(np.nextafter(value, value.dtype.type(0))) if value > 0 else 0.0
 
 
-def choose_tau(A: np.ndarray, tau: float | str, min_positioned: float) -> tuple[float, str]:
-    """The threshold to use and how it was chosen (``"fixed"``, ``"auto: paper"``, ``"auto: positioning"``).
+def choose_tau(A: np.ndarray, tau: float | str, min_positioned: float, budget: int | None = None) -> tuple[float, str]:
+    """The threshold to use and how it was chosen (``"fixed"``, ``"budget"``, ``"auto: paper"``,
+    ``"auto: positioning"``).
 
-    ``tau="auto"``: :data:`AUTO_TAU_MAX` where it already gives an edge to at least ``min_positioned`` of the
-    genes, else the largest τ that does, but not below :data:`AUTO_TAU_FLOOR` (the rule of
-    :func:`cape.tl.causal_graph`).
+    ``tau="budget"`` with ``budget`` = K (:func:`edge_budget`): keep the K heaviest weights (:func:`tau_for_edges`),
+    but none at or below :data:`AUTO_TAU_FLOOR`; with ``budget=None`` (too few cells for the test) it falls back
+    to the ``"auto"`` rule. ``tau="auto"``: :data:`AUTO_TAU_MAX` where it already gives an edge to at least
+    ``min_positioned`` of the genes, else the largest τ that does, but not below :data:`AUTO_TAU_FLOOR` (the rule
+    of :func:`cape.tl.causal_graph` before the budget).
     """
 
-    if tau != "auto":
+    if tau == "budget" and budget is not None:
+        return max(tau_for_edges(A, budget), AUTO_TAU_FLOOR), "budget"
+    if tau not in ("auto", "budget"):
         return float(tau), "fixed"
     if positioned_genes(A, AUTO_TAU_MAX).mean() >= min_positioned:
         return AUTO_TAU_MAX, "auto: paper"
     # The largest τ that still positions the requested fraction, but never into the optimiser's noise.
     return max(tau_positioning(A, min_positioned), AUTO_TAU_FLOOR), "auto: positioning"
+
+def partial_correlations(X) -> np.ndarray:
+    """M×M partial correlations of the columns of X given all other columns (zero diagonal), from the inverse of
+    the covariance (with a ridge of 1e-8 of its mean variance, so that collinear genes do not break it)."""
+    X = X.toarray() if sp.issparse(X) else np.asarray(X)
+    cov = np.cov(np.asarray(X, dtype=np.float64), rowvar=False)
+    cov = np.atleast_2d(cov)
+    cov[np.diag_indices_from(cov)] += 1e-8 * max(float(np.mean(np.diag(cov))), 1e-300)
+    precision = np.linalg.inv(cov)
+    d = np.sqrt(np.clip(np.diag(precision), 1e-300, None))
+    R = -precision / np.outer(d, d)
+    np.fill_diagonal(R, 0.0)
+    return R
+
+
+def partial_correlation_tests(X) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every gene pair's two-sided p-value for a zero partial correlation (Fisher's z, z = atanh(abs(r))·√(n − M − 1)).
+
+    Returns ``(pairs, p)``: the upper-triangle index arrays (i < j) and their p-values; ``None`` when X has fewer
+    than M + :data:`BUDGET_MIN_EXTRA_CELLS` cells (too few degrees of freedom) or fewer than 2 genes.
+    """
+    n, m = X.shape
+    if m < 2 or n < m + BUDGET_MIN_EXTRA_CELLS:
+        return None
+    R = partial_correlations(X)
+    pairs = np.triu_indices(m, 1)
+    z = np.arctanh(np.clip(np.abs(R[pairs]), 0.0, 1.0 - 1e-12)) * np.sqrt(n - m - 1)
+    return pairs, 2.0 * norm.sf(z)
+
+
+def _bh_count(p: np.ndarray, fdr: float) -> int:
+    """Number of hypotheses Benjamini–Hochberg rejects at ``fdr``."""
+    if not 0 < fdr < 1:
+        raise ValueError(f"fdr must be in (0, 1), got {fdr}")
+    ranked = np.sort(p)
+    passed = np.flatnonzero(ranked <= fdr * np.arange(1, ranked.size + 1) / max(ranked.size, 1))
+    return int(passed[-1] + 1) if passed.size else 0
+
+
+def edge_budget(X, fdr: float = BUDGET_FDR, tests: tuple | None = None) -> int | None:
+    """How many gene pairs the data support: pairs whose partial correlation is significant at ``fdr``.
+
+    Each pair's partial correlation (given every other gene) is tested with Fisher's z
+    (:func:`partial_correlation_tests`, or its result passed as ``tests``) and the p-values of the M(M − 1)/2 pairs
+    are cut by Benjamini–Hochberg. ``None`` when X has fewer than M + :data:`BUDGET_MIN_EXTRA_CELLS` cells. The
+    count is of gene pairs, the skeleton's edges: a graph thresholded to that many directed edges keeps about as
+    many regulations as a partial-correlation network that controls its false discoveries.
+    """
+    tests = tests if tests is not None else partial_correlation_tests(X)
+    return None if tests is None else _bh_count(tests[1], fdr)
+
+
+def screen_candidates(X, fdr: float = SCREEN_FDR, tests: tuple | None = None) -> np.ndarray | None:
+    """Candidate edges for a dense A, SDCD-style: both directions of every pair significant at ``fdr`` (M×M bool).
+
+    ``None`` without a test (see :func:`partial_correlation_tests`) or when no pair passes (then nothing is
+    screened out).
+    """
+    tests = tests if tests is not None else partial_correlation_tests(X)
+    if tests is None:
+        return None
+    (rows, cols), p = tests
+    k = _bh_count(p, fdr)
+    if k == 0:
+        return None
+    keep = p <= np.sort(p)[k - 1]
+    m = X.shape[1]
+    out = np.zeros((m, m), dtype=bool)
+    out[rows[keep], cols[keep]] = True
+    return out | out.T
+
+def tau_for_edges(A: np.ndarray, k: int) -> float:
+    """The largest τ at which ``threshold(A, τ)`` keeps (at least) the ``k`` heaviest off-diagonal weights.
+
+    Just below the k-th largest ``|A_ij|`` (in A's dtype, so that ``|A| > τ`` keeps it); the largest weight itself when
+    k = 0 (nothing is kept), 0.0 when A has fewer than k nonzero weights.
+    """
+    A = np.asarray(A)
+    values = np.abs(A[~np.eye(A.shape[0], dtype=bool)]).astype(A.dtype if np.issubdtype(A.dtype, np.floating)
+                                                                 else np.float64)
+    if values.size == 0:
+        return 0.0
+    if k <= 0:
+        return float(values.max())
+    values = np.sort(values)[::-1]
+    value = values[min(k, values.size) - 1]
+    return float(np.nextafter(value, value.dtype.type(0))) if value > 0 else 0.0

@@ -18,7 +18,11 @@ not, see the README). The cap only binds on data with many minibatches: ρ grows
 and a dual step needs ``dual_steps`` Adam steps.
 Thresholding and cycle breaking guarantee the DAG in any case.
 Training stops at ``epochs`` or earlier once h ≤ ``h_tol`` and the epoch loss changed by less than
-``loss_tol`` (relative) — i.e. when h has converged and the fit has settled.
+``loss_tol`` (relative) — i.e. when h has converged and the fit has settled. An A driven to (nearly) zero
+also has h = 0 and a flat loss: a fit that ends so although the data had signal (its weights had reached
+:data:`COLLAPSE_SIGNAL`, or, when the stop rule fired, two genes' features correlate by more than twice the L1
+price of a unit weight, so a dense A would have kept that edge) is reported as ``collapsed`` (not converged),
+with a warning naming what to change (:func:`collapse_reason`).
 
 Minibatches are sliced from X (NumPy array or SciPy sparse matrix) row by row and standardised per gene
 with statistics computed without densifying X, so memory stays O(batch × genes).
@@ -61,7 +65,8 @@ from .._settings import resolve_device
 from .acyclicity import LinearisedAcyclicity
 from .model import VariationalNotears
 
-__all__ = ["MIN_CELLS", "CausalFit", "fit_variational_notears", "gene_moments"]
+__all__ = ["COLLAPSE_FLOOR", "COLLAPSE_SIGNAL", "MIN_CELLS", "CausalFit", "collapse_reason", "fit_variational_notears",
+           "gene_moments", "intervention_rows", "max_correlation", "near_empty"]
 
 logger = logging.getLogger("cape")
 
@@ -70,7 +75,17 @@ logger = logging.getLogger("cape")
 MIN_CELLS = 10
 #: Price of one unit of |A_ij| in the loss per λs (see ``lambda_sparse`` in :func:`fit_variational_notears`).
 L1_UNIT = 0.1
-
+#: Collapse guard: a weight counts as an edge above this size (the optimiser's noise floor, ``AUTO_TAU_FLOOR``) ...
+COLLAPSE_FLOOR = 0.01
+#: ... a fit ending with fewer weights above it than this share of the genes (at least one) is near-empty ...
+COLLAPSE_EDGES_PER_GENE = 0.02
+#: ... and has collapsed if the data had signal: its largest ``|A_ij|`` at the end of an epoch reached this (above the
+#: ~0.05 of a fresh low-rank A), or two genes' features correlate by more than this and by more than
+#: :data:`COLLAPSE_PRICE_MARGIN` times the L1 price of a unit weight (a dense A would then gain from that edge).
+COLLAPSE_SIGNAL = 0.1
+COLLAPSE_PRICE_MARGIN = 2.0
+#: Cells the feature correlations of the collapse check are computed on (at most).
+COLLAPSE_CHECK_CELLS = 2048
 
 @dataclass
 class CausalFit:
@@ -81,7 +96,7 @@ class CausalFit:
     adjacency
         Learnt weighted M×M adjacency (before thresholding; diagonal set to 0), float32.
     history
-        Per epoch: ``loss``, ``nelbo``, ``h``, ``rho``, ``alpha``, ``seconds``.
+        Per epoch: ``loss``, ``nelbo``, ``h``, ``rho``, ``alpha``, ``max_weight`` (largest ``|A_ij|``), ``seconds``.
     epochs_run, converged, wall_time, device, rank, h_every, rho_max, compiled_mlp, recon_fraction
         Bookkeeping of the run (``rank`` None = dense; ``rho_max`` None: no augmented Lagrangian, as in
         :func:`cape.causal.fit_parents_mlp`).
@@ -90,6 +105,13 @@ class CausalFit:
         equations that :func:`cape.causal.intervention.learned_equations` reads.
     mean, std
         The per-gene standardisation applied to X before the model saw it (float64).
+    collapsed, collapse_message
+        Whether A ended (nearly) empty although the data had signal (then ``converged`` is False; the data's
+        correlations are only consulted when the stop rule fired, see :func:`collapse_reason`), and a one-line
+        explanation with what to change (see :func:`collapse_reason`); ``peak_weight`` is the largest ``|A_ij|`` met
+        at the end of any epoch.
+    n_intervened
+        Cell × gene entries whose own equation was left out (``intervened``; 0 without interventions).
     """
 
     adjacency: np.ndarray
@@ -106,6 +128,76 @@ class CausalFit:
     model: VariationalNotears | None = None
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
+    collapsed: bool = False
+    collapse_message: str = ""
+    peak_weight: float = 0.0
+    n_intervened: int = 0
+
+
+def near_empty(A: np.ndarray) -> bool:
+    """Fewer than max(1, :data:`COLLAPSE_EDGES_PER_GENE` · M) off-diagonal weights above :data:`COLLAPSE_FLOOR`."""
+    A = np.abs(np.asarray(A))
+    above = int(np.count_nonzero(A > COLLAPSE_FLOOR)) - int(np.count_nonzero(np.diag(A) > COLLAPSE_FLOOR))
+    return above < max(1, math.ceil(COLLAPSE_EDGES_PER_GENE * A.shape[0]))
+
+
+def max_correlation(F: np.ndarray) -> float:
+    """Largest absolute Pearson correlation between two different columns of F (0 for fewer than two usable columns)."""
+    F = np.asarray(F, dtype=np.float64)
+    F = F - F.mean(0)
+    norm = np.sqrt((F * F).sum(0))
+    F = F[:, norm > 1e-12] / norm[norm > 1e-12]
+    if F.shape[1] < 2:
+        return 0.0
+    C = np.abs(F.T @ F)
+    np.fill_diagonal(C, 0.0)
+    return float(C.max())
+
+
+def null_max_correlation(n_genes: int, n_rows: int) -> float:
+    """About the largest absolute correlation among M(M − 1)/2 pairs of independent genes on ``n_rows`` cells that a 5 %
+    Bonferroni test lets through: √(2·ln(pairs / 0.05) / n)."""
+    pairs = max(n_genes * (n_genes - 1) // 2, 1)
+    return math.sqrt(2.0 * math.log(pairs / 0.05) / max(n_rows, 1))
+
+
+def collapse_reason(A: np.ndarray, peak_weight: float, correlation: float, price: float | None, remedy: str,
+                    n_rows: int | None = None) -> str:
+    """Why A counts as collapsed, with ``remedy``, or ``""`` when it does not.
+
+    A near-empty A (:func:`near_empty`) after a fit that had signal — its largest weight reached
+    :data:`COLLAPSE_SIGNAL` at some epoch, or two genes' features correlate by ``correlation`` > max(
+    :data:`COLLAPSE_SIGNAL`, :data:`COLLAPSE_PRICE_MARGIN` · ``price``, the largest correlation independent genes
+    reach on ``n_rows`` cells (:func:`null_max_correlation`)), ``price`` being the L1 price of a unit weight
+    (``None``: not comparable) — has lost what the data hold: a penalty won against them, and the stop rule's
+    h = 0 and flat loss say nothing about the graph.
+    """
+    if not near_empty(A):
+        return ""
+    bound = max(COLLAPSE_SIGNAL, COLLAPSE_PRICE_MARGIN * price if price is not None else 0.0,
+                null_max_correlation(np.shape(A)[0], n_rows) if n_rows else 0.0)
+    if peak_weight < COLLAPSE_SIGNAL and correlation <= bound:
+        return ""
+    A = np.abs(np.asarray(A))
+    above = int(np.count_nonzero(A > COLLAPSE_FLOOR)) - int(np.count_nonzero(np.diag(A) > COLLAPSE_FLOOR))
+    largest = float(A.max()) if A.size else 0.0
+    evidence = (f"its weights reached {peak_weight:.2g} during the fit" if peak_weight >= COLLAPSE_SIGNAL else
+                f"two genes' features correlate by {correlation:.2g}"
+                + (f", above the L1 price {price:.2g} of a unit weight" if price is not None else ""))
+    return (f"Step I collapsed: A ended with {above} weight(s) above {COLLAPSE_FLOOR} among {A.shape[0]} genes "
+            f"(largest {largest:.2g}) although {evidence}; {remedy}")
+
+
+def intervention_rows(intervened, n_cells: int, n_genes: int):
+    """``intervened`` (cells × genes, True where the gene was intervened on in that cell) as a CSR matrix or None."""
+    if intervened is None:
+        return None
+    mask = sp.csr_matrix(intervened, dtype=np.float32)
+    if mask.shape != (n_cells, n_genes):
+        raise ValueError(f"intervened must be cells × genes = {(n_cells, n_genes)}, got {mask.shape}")
+    mask.data = (mask.data != 0).astype(np.float32)
+    mask.eliminate_zeros()
+    return mask
 
 
 def gene_moments(X) -> tuple[np.ndarray, np.ndarray]:
@@ -237,6 +329,8 @@ def fit_variational_notears(
     sample_latent: bool = False,
     feature_norm: str = "gene",
     standardize: str | bool = "gene",
+    intervened=None,
+    candidates=None,
     progress_desc: str = "causal graph",
 ) -> CausalFit:
     """Fit a variational NOTEARS model to X (cells × genes) and return the learnt weighted adjacency.
@@ -279,6 +373,13 @@ def fit_variational_notears(
     compile_mlp
         Run the per-gene MLPs through ``torch.compile`` (same function, fused kernels). ``None``: on CPU
         when batch × genes × hidden ≥ :data:`COMPILE_MIN_ELEMENTS` (compiling costs ~10–30 s once).
+    intervened
+        Optional cells × genes boolean matrix (dense or sparse): True where the gene was intervened on in that
+        cell (e.g. knocked out). Its own equation's terms are left out of the loss for those cells (see
+        :meth:`VariationalNotears.forward`), as SDCD and DCD-FG do; its value still drives its children.
+    candidates
+        Optional M×M boolean matrix (dense A only): the edges i → j A may use (True); the others stay 0, as in
+        SDCD's screened second stage.
     Other parameters are the optimiser's and the augmented Lagrangian's (see module docstring).
     """
     start = time.perf_counter()
@@ -302,9 +403,17 @@ def fit_variational_notears(
     mean_t = torch.as_tensor(mean, dtype=torch.float32, device=dev)
     inv_std_t = torch.as_tensor(1.0 / std, dtype=torch.float32, device=dev)
     Xrows = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
+    Irows = intervention_rows(intervened, n_cells, n_genes)
 
     model = VariationalNotears(n_genes, rank=rank, hidden=hidden, seed=seed, sample_latent=sample_latent,
                                feature_norm=feature_norm).to(dev)
+    if candidates is not None:
+        if rank is not None:
+            raise ValueError("candidates restrict a dense A only (rank=None)")
+        allowed = torch.as_tensor(np.asarray(candidates, dtype=bool), device=dev)
+        if allowed.shape != (n_genes, n_genes):
+            raise ValueError(f"candidates must be genes × genes = {(n_genes, n_genes)}, got {tuple(allowed.shape)}")
+        model.off_diagonal.mul_(allowed.to(model.off_diagonal.dtype))
     if feature_norm == "data":
         raw_std = np.where(raw_std > 0, raw_std, 1.0)
         model.set_feature_scale(torch.as_tensor(raw_std / std, dtype=torch.float32))
@@ -336,7 +445,8 @@ def fit_variational_notears(
 
     rho, alpha = float(rho_init), 0.0
     h_prev = math.inf
-    history: dict[str, list[float]] = {k: [] for k in ("loss", "nelbo", "h", "rho", "alpha", "seconds")}
+    history: dict[str, list[float]] = {k: [] for k in ("loss", "nelbo", "h", "rho", "alpha", "max_weight",
+                                                        "seconds")}
     n_batches = max(1, math.ceil(n_cells / batch_size))
     linearised: LinearisedAcyclicity | None = None
     converged = False
@@ -356,7 +466,10 @@ def fit_variational_notears(
             rows = Xrows[idx]
             rows = rows.toarray() if sp.issparse(rows) else rows
             xb = (torch.as_tensor(rows, dtype=torch.float32, device=dev) - mean_t) * inv_std_t
-            terms = model(xb, recon_rows=recon_rows)
+            keep = None
+            if Irows is not None:
+                keep = 1.0 - torch.as_tensor(Irows[idx].toarray(), dtype=torch.float32, device=dev)
+            terms = model(xb, recon_rows=recon_rows, keep=keep)
             optimiser.zero_grad(set_to_none=True)
             if h_every > 1 and (step % h_every == 0 or linearised is None):
                 with torch.no_grad():
@@ -384,6 +497,7 @@ def fit_variational_notears(
 
         with torch.no_grad():
             h_now = float(model.acyclicity())
+            max_weight = float(model.adjacency().abs().max())
         # Dual step of the augmented Lagrangian once the inner solve has had ``dual_every`` epochs and at
         # least ``dual_steps`` Adam steps: on small data an epoch is a few steps, too few to solve it.
         if epoch + 1 - dual_epoch >= dual_every and step - last_dual_step >= dual_steps:
@@ -399,6 +513,7 @@ def fit_variational_notears(
         history["h"].append(h_now)
         history["rho"].append(rho)
         history["alpha"].append(alpha)
+        history["max_weight"].append(max_weight)
         history["seconds"].append(time.perf_counter() - t_epoch)
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(loss=f"{epoch_loss:.4g}", h=f"{h_now:.2e}", rho=f"{rho:.0e}")
@@ -408,7 +523,7 @@ def fit_variational_notears(
         if epoch + 1 >= min_epochs and h_now <= h_tol and len(history["loss"]) > 1:
             previous = history["loss"][-2]
             if abs(epoch_loss - previous) <= loss_tol * max(abs(previous), 1e-12):
-                converged = True
+                converged = True  # unless the graph collapsed (checked below)
                 break
     if hasattr(bar, "close"):
         bar.close()
@@ -419,11 +534,29 @@ def fit_variational_notears(
     with torch.no_grad():
         A = model.adjacency().detach().float().cpu().numpy().copy()
     np.fill_diagonal(A, 0.0)
+    peak = max(history["max_weight"], default=0.0)
+    correlation, n_rows = 0.0, None
+    # A near-empty A that the stop rule calls converged: what do the data offer, in the features the SEM sees (a few
+    # seconds at most)? Without the stop rule a near-empty A is under-training (e.g. 2 epochs from A = 0), which
+    # converged=False already says.
+    if converged and near_empty(A):
+        rows = Xrows[np.sort(rng.permutation(n_cells)[:COLLAPSE_CHECK_CELLS])]
+        rows = rows.toarray() if sp.issparse(rows) else rows
+        with torch.no_grad():
+            xb = (torch.as_tensor(rows, dtype=torch.float32, device=dev) - mean_t) * inv_std_t
+            features = model.feature_norm(model.encoder_mlp(xb)) * model.feature_scale
+        correlation, n_rows = max_correlation(features.cpu().numpy()), len(rows)
+    message = collapse_reason(A, peak, correlation, L1_UNIT * lambda_sparse,
+                              f"lower lambda_sparse (got {lambda_sparse:g})"
+                              + (f", use a dense A (rank=None instead of {rank})" if rank is not None else "")
+                              + " or give it more cells", n_rows)
+    if message:
+        logger.warning(message)
     return CausalFit(
         adjacency=A,
         history=history,
         epochs_run=epoch + 1,
-        converged=converged,
+        converged=converged and not message,
         wall_time=time.perf_counter() - start,
         device=str(dev),
         rank=rank,
@@ -434,4 +567,8 @@ def fit_variational_notears(
         model=model,
         mean=np.asarray(mean, dtype=np.float64),
         std=np.asarray(std, dtype=np.float64),
+        collapsed=bool(message),
+        collapse_message=message,
+        peak_weight=float(peak),
+        n_intervened=0 if Irows is None else int(Irows.nnz),
     )

@@ -7,27 +7,29 @@ import argparse
 from .._errors import CapeInputError
 from .._io import write_h5ad
 from ..pp.preprocess import detect_scale
-from ..tl.causal_graph import MODELS, causal_graph
+from ..tl.causal_graph import MODELS, SCREENS, causal_graph
 from ._io import check_output, positive_int, read_input
 
 
-def _rank(value: str) -> int | None:
+def _rank(value: str) -> int | str | None:
     if value.lower() in {"dense", "none", "0"}:
         return None
+    if value.lower() == "auto":
+        return "auto"
     try:
         return int(value)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"rank must be an integer or 'dense', got {value!r}") from err
+        raise argparse.ArgumentTypeError(f"rank must be an integer, 'dense' or 'auto', got {value!r}") from err
 
 
 def _tau(value: str) -> float | str:
     # A number out of range is left to cape.tl.causal_graph, which refuses it in one line (exit 2).
-    if value.strip().lower() == "auto":
-        return "auto"
+    if value.strip().lower() in ("auto", "budget"):
+        return value.strip().lower()
     try:
         return float(value)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"tau must be a number in [0, 1) or 'auto', got {value!r}") from err
+        raise argparse.ArgumentTypeError(f"tau must be a number in [0, 1), 'budget' or 'auto', got {value!r}") from err
 
 
 def _h_every(value: str) -> int | None:
@@ -41,22 +43,33 @@ def register(commands) -> None:
     parser.add_argument("--input", "-i", required=True, help="input .h5ad (preprocessed), or 'dataset:NAME'")
     parser.add_argument("--output", "-o", required=True, help="output .h5ad")
     parser.add_argument("--model", choices=MODELS, default="variational",
-                        help="Step I model: 'variational' (the paper's, any number of genes; default) or "
-                             "'parents_mlp' (each gene an MLP of its candidate parents; gene panels)")
-    parser.add_argument("--rank", type=_rank, default=40, help="rank of A = UVᵀ, or 'dense' (40)")
-    parser.add_argument("--tau", type=_tau, default="auto",
-                        help="edge threshold τ in [0, 1), or 'auto' (default): the paper's 0.2 unless it leaves "
-                             "fewer than --min-positioned of the genes with an edge, then the largest τ that does")
+                        help="Step I model: 'variational' (variational NOTEARS, any number of genes; default), "
+                             "'parents_mlp' (each gene an MLP of its candidate parents; gene panels) or 'paper' "
+                             "(the paper's settings: rank 40, λs 1; add --tau 0.2 for its threshold)")
+    parser.add_argument("--rank", type=_rank, default="auto",
+                        help="rank of A = UVᵀ, 'dense', or 'auto' (default: dense up to 1,000 genes, else 40)")
+    parser.add_argument("--tau", type=_tau, default="budget",
+                        help="edge threshold τ in [0, 1), or a rule: 'budget' (default): as many edges as gene pairs "
+                             "with a significant partial correlation (BH 10 %%); 'auto': the paper's 0.2 unless it "
+                             "leaves fewer than --min-positioned of the genes with an edge, then the largest τ "
+                             "that does")
     parser.add_argument("--min-positioned", type=float, default=0.5,
                         help="fraction of genes that must get an edge (0.5): below it, tau=auto stops with the "
                              "reason and a fixed tau warns; 0 turns the check off")
-    parser.add_argument("--lambda-sparse", type=float, default=1.0, help="L1 weight λs (1.0)")
+    parser.add_argument("--lambda-sparse", type=float, default=None,
+                        help="L1 weight λs (default: 0.3 for a dense A, 1.0 for low rank)")
     parser.add_argument("--epochs", type=int, default=100, help="training epochs (100)")
     parser.add_argument("--batch-size", type=int, default=128, help="cells per minibatch (128)")
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (3e-3)")
     parser.add_argument("--use-genes", default="cape_used",
                         help="boolean var column selecting genes ('cape_used'; all genes when absent); 'all'")
     parser.add_argument("--layer", default=None, help="use this layer instead of X")
+    parser.add_argument("--interventions", default=None, metavar="OBS_KEY",
+                        help="obs column of per-cell perturbation labels in GEARS form ('ctrl', 'A+ctrl', 'A+B'): "
+                             "each perturbed gene's own equation is left out for its cells, which orients edges")
+    parser.add_argument("--screen", choices=SCREENS, default="partial_correlation",
+                        help="candidate parents of a dense A: gene pairs with a significant partial correlation "
+                             "(20 %% FDR; default), or 'none'")
     parser.add_argument("--h-every", type=_h_every, default=None,
                         help="steps between exact acyclicity evaluations, linearised in between, or 'auto' "
                              "(exact while the exponential is small, else every 10 steps)")
@@ -74,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     causal_graph(adata, rank=args.rank, tau=args.tau, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
                  batch_size=args.batch_size, lr=args.lr, device="auto", seed=None,
                  use_genes=None if args.use_genes == "all" else args.use_genes, layer=args.layer,
-                 h_every=args.h_every, min_positioned=args.min_positioned, model=args.model)
+                 h_every=args.h_every, min_positioned=args.min_positioned, model=args.model,
+                 interventions=args.interventions, screen=args.screen)
     write_h5ad(adata, out)
     return 0

@@ -140,6 +140,16 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                 line += f"; model {model}, {int(info[step]['n_edges'])} edges"
                 if "tau_used" in info[step]:
                     line += f" at τ {float(info[step]['tau_used']):.3g}"
+                    rule, budget = info[step].get("tau_rule"), info[step].get("edge_budget", {})
+                    if rule == "budget":
+                        line += (f" (threshold rule budget: {int(budget['n_pairs'])} gene pairs with a significant "
+                                 f"partial correlation, FDR {float(budget['fdr']):g})")
+                    elif rule:
+                        line += f" (threshold rule {rule})"
+                if "interventions" in info[step]:
+                    given = info[step]["interventions"]
+                    line += (f"; interventions obs[{given['key']!r}]: {int(given['n_intervened_cells'])} perturbed "
+                             "cells")
             at_origin = info[step].get("fraction_at_origin") if step == "hyperbolic_embedding" else None
             if at_origin is not None:  # such genes get no rotation: a rotary encoding cannot tell them apart
                 line += f"; {float(at_origin):.1%} of the genes within 1e-3 of the origin"

@@ -113,7 +113,7 @@ def _tau_remedy(pos: Positioning) -> str:
     cells = f"; Step I saw {pos.n_cells:,} cells" if pos.n_cells is not None else ""
     smaller = [f"τ {t:.3g}: {e:,} edges, {p:,} genes" for t, e, p in pos.scan if pos.tau is None or t < pos.tau]
     scan = f" (at smaller thresholds: {'; '.join(smaller)})" if smaller else ""
-    calibrate = ("" if (pos.tau_rule or "").startswith("auto")
+    calibrate = ("" if (pos.tau_rule or "").startswith(("auto", "budget"))
                  else ", or set `causal.tau: auto` to calibrate it on the data")
     return (f"lower Step I's edge threshold `causal.tau`{now}{scan}{calibrate}; more cells also give Step I more "
             f"to go on{cells}")

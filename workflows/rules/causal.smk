@@ -12,8 +12,12 @@ rule causal:
         cape=CAPE,
         opts=config["causal"],
         rank=lambda wildcards: config["causal"]["rank"] if config["causal"]["rank"] else "dense",
+        lambda_sparse=(f"--lambda-sparse {config['causal']['lambda_sparse']}"
+                       if config["causal"]["lambda_sparse"] is not None else ""),
         h_every=config["causal"]["h_every"] or "auto",
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
+        interventions=(f"--interventions {config['causal']['interventions']}"
+                       if config["causal"].get("interventions") else ""),
     threads: 2
     resources:
         mem_mb=2000,  # max_rss 0.83 GB on 5,000 cells × 33,000 genes (300 used)
@@ -23,7 +27,8 @@ rule causal:
         "{params.cape} --threads {threads} causal"
         " --input {input:q} --output {output:q}"
         " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --min-positioned {params.opts[min_positioned]}"
-        " --lambda-sparse {params.opts[lambda_sparse]}"
+        " {params.lambda_sparse}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
-        " --use-genes {params.opts[use_genes]} --h-every {params.h_every} {params.layer}"
+        " --use-genes {params.opts[use_genes]} --h-every {params.h_every} --screen {params.opts[screen]}"
+        " {params.layer} {params.interventions}"
         " > {log:q} 2>&1"

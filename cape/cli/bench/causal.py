@@ -23,8 +23,8 @@ def register(bench) -> None:
                         "both; records carry input=raw|standardized")
     b.add_argument("--budget", type=float, default=None, help="seconds allowed per peer run (600; quick: 60)")
     b.add_argument("--taus", default=None,
-                   help="comma-separated extra thresholds τ each cape fit is also scored at (rows method@τ); 'auto' "
-                        "is cape.tl.causal_graph's default rule")
+                   help="comma-separated extra thresholds τ each cape fit is also scored at (rows method@τ); "
+                        "'budget' is cape.tl.causal_graph's default rule, 'auto' its positioning rule")
     b.add_argument("--diagnose", action="store_true",
                    help=f"one experiment per suspected cause of cape's losses: methods {','.join(DIAGNOSE['methods'])} "
                         f"(unless --methods), thresholds {','.join(map(str, DIAGNOSE['taus']))} (unless --taus)")
@@ -40,9 +40,9 @@ def run(args: argparse.Namespace) -> int:
         methods = methods or list(DIAGNOSE["methods"])
         taus = taus or list(DIAGNOSE["taus"])
     try:
-        taus = [t if t == "auto" else float(t) for t in taus or []]
+        taus = [t if t in ("auto", "budget") else float(t) for t in taus or []]
     except ValueError as err:
-        raise CapeInputError(f"--taus must be numbers or 'auto', got {args.taus!r}") from err
+        raise CapeInputError(f"--taus must be numbers, 'auto' or 'budget', got {args.taus!r}") from err
     run_causal_benchmark(out=args.out, quick=args.quick, settings=split(args.settings),
                          methods=methods, n_seeds=args.seeds, budget=args.budget,
                          seed_offset=args.seed_offset, taus=taus,
