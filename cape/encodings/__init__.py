@@ -22,6 +22,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "trainable_relative": ("trainable_relative", "TrainableRelativeEncoding"),
     "rope": ("rope", "RotaryOrderEncoding"),
     "cape": ("cape", "CapeEncoding"),
+    "cape_paper": ("cape", "CapePaperEncoding"),
     "cape_additive": ("cape_additive", "CapeAdditiveEncoding"),
     "hope": ("hope", "HopeEncoding"),
     "tape": ("tape", "TapeEncoding"),

@@ -73,7 +73,11 @@ class GenePositions:
         (V, V) float, optional: pairwise distance (e.g. shortest-path length on the undirected DAG skeleton,
         or Poincaré distance), used by ``grape_a(distance="graph")``.
     vectors_are_angles
-        True when ``vectors`` already holds rotary angles (``varm["cape_angles"]``), so CAPE must not rescale.
+        True when ``vectors`` already holds rotary angles (``varm["cape_angles"]``).
+    angle_params
+        With angles: the Step III map that made them, ``{"scale": c, "bands": B, "band_top": ω_max}``
+        (``uns["cape"]["rotary_encoding"]["params"]``), so that an encoding asked for another scale or number of
+        bands can recover e and re-map; None when unknown (then such a request is refused).
     source
         Free text naming where the positions came from (for logs and error messages).
     """
@@ -83,6 +87,7 @@ class GenePositions:
     has_position: Tensor | None = None
     graph_distance: Tensor | None = None
     vectors_are_angles: bool = False
+    angle_params: dict | None = None
     source: str = ""
 
     def __post_init__(self) -> None:

@@ -6,6 +6,13 @@ gene n is q_mᵀ R(φ_n − φ_m) k_n (Eq. 25): it depends on e only through e_n
 every e is shifted by the same vector (a Euclidean translation — not a hyperbolic isometry). Tokens without
 a position (``<cls>``, padding, genes outside the graph) get angle 0, the identity.
 
+**Bands.** The paper's map bounds every angle by c = π/4, and Step II puts genes on a thin shell, so nearby genes
+get nearly equal angles and a model that has no other gene identity cannot tell them apart (issue 33). With
+``bands=B`` each coordinate drives B planes at geometric multipliers ω_b = top^(b/(B−1)) (ω_0 = 1, as RoPE's
+spectrum, :func:`band_frequencies`): band 0 is the paper's map, within ±π/4, on which Props 4.1/4.2 hold; the
+higher bands wrap around. The table is band-major (d columns per band), so with ``layout="split"`` and d = p the
+low band fills whole heads. ``bands=1`` is exactly the paper's map; ``cape_paper`` always uses it.
+
 Where the d angle coordinates go (see :func:`cape.encodings.rotary.layout_for`):
 
 * ``layout="split"``: coordinates split across heads, d = n_heads·head_dim/2 = D/2 (head h uses coordinates
@@ -34,15 +41,97 @@ import torch
 from torch import Tensor
 
 from .._errors import CapeInputError
-from .base import EncodingContext, PositionalEncoding
+from .base import EncodingContext, GenePositions, PositionalEncoding
 from .rotary import angles_to_heads, apply_complex, apply_rotary, layout_for, plane_rotation, rotate_embedding
 
 DEFAULT_SCALE = math.pi / 4
+#: Multiplier of the highest band (ω_{B−1}) of a multi-band map: at ×16–×64 the genes of a 200-gene true DAG
+#: became distinguishable in ``replace`` mode (issue 33), while ×1 (the paper's) left annotation at chance.
+DEFAULT_BAND_TOP = 64.0
 
 
-def cape_angles(e: Tensor, scale: float = DEFAULT_SCALE) -> Tensor:
-    """Rotary angles φ = c·e from Poincaré coordinates (any shape; c = π/4 by default)."""
-    return e * scale
+def band_frequencies(bands: int = 1, top: float = DEFAULT_BAND_TOP, dtype: torch.dtype = torch.float64) -> Tensor:
+    """Band multipliers ω_b = top^(b/(B−1)), b = 0..B−1: a geometric spectrum like RoPE's, rising from ω_0 = 1.
+
+    ω_0 = 1 is the paper's map itself (the low band); one band is ``tensor([1.])`` whatever ``top``.
+    """
+    if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
+        raise CapeInputError(f"bands must be a positive integer, got {bands!r}")
+    if not (isinstance(top, int | float) and math.isfinite(top) and top >= 1):
+        raise CapeInputError(f"band_top must be a finite number ≥ 1, got {top!r}")
+    b = torch.arange(bands, dtype=torch.float64)
+    return (float(top) ** (b / max(bands - 1, 1))).to(dtype)
+
+
+def cape_angles(e: Tensor, scale: float = DEFAULT_SCALE, bands: int = 1, top: float = DEFAULT_BAND_TOP) -> Tensor:
+    """Rotary angles from Poincaré coordinates e (..., d) → (..., d·B).
+
+    Band-major: columns b·d … (b+1)·d − 1 hold φ^(b) = ω_b·c·e (:func:`band_frequencies`). Band 0 is the paper's
+    φ = c·e (Eq. 26), within ±c since ‖e‖ < 1, so Props 4.1/4.2 hold on its planes; the higher bands wrap around
+    and make nearby genes distinguishable. ``bands=1`` is exactly c·e.
+    """
+    if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
+        raise CapeInputError(f"scale must be a positive finite number, got {scale!r}")
+    if bands == 1:
+        return e * scale
+    omega = band_frequencies(bands, top, dtype=e.dtype if e.is_floating_point() else torch.float64)
+    return (e[..., None, :] * (scale * omega)[:, None]).flatten(-2)
+
+
+def low_band(angles: Tensor, bands: int = 1) -> Tensor:
+    """The band-0 columns (the paper's φ = c·e) of a band-major angle table (..., d·B) → (..., d)."""
+    width = angles.shape[-1]
+    if width % bands:
+        raise CapeInputError(f"{width} angle columns are not {bands} bands of equal width")
+    return angles[..., : width // bands]
+
+
+#: Step III options an encoding can take, with their defaults when nothing was recorded.
+MAP_DEFAULTS: dict[str, Any] = {"scale": DEFAULT_SCALE, "bands": 1, "band_top": DEFAULT_BAND_TOP}
+
+
+def poincare_coordinates(positions: GenePositions, encoding: str = "cape") -> tuple[Tensor, dict[str, Any] | None]:
+    """Poincaré coordinates e (V, d) of ``positions``, and the Step III record the angles came with (or None).
+
+    Vectors that are angles are turned back into e through their low band (ω_0 = 1): e = φ^(0)/c with the
+    recorded c. Angles without a record (:attr:`GenePositions.angle_params` None) cannot be: CapeInputError.
+    """
+    vectors = positions.vectors
+    if not positions.vectors_are_angles:
+        return vectors, None
+    record = positions.angle_params
+    if record is None:
+        raise CapeInputError(
+            f"encoding '{encoding}': scale/bands cannot act on angles without their Step III record "
+            "(uns['cape']['rotary_encoding']); pass Poincaré coordinates or re-run `cape encode`"
+        )
+    return low_band(vectors, int(record["bands"])) / float(record["scale"]), record
+
+
+def resolve_angles(positions: GenePositions, encoding: str = "cape", **options: Any) -> tuple[Tensor, dict[str, Any]]:
+    """The angle table (V, d·B) an encoding uses, and the map that made it (``scale``, ``bands``, ``band_top``).
+
+    Options left None take Step III's recorded value when the positions are angles (so ``cape encode --scale``
+    acts), else :data:`MAP_DEFAULTS`; options given explicitly always act: angles that arrived with a record are
+    recomputed from their e (:func:`poincare_coordinates`), angles without one are refused with one line. So the
+    scale and bands are effective whichever way the positions arrive.
+    """
+    unknown = set(options) - set(MAP_DEFAULTS)
+    if unknown:
+        raise CapeInputError(f"unknown Step III option(s) {', '.join(sorted(unknown))}")
+    given = {k: v for k, v in options.items() if v is not None}
+    if positions.vectors_are_angles and positions.angle_params is None:
+        if given:
+            poincare_coordinates(positions, encoding)  # raises the one-line error
+        return positions.vectors, {"scale": None, "bands": None, "band_top": None, "from": "angles as given"}
+    e, record = poincare_coordinates(positions, encoding)
+    base = MAP_DEFAULTS if record is None else {**MAP_DEFAULTS, **record}
+    params = {k: base[k] if given.get(k) is None else given[k] for k in MAP_DEFAULTS}
+    if record is not None and all(params[k] == record[k] for k in MAP_DEFAULTS):
+        return positions.vectors, {**params, "from": "Step III angles"}
+    angles = cape_angles(e.double(), float(params["scale"]), params["bands"], float(params["band_top"]))
+    return angles.to(positions.vectors.dtype), {**params, "from": "Step III angles, re-mapped" if record
+                                                 else "Poincaré coordinates"}
 
 
 class CapeRotation(torch.nn.Module):
@@ -79,13 +168,21 @@ class CapeEncoding(PositionalEncoding):
 
     Options
     -------
-    scale
-        c in φ = c·e (π/4); ignored when ``positions.vectors_are_angles``.
+    scale, bands, band_top
+        The Step III map (:func:`cape_angles`): c (π/4), the number of bands B and the highest band's multiplier.
+        None takes what Step III recorded with the angles (``uns['cape']['rotary_encoding']``), else π/4, 1 band,
+        ×64. A value given here always acts, also on angles made by ``cape encode`` (re-mapped from their e).
+        With B bands each Poincaré coordinate drives B rotation planes: d·B must fit the planes (``layout``).
     mode
         ``"attention"`` (rotate q, k per head; default), ``"input"`` (rotate the token embedding, F.108) or
         ``"both"``.
     layout
         ``"auto"``, ``"split"`` or ``"shared"`` (q/k rotation).
+
+    Attributes
+    ----------
+    map_params
+        The map in effect: ``scale``, ``bands``, ``band_top`` and ``from`` (where the angles came from).
     """
 
     name: ClassVar[str] = "cape"
@@ -94,25 +191,38 @@ class CapeEncoding(PositionalEncoding):
     rotary: ClassVar[bool] = True
     replace_options: ClassVar[dict[str, Any]] = {"mode": "both"}
 
-    def __init__(self, *, scale: float = DEFAULT_SCALE, mode: str = "attention", layout: str = "auto",
-                 **kwargs: Any) -> None:
+    def __init__(self, *, scale: float | None = None, bands: int | None = None, band_top: float | None = None,
+                 mode: str = "attention", layout: str = "auto", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if mode not in ("attention", "input", "both"):
-            raise CapeInputError(f"cape mode must be 'attention', 'input' or 'both', got '{mode}'")
-        vectors = self._need_vectors()
-        angles = vectors if self.positions.vectors_are_angles else cape_angles(vectors, scale)
+            raise CapeInputError(f"{self.name} mode must be 'attention', 'input' or 'both', got '{mode}'")
+        self._need_vectors()
+        angles, self.map_params = resolve_angles(self.positions, self.name, scale=scale, bands=bands,
+                                                 band_top=band_top)
         angles = torch.where(self.has_position_table[:, None], angles, torch.zeros((), dtype=angles.dtype))
         angles = torch.nan_to_num(angles.float(), nan=0.0)
         self.register_buffer("angle_table", angles)
         self.mode = mode
         self.provides = frozenset({"input": {"input"}, "attention": {"qk"}, "both": {"input", "qk"}}[mode])
-        self.scale = float(scale)
+        self.scale = self.map_params["scale"]
         if mode != "attention" and angles.shape[1] > self.d_model // 2:
             raise CapeInputError(
-                f"cape {mode} mode: {angles.shape[1]} angle coordinates exceed d_model/2 = {self.d_model // 2}"
+                f"{self.name} {mode} mode: {angles.shape[1]} angle coordinates exceed d_model/2 = "
+                f"{self.d_model // 2}{self._bands_hint()}"
             )
-        self.rotation = None if mode == "input" else CapeRotation(self.n_heads, self.head_dim, angles.shape[1],
-                                                                   layout)
+        try:
+            self.rotation = None if mode == "input" else CapeRotation(self.n_heads, self.head_dim, angles.shape[1],
+                                                                       layout)
+        except CapeInputError as err:
+            raise CapeInputError(f"{err}{self._bands_hint()}") from None
+
+    def _bands_hint(self) -> str:
+        bands = self.map_params.get("bands") or 1
+        return f" ({bands} bands × d coordinates; use fewer bands or embed with a smaller dim)" if bands > 1 else ""
+
+    def effective_options(self) -> dict[str, Any]:
+        """The Step III map this encoding applies (recorded with the model in ``uns['cape']['model']``)."""
+        return dict(self.map_params)
 
     def token_angles(self, ctx: EncodingContext) -> Tensor:
         """(B, L, d) angles of the batch's tokens (0 where no position)."""
@@ -139,4 +249,28 @@ class CapeEncoding(PositionalEncoding):
 
     def extra_repr(self) -> str:
         layout = "" if self.rotation is None else f", layout={self.rotation.layout}"
-        return f"{super().extra_repr()}, mode={self.mode}, scale={self.scale:.4g}{layout}"
+        p = self.map_params
+        scale = "as given" if p["scale"] is None else f"{p['scale']:.4g}"
+        return f"{super().extra_repr()}, mode={self.mode}, scale={scale}, bands={p['bands']}{layout}"
+
+
+class CapePaperEncoding(CapeEncoding):
+    """``cape_paper``: the paper's single-band map φ = c·e (Eq. 26), whatever bands Step III wrote.
+
+    Multi-band angles from ``cape encode --bands B`` are reduced to their low band (the same e, ω_0 = 1), so this
+    is the encoding behind the paper's figures. Angles without a Step III record are used as given. Options as
+    :class:`CapeEncoding` without ``bands``/``band_top``.
+    """
+
+    name: ClassVar[str] = "cape_paper"
+
+    def __init__(self, *, scale: float | None = None, mode: str = "attention", layout: str = "auto",
+                 **kwargs: Any) -> None:
+        for option in ("bands", "band_top"):
+            if option in kwargs:
+                raise CapeInputError(f"encoding 'cape_paper' is the single-band map: option '{option}' is "
+                                     "not taken (use encoding 'cape')")
+        positions = kwargs.get("positions")
+        # Angles without a Step III record are taken as they are (their bands cannot be known); else one band.
+        unrecorded = positions is not None and positions.vectors_are_angles and positions.angle_params is None
+        super().__init__(scale=scale, bands=None if unrecorded else 1, mode=mode, layout=layout, **kwargs)

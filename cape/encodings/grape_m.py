@@ -30,6 +30,7 @@ from torch import Tensor
 
 from .._errors import CapeInputError
 from .base import EncodingContext, PositionalEncoding
+from .cape import poincare_coordinates
 from .rotary import apply_complex, plane_rotation, rope_frequencies
 
 DEFAULT_SCALE = torch.pi / 4
@@ -88,9 +89,11 @@ class GrapeMEncoding(PositionalEncoding):
             source = "vectors" if has_vectors else "order"
         planes = self.head_dim // 2
         if source == "vectors":
-            vectors = self._need_vectors().float()
-            if self.positions.vectors_are_angles:
-                vectors = vectors / DEFAULT_SCALE  # back to Poincaré coordinates; W re-applies the scale
+            self._need_vectors()
+            if self.positions.vectors_are_angles and self.positions.angle_params is None:
+                vectors = self.positions.vectors.float() / DEFAULT_SCALE  # unrecorded angles: the paper's c
+            else:  # Poincaré coordinates (angles are mapped back through their low band); W re-applies the scale
+                vectors = poincare_coordinates(self.positions, self.name)[0].float()
             d_pos = vectors.shape[1]
             if layout == "auto":
                 layout = "shared" if d_pos <= planes else "split"

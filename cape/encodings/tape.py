@@ -42,7 +42,7 @@ from torch import Tensor
 
 from .._errors import CapeInputError
 from .base import EncodingContext, PositionalEncoding, attention_mask
-from .cape import DEFAULT_SCALE
+from .cape import resolve_angles
 from .rotary import angles_to_heads, apply_complex, layout_for, rope_frequencies
 
 
@@ -53,8 +53,9 @@ class TapeEncoding(PositionalEncoding):
     -------
     init
         ``"cape"`` (GenePositions.vectors; default) or ``"rope"`` (GenePositions.order).
-    scale
-        c for the CAPE initialisation (π/4).
+    scale, bands, band_top
+        The Step III map of the CAPE initialisation, as :class:`~cape.encodings.cape.CapeEncoding` (None: what
+        Step III recorded, else π/4 and one band).
     layout
         ``"auto"`` (default), ``"split"`` or ``"shared"``: where the CAPE coordinates go, as in
         :class:`~cape.encodings.cape.CapeEncoding`; the split layout restricts the updates to per-head ones
@@ -78,13 +79,16 @@ class TapeEncoding(PositionalEncoding):
     requires: ClassVar[str | None] = "cape_angles"
     rotary: ClassVar[bool] = True
 
-    def __init__(self, *, init: str = "cape", scale: float = DEFAULT_SCALE, layout: str = "auto",
+    def __init__(self, *, init: str = "cape", scale: float | None = None, bands: int | None = None,
+                 band_top: float | None = None, layout: str = "auto",
                  hidden: int | None = None, base: float = 10_000.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         planes = self.head_dim // 2
         if init == "cape":
-            vectors = self._need_vectors().float()
-            angles = vectors if self.positions.vectors_are_angles else vectors * scale
+            self._need_vectors()
+            angles, self.map_params = resolve_angles(self.positions, self.name, scale=scale, bands=bands,
+                                                     band_top=band_top)
+            angles = angles.float()
             layout = layout_for(angles.shape[1], self.n_heads, planes, layout)  # raises when d does not fit
             width = planes if layout == "shared" else self.n_heads * planes
             angles = torch.nn.functional.pad(angles, (0, width - angles.shape[1]))
@@ -109,6 +113,10 @@ class TapeEncoding(PositionalEncoding):
         self.gate = torch.nn.ModuleList(torch.nn.Linear(self.d_model, width) for _ in range(n_updates))
         self.up = torch.nn.Parameter(torch.zeros(n_updates, self.n_heads, width))
         self.down = torch.nn.Parameter(torch.randn(n_updates, self.n_heads, width) / math.sqrt(width))
+
+    def effective_options(self) -> dict[str, Any]:
+        """The Step III map of the CAPE initialisation ({} for ``init="rope"``)."""
+        return dict(getattr(self, "map_params", {}))
 
     # -- state ----------------------------------------------------------------------------------------------
     def _prepare(self, ctx: EncodingContext) -> None:

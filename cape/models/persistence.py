@@ -52,6 +52,9 @@ def model_record(model: CellTransformer) -> dict[str, Any]:
     cfg["device"] = str(model.device)
     if getattr(model, "truncation", None) is not None:
         cfg["truncation"] = dict(model.truncation)
+    effective = getattr(model.backbone.encoding, "effective_options", None)
+    if effective is not None:  # e.g. CAPE's scale and bands as applied, whichever way the angles arrived
+        cfg["encoding_effective"] = effective()
     cfg["history"] = {task: {key: [r.get(key, np.nan) for r in rows] for key in rows[0]}
                       for task, rows in model.history.items() if rows}
     return h5_safe(json.loads(json.dumps(cfg, default=str)))

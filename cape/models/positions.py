@@ -30,6 +30,7 @@ from ..encodings import (
     ordering,  # the encodings helper owns the ordering rule
     static_absolute,
 )
+from ..encodings import cape as cape_map
 from ..encodings.base import POSITION_SOURCES
 from .tokenize import GeneVocab
 
@@ -67,14 +68,31 @@ def _vocab_table(vocab: GeneVocab, var_names, values: np.ndarray, has: np.ndarra
     return table
 
 
+def angle_record(adata, key: str = "cape_angles") -> dict | None:
+    """The Step III map that wrote ``varm[key]``: ``{"scale", "bands", "band_top"}`` from
+    ``uns["cape"]["rotary_encoding"]["params"]`` (records older than bands: 1 band), or None without a record
+    for this key or when the recorded width does not match the table's."""
+    entry = adata.uns.get("cape", {}).get("rotary_encoding") if isinstance(adata.uns.get("cape"), dict) else None
+    params = entry.get("params") if isinstance(entry, dict) else None
+    if not isinstance(params, dict) or "scale" not in params or params.get("key_added", key) != key:
+        return None
+    record = {"scale": float(params["scale"]), "bands": int(params.get("bands", 1)),
+              "band_top": float(params.get("band_top", cape_map.DEFAULT_BAND_TOP))}
+    if key in adata.varm and np.shape(adata.varm[key])[1] % record["bands"]:
+        return None
+    return record
+
+
 def vectors_from_varm(adata, vocab: GeneVocab, key: str, encoding: str = "?") -> GenePositions:
-    """``varm[key]`` laid out by vocabulary index (NaN rows: no position, incl. genes outside ``cape_used``)."""
+    """``varm[key]`` laid out by vocabulary index (NaN rows: no position, incl. genes outside ``cape_used``);
+    angles carry their Step III record (:func:`angle_record`)."""
     if key not in adata.varm:
         raise _missing(encoding, key)
     vec = np.asarray(adata.varm[key], dtype=np.float64)
     table = _vocab_table(vocab, adata.var_names, vec, _used_mask(adata))
-    return GenePositions(vectors=torch.as_tensor(table, dtype=torch.float32),
-                         vectors_are_angles=key == "cape_angles", source=f"varm['{key}']")
+    angles = key == "cape_angles"
+    return GenePositions(vectors=torch.as_tensor(table, dtype=torch.float32), vectors_are_angles=angles,
+                         angle_params=angle_record(adata, key) if angles else None, source=f"varm['{key}']")
 
 
 def _dag(adata, encoding: str):
@@ -129,7 +147,9 @@ def gene_positions(adata, vocab: GeneVocab, encoding: str, *, encoding_options: 
     """Positions for ``encoding`` read from ``adata`` (None when it needs none).
 
     Every position field the AnnData can provide is filled: ``vectors`` from the varm key the encoding
-    requires (else ``varm["cape_poincare"]`` when present), ``order`` from ``varp["cape_dag"]`` when present, and
+    requires (else ``varm["cape_poincare"]`` when present; also when angles without a Step III record meet
+    ``scale``/``bands``/``band_top`` options, which then act on e), ``order`` from ``varp["cape_dag"]`` when
+    present, and
     ``graph_distance`` when ``encoding_options["distance"] == "graph"``. The encoding itself then raises a
     one-line :class:`~cape.CapeInputError` naming the missing key and the step that writes it.
 
@@ -158,9 +178,13 @@ def gene_positions(adata, vocab: GeneVocab, encoding: str, *, encoding_options: 
         return co_expression_positions(adata, vocab, expression, encoding, max_dim=max_dim)
     fields: dict = {}
     vectors_key = requires if requires in _VARM_KEYS else "cape_poincare"
+    remap = any(options.get(k) is not None for k in cape_map.MAP_DEFAULTS)
+    if (vectors_key == "cape_angles" and remap and vectors_key in adata.varm and angle_record(adata) is None
+            and "cape_poincare" in adata.varm):
+        vectors_key = "cape_poincare"  # angles of unknown scale: the map the options ask for acts on e itself
     if vectors_key in adata.varm:
         pos = vectors_from_varm(adata, vocab, vectors_key, encoding)
-        fields.update(vectors=pos.vectors, vectors_are_angles=pos.vectors_are_angles)
+        fields.update(vectors=pos.vectors, vectors_are_angles=pos.vectors_are_angles, angle_params=pos.angle_params)
     if "cape_dag" in adata.varp:
         fields["order"] = torch.as_tensor(order_from_dag(adata, vocab, encoding), dtype=torch.float32)
         if options.get("distance") == "graph":

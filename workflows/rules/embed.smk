@@ -48,4 +48,5 @@ rule encode:
         gpu=gpus(),
     shell:
         "{params.cape} --threads {threads} encode --input {input:q} --output {output:q} --scale {params.opts[scale]}"
+        " --bands {params.opts[bands]} --band-top {params.opts[band_top]}"
         " > {log:q} 2>&1"
