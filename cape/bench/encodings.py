@@ -21,6 +21,12 @@
 * **Integration** (``integrations``): every model runs in ``complement`` mode (the backbone keeps its gene-identity
   embedding beside the encoding) and/or ``replace`` mode (the encoding takes its place, CAPE Supp. F.2; there
   ``cape_null`` has no gene identity at all, the paper's null); see :mod:`cape.models.backbone`.
+* **Maps and controls** (issue 33): ``--bands`` runs Step III with several bands per coordinate (``cape`` rows;
+  ``cape_paper`` / ``cape_paper_oracle`` keep the paper's single band on the same e). Beside ``cape_oracle``
+  (true DAG), ``cape`` (Step I's DAG) and ``cape_null``, three controls separate causal structure from gene
+  identity (:mod:`cape.bench.encodings_controls`, drawn with each model's seed): ``cape_oracle_random_directions``
+  (the true DAG's norms, random directions), ``cape_oracle_permuted`` (the true DAG, gene labels permuted) and
+  ``rope_random_order`` (RoPE on a random gene order).
 * scBERT's Performer attention cannot add logit biases: encodings that add to the logits (Transformer-XL
   relative, HoPE, GRAPE-A) run on scBERT with exact softmax attention, recorded as ``attention = "softmax"`` and
   marked in the table. A model that cannot be built is recorded with ``kind = "skipped"`` and its reason.
@@ -67,6 +73,7 @@ from ..tasks.perturbation_predictors import (
     pca_gene_embeddings,
     permuted_gene_embeddings,
 )
+from .encodings_controls import apply_control
 from .encodings_models import (
     BACKBONES,
     INTEGRATIONS,
@@ -169,7 +176,7 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
             for integration in integrations:
                 for variant in (for_backbone(v, backbone) for v in rows):
                     for seed in seeds:
-                        key = (backbone, integration, variant.encoding, variant.positions, seed)
+                        key = (backbone, integration, variant.encoding, variant.positions, variant.control, seed)
                         unique.setdefault(key, (backbone, integration, variant, seed))
                         plan.append((backbone, integration, variant, seed, key))
         context = _RunContext(task, sets, labels, splits, ptask, settings, device, threads)
@@ -194,6 +201,7 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
                             ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds)
             records += [{**base, "kind": "model", **where, "seed": seed, "metric": m, "value": v,
                          "registry_encoding": variant.encoding, "position_set": variant.positions,
+                         **({"control": variant.control, "control_seed": seed} if variant.control else {}),
                          "attention": attention, "seconds": seconds, **extra}
                         for m, v in values.items()]
     finally:
@@ -240,7 +248,7 @@ def _model_outcome(context: _RunContext, backbone: str, integration: str, varian
     t0 = time.perf_counter()
     if variant.positions not in context.sets:
         return None, 0.0, NO_TRUE_DAG, None
-    pos_data = context.sets[variant.positions]
+    pos_data = apply_control(context.sets[variant.positions], variant.control, seed)
     try:
         model = build_model(pos_data, backbone, variant, context.settings, seed, context.device, integration)
     except CapeInputError as err:

@@ -19,6 +19,7 @@ import scipy.sparse as sp
 from .. import encodings, tl
 from .._arrays import zscore_columns
 from .._errors import CapeInputError
+from ..encodings.cape import DEFAULT_BAND_TOP
 from ..models import CellTransformer
 from ..models.config import DEFAULT_RECIPE
 from ..tasks.annotation import annotation_metrics, fine_tune_cells, roles
@@ -42,7 +43,8 @@ DEFAULT_ENCODING = {"scgpt": "trainable_absolute", "scbert": "static_absolute"}
 INTEGRATIONS = ("complement", "replace")
 
 
-# ablation name -> (registry encoding, position set); position sets are built by :func:`position_sets`.
+# ablation name -> (registry encoding, position set[, control]); position sets are built by :func:`position_sets`,
+# controls (:mod:`cape.bench.encodings_controls`) are drawn from a set with the model's seed.
 ABLATIONS = {
     "cape_null": ("none", "none"),
     "cape_wo_csl": ("cape", "correlation"),
@@ -51,6 +53,12 @@ ABLATIONS = {
     # The oracle arm: Steps II-III (and RoPE's order) on the data's true DAG instead of Step I's graph.
     "cape_oracle": ("cape", "true_dag"),
     "rope_oracle": ("rope", "true_dag"),
+    "cape_paper_oracle": ("cape_paper", "true_dag"),
+    # Controls that separate causal structure from gene identity (issue 33): the true DAG's norms with random
+    # directions, the true DAG with its gene labels permuted, and RoPE on a random gene order.
+    "cape_oracle_random_directions": ("cape", "true_dag", "random_directions"),
+    "cape_oracle_permuted": ("cape", "true_dag", "permuted"),
+    "rope_random_order": ("rope", "cape", "permuted"),
 }
 
 
@@ -83,7 +91,8 @@ class Variant:
 
     name: str
     encoding: str
-    positions: str = "cape"  # "cape", "correlation", "euclidean" or "none"
+    positions: str = "cape"  # "cape", "correlation", "euclidean", "true_dag" or "none"
+    control: str | None = None  # a control drawn from the position set per seed (encodings_controls.CONTROLS)
 
 
 #: The name that stands for each backbone's own default encoding (:data:`DEFAULT_ENCODING`) in a list of variants.
@@ -144,7 +153,9 @@ class BenchSettings:
     causal_epochs: int = 100
     causal_tau: float = 0.2  # the paper's τ (Step I keeps ~120 edges among 300 pbmc68k_reduced genes)
     causal_rank: int = 40
-    embed_dim: int | None = None  # None: d_model / 2, the paper's d = D/2
+    embed_dim: int | None = None  # None: d_model / (2·bands); one band: the paper's d = D/2
+    bands: int = 1  # Step III bands (tl.rotary_encoding); cape_paper rows always use the low band alone
+    band_top: float = DEFAULT_BAND_TOP
     embed_epochs: int = 1000
     corr_neighbors: int = 5
     predictor_epochs: int = 400
@@ -153,8 +164,8 @@ class BenchSettings:
         if self.annotation_score_on not in ("test", "validation"):
             raise CapeInputError(f"annotation_score_on must be 'test' or 'validation', got "
                                  f"{self.annotation_score_on!r}")
-        if self.embed_dim is None:  # the paper's d = D/2 (Supp. F.4): one coordinate per rotation plane
-            object.__setattr__(self, "embed_dim", self.d_model // 2)
+        if self.embed_dim is None:  # the paper's d = D/2 (Supp. F.4): one coordinate per rotation plane per band
+            object.__setattr__(self, "embed_dim", self.d_model // (2 * self.bands))
 
     @classmethod
     def for_mode(cls, quick: bool, **overrides) -> BenchSettings:
@@ -164,8 +175,8 @@ class BenchSettings:
                    patience=5, causal_epochs=100, embed_epochs=300,
                    predictor_epochs=150) if quick else cls(pretrain_epochs=10)
         overrides = {k: v for k, v in overrides.items() if v is not None}
-        if "d_model" in overrides and "embed_dim" not in overrides:
-            overrides["embed_dim"] = overrides["d_model"] // 2
+        if ({"d_model", "bands"} & set(overrides)) and "embed_dim" not in overrides:
+            overrides["embed_dim"] = overrides.get("d_model", base.d_model) // (2 * overrides.get("bands", base.bands))
         return replace(base, **overrides)
 
 
@@ -267,7 +278,7 @@ def position_sets(adata: ad.AnnData, needed: Sequence[str], settings: BenchSetti
             start = time.perf_counter()
             # optimizer "rsgd" is Riemannian SGD on the hyperboloid and plain SGD in Euclidean space (paper's ablation)
             tl.hyperbolic_embedding(pos, geometry=geometry, optimizer="rsgd", **embed)
-            tl.rotary_encoding(pos)
+            tl.rotary_encoding(pos, bands=settings.bands, band_top=settings.band_top)
             timings.append({"position_set": name, "step": "II_III_embedding", "metric": "seconds",
                             "value": time.perf_counter() - start})
             out[name] = pos
@@ -277,7 +288,7 @@ def position_sets(adata: ad.AnnData, needed: Sequence[str], settings: BenchSetti
         graph = correlation_graph(pos.X, k=settings.corr_neighbors)
         seconds_graph = time.perf_counter() - start
         tl.hyperbolic_embedding(pos, adjacency=graph, geometry="hyperbolic", optimizer="rsgd", **embed)
-        tl.rotary_encoding(pos)
+        tl.rotary_encoding(pos, bands=settings.bands, band_top=settings.band_top)
         # varp["cape_dag"] stays absent: encodings reading a DAG must not see the similarity graph as causal
         pos.uns["cape"]["correlation_graph"] = {"k": settings.corr_neighbors, "n_edges": int(graph.nnz)}
         timings += [{"position_set": "correlation", "step": "I_correlation_graph", "metric": "seconds",
@@ -296,7 +307,7 @@ def position_sets(adata: ad.AnnData, needed: Sequence[str], settings: BenchSetti
             # Step II reads magnitudes; the sign (activation or repression) is not a position.
             pos.varp["cape_dag"] = abs(sp.csr_matrix(pos.varp[TRUE_DAG_KEY], dtype=np.float64))
             tl.hyperbolic_embedding(pos, geometry="hyperbolic", optimizer="rsgd", **embed)
-            tl.rotary_encoding(pos)
+            tl.rotary_encoding(pos, bands=settings.bands, band_top=settings.band_top)
             timings += [{"position_set": "true_dag", "step": "II_III_embedding", "metric": "seconds",
                          "value": time.perf_counter() - start},
                         {"position_set": "true_dag", "step": "I_true_dag", "metric": "n_edges",

@@ -79,12 +79,14 @@ def results_table(records: Sequence[dict], task: str, metrics: Sequence[str] | N
 
 
 def paired_frame(records: Sequence[dict], task: str) -> pd.DataFrame:
-    """Each model row minus its backbone's default encoding and minus CAPE-null (where it ran), paired by seed in
-    the same integration mode (:func:`cape.bench.paired.paired_differences`)."""
+    """Each model row minus its backbone's default encoding, minus CAPE-null and minus CAPE on the true DAG (where
+    they ran), paired by seed in the same integration mode (:func:`cape.bench.paired.paired_differences`)."""
     encodings = {r.get("encoding") for r in records if r.get("kind") == "model"}
     references = {"default": dict(DEFAULT_ENCODING)}
     if "cape_null" in encodings:
         references["cape_null"] = {b: "cape_null" for b in DEFAULT_ENCODING}
+    if "cape_oracle" in encodings:  # e.g. beside the controls: what the true DAG's structure adds over each
+        references["cape_oracle"] = {b: "cape_oracle" for b in DEFAULT_ENCODING}
     return paired_differences(records, references, PRIMARY_METRICS[task], LOWER_IS_BETTER)
 
 

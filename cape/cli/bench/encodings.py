@@ -42,7 +42,8 @@ def register(bench) -> None:
     p.add_argument("--encodings", nargs="+", default=None,
                    help="encodings and ablations (default: all of `cape encodings` + cape_null, cape_wo_csl, "
                         "cape_wo_hyperbolic, cape_wo_rotary); 'default' runs each backbone's own default only; "
-                        "cape_oracle / rope_oracle use the data's true DAG (simulations)")
+                        "cape_oracle / rope_oracle / cape_paper_oracle use the data's true DAG (simulations); "
+                        "controls: cape_oracle_random_directions, cape_oracle_permuted, rope_random_order")
     p.add_argument("--backbones", nargs="+", default=list(BACKBONES), help="scgpt and/or scbert (both)")
     p.add_argument("--score-on", choices=["test", "validation"], default="test",
                    help="annotation: score the 70 %% test cells (default), or fine-tune on half of the 30 %% "
@@ -67,7 +68,10 @@ def register(bench) -> None:
                                                                    "fine-tuning"),
                              ("--fine-tune-epochs", int, "annotation fine-tuning epochs"),
                              ("--causal-epochs", int, "Step I epochs"), ("--causal-tau", float, "Step I threshold τ"),
-                             ("--embed-epochs", int, "Step II epochs"), ("--embed-dim", int, "Step II dimension"),
+                             ("--embed-epochs", int, "Step II epochs"),
+                             ("--embed-dim", int, "Step II dimension (default: d_model / (2·bands))"),
+                             ("--bands", int, "Step III bands per coordinate (cape_paper rows keep one)"),
+                             ("--band-top", float, "multiplier of Step III's highest band"),
                              ("--predictor-epochs", int, "perturbation predictor epochs")]:
         p.add_argument(flag, type=kind, default=None, help=f"{what} (default: the mode's preset)")
     p.set_defaults(func=run)
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in ("n_genes", "d_model", "n_layers", "n_heads", "max_len", "batch_size",
                                                "lr", "pretrain_epochs", "annotation_pretrain_epochs",
                                                "fine_tune_epochs", "causal_epochs", "causal_tau", "embed_epochs",
-                                               "embed_dim", "predictor_epochs")}
+                                               "embed_dim", "bands", "band_top", "predictor_epochs")}
     bench_settings = BenchSettings.for_mode(args.quick, annotation_score_on=args.score_on, **overrides)
     device = cape_settings.device or "auto"
     result = run_encodings_benchmark(adata, args.task, dataset=name, label_key=label_key,
