@@ -190,3 +190,40 @@ def test_plot_errors_name_the_missing_key():
         cape.pl.poincare(adata, color="nope")
     with pytest.raises(CapeInputError, match="components"):
         cape.pl.poincare(adata, components=[0, 5])
+
+
+# -- Step III maps (issue 33): Props 4.1/4.2 hold on the low band of a multi-band map ------------------------------
+
+def test_single_band_map_reproduces_fig_s2():
+    from cape.bench.properties import fig_s2, map_properties
+
+    s2 = {r["metric"]: r["value"] for r in fig_s2(0, n_grid=12)[0]}
+    one = {r["metric"]: r["value"] for r in map_properties(0, bands=1, n_grid=12, n_pairs=300, n_genes=50)}
+    assert one["Prop 4.1 on the low band: monotonicity violations of A⁺ (d_p)"] == s2["monotonicity violations (d_p)"]
+    assert one["Prop 4.2 on the low band: monotonicity violations of A⁺ (ψ)"] == s2["monotonicity violations (ψ)"]
+    assert one["pairs with abs Δφ ≤ π/2 in every plane (the bound's premise)"] == 1.0
+
+
+@pytest.mark.parametrize("bands", [2, 4])
+def test_multi_band_map_keeps_props_on_its_low_band_and_separates_genes(bands):
+    from cape.bench.properties import map_properties
+
+    multi = {r["metric"]: r["value"] for r in map_properties(1, bands=bands, n_grid=12, n_pairs=300, n_genes=80)}
+    one = {r["metric"]: r["value"] for r in map_properties(1, bands=1, n_grid=12, n_pairs=300, n_genes=80)}
+    assert multi["Prop 4.1 on the low band: monotonicity violations of A⁺ (d_p)"] == 0
+    assert multi["Prop 4.2 on the low band: monotonicity violations of A⁺ (ψ)"] == 0
+    assert multi["A⁻ ≤ A ≤ A⁺ on the low band, share of 300 random pairs"] == 1.0
+    assert multi["max abs φ in band 0 (ω = 1)"] < math.pi / 4
+    assert multi[f"max abs φ in band {bands - 1} (ω = 64)"] > math.pi  # the top band wraps around
+    assert multi["pairs with abs Δφ ≤ π/2 in every plane (the bound's premise)"] < 0.5
+    nn = "median nearest-neighbour rotation distance, 80 genes on the shell ‖e‖ ∈ [0.91, 0.99] (rad)"
+    assert multi[nn] > 3 * one[nn]
+    decay = "Spearman(A, d_p) with k = q, whole map, 300 random pairs"
+    assert one[decay] < -0.8 and multi[decay] > one[decay]  # the whole map decays less with distance
+
+
+def test_map_properties_refuses_bands_that_do_not_split_the_planes():
+    from cape.bench.properties import map_properties
+
+    with pytest.raises(ValueError, match="3 bands"):
+        map_properties(0, bands=3)

@@ -6,7 +6,9 @@
    A = qᵀR(φ_n − φ_m)k, with q, k ~ N(0, I₁₂₈) and d = 64, over Poincaré distance d_p ∈ [1, 5] and norm
    r = ‖e_m‖ = ‖e_n‖ (causal generality ψ = 1 − r): A⁺ must not increase with d_p (r fixed) nor with ψ
    (d_p fixed); A⁻ = −A⁺ mirrors it; A⁻ ≤ A ≤ A⁺ for actual rotations; and A⁺ → a (Eq. A.73) as ψ_m → 1.
-3. **Prop 4.3 / A.10, Fig. S3** — the mean attention bias ξ_N (Eq. A.95) of N Gaussian noise pairs added
+3. **Step III maps** — the same bound on the low band of a multi-band map (:func:`map_properties`), beside
+   what holds for the whole map and how far apart genes' rotations are, for ``cape_paper`` and ``cape (4 bands)``.
+4. **Prop 4.3 / A.10, Fig. S3** — the mean attention bias ξ_N (Eq. A.95) of N Gaussian noise pairs added
    to (e_m, e_n), σ = 0.1, 0.2, 0.3, T = 100 repeats per N, q and k fixed (Supp. G.1): its spread shrinks
    like 1/√N. It concentrates at E[ξ_N] = (exp(−s²) − 1)·A, s the angle noise — the paper's own Eq. A.101 —
    which the paper rounds to 0 (Eq. A.92: exp(−s²) ≈ 1 for small s; exactly 0 only as σ → 0, Eq. A.104).
@@ -33,6 +35,7 @@ from scipy.stats import spearmanr
 from .._arrays import dense
 from .._io import save_figure, write_json, write_text
 from ..data.simulate import simulate_sem
+from ..encodings.cape import DEFAULT_BAND_TOP, band_frequencies, cape_angles
 from ..encodings.rotary import apply_rotary
 from ..hyperbolic import khop_positives
 from ..hyperbolic.poincare import poincare_distance
@@ -95,13 +98,17 @@ def pair_at(r: float, gap: float, u: torch.Tensor, v: torch.Tensor) -> tuple[tor
     return r * u, r * (math.cos(theta) * u + math.sin(theta) * v)
 
 
-def bound_surface(q: torch.Tensor, k: torch.Tensor, distances: np.ndarray, radii: np.ndarray) -> np.ndarray:
-    """A⁺ on the (d_p, r) grid with r = ‖e_m‖ = ‖e_n‖; NaN where two points of norm r cannot be d_p apart."""
+def bound_surface(q: torch.Tensor, k: torch.Tensor, distances: np.ndarray, radii: np.ndarray,
+                  scale: float = C_SCALE) -> np.ndarray:
+    """A⁺ on the (d_p, r) grid with r = ‖e_m‖ = ‖e_n‖; NaN where two points of norm r cannot be d_p apart.
+
+    ``scale``: ‖φ_m − φ_n‖ / ‖e_m − e_n‖ (c for the paper's map; c·‖ω‖ for a multi-band map over all its planes).
+    """
     out = np.full((radii.size, distances.size), np.nan)
     for i, r in enumerate(radii):
         gap = euclidean_gap(distances, r, r)
         ok = gap <= 2 * r
-        out[i, ok] = upper_bound(q, k, torch.from_numpy(gap[ok])).numpy()
+        out[i, ok] = upper_bound(q, k, torch.from_numpy(gap[ok]), scale).numpy()
     return out
 
 
@@ -144,6 +151,92 @@ def fig_s2(seed: int = 0, d_model: int = 128, n_grid: int = 60) -> tuple[list[di
     top = float(upper_bound(q, k, 0.0))
     records.append({"section": "fig_s2", "metric": "A⁺ at e_m = e_n (max_t abs α_t · d + Σ_t abs β_t)", "value": top})
     return records, {"distances": distances, "radii": radii, "surface": surface, "limits": limits, "top": top}
+
+
+# --- Step III maps: what holds for the paper's single band and for a multi-band map ----------------------------
+
+#: The maps ``cape bench properties`` compares: (label, bands); the multi-band one fills the same 64 planes.
+MAPS = (("cape_paper (1 band)", 1), ("cape (4 bands)", 4))
+
+#: Norms of the shell Step II puts genes on (true-DAG positions of ``simulated_grn``, issue 33).
+SHELL = (0.91, 0.99)
+
+
+def _wrapped(angle: torch.Tensor) -> torch.Tensor:
+    """Angles folded into (−π, π]: how far apart two rotations of one plane are."""
+    return torch.remainder(angle + math.pi, 2 * math.pi) - math.pi
+
+
+def map_properties(seed: int = 0, d_model: int = 128, bands: int = 1, band_top: float = DEFAULT_BAND_TOP,
+                   n_grid: int = 60, n_pairs: int = 2000, n_genes: int = 500) -> list[dict]:
+    """Props 4.1/4.2 on the low band of a Step III map with ``bands`` bands, and what the other bands change.
+
+    The d_model/2 planes hold d = planes/bands coordinates per band (band-major, :func:`cape_angles`). Measured
+    with q, k ~ N(0, I) drawn as in :func:`fig_s2` (so ``bands=1`` reproduces its numbers): monotonicity of A⁺ on
+    the low band's planes (Props 4.1/4.2); A⁻ ≤ A ≤ A⁺ at random pairs on the low band and for the whole map
+    (Eq. A.59 with the full angle gap, whose proof needs every |Δφ_t| ≤ π/2); the share of pairs meeting that
+    premise; the largest angle per band; and how distinguishable genes are: the median over ``n_genes`` points on
+    Step II's shell (:data:`SHELL`) of the wrapped-angle distance to the nearest other point.
+    """
+    planes = d_model // 2
+    if bands < 1 or planes % bands:
+        raise ValueError(f"{planes} planes do not split into {bands} bands")
+    d = planes // bands
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(d_model, generator=gen, dtype=torch.float64)
+    k = torch.randn(d_model, generator=gen, dtype=torch.float64)
+    ql, kl = q[: 2 * d], k[: 2 * d]
+    grid = np.linspace(1.0, 5.0, n_grid), np.linspace(0.02, 0.98, n_grid)
+
+    def violations(surface: np.ndarray) -> tuple[int, int]:  # increases along d_p, along ψ (r decreasing)
+        tol = 1e-12 * np.nanmax(np.abs(surface))
+        return int(np.nansum(np.diff(surface, axis=1) > tol)), int(np.nansum(-np.diff(surface, axis=0) > tol))
+
+    violations_d, violations_psi = violations(bound_surface(ql, kl, *grid))
+    omega = band_frequencies(bands, band_top)
+    # Over all planes ‖Δφ‖ = c·‖ω‖·‖Δe‖, so Eq. A.59's form is the paper's with scale c·‖ω‖ (proof premise aside).
+    whole_d, whole_psi = violations(bound_surface(q, k, *grid, scale=C_SCALE * float(omega.norm())))
+    e = torch.randn(n_pairs, 2, d, generator=gen, dtype=torch.float64)
+    e = e / e.norm(dim=-1, keepdim=True) * torch.rand(n_pairs, 2, 1, generator=gen, dtype=torch.float64)
+    phi = cape_angles(e, C_SCALE, bands, band_top)  # (n, 2, d·B)
+    low_score = (apply_rotary(ql, phi[:, 0, :d]) * apply_rotary(kl, phi[:, 1, :d])).sum(-1)
+    low_inside = low_score.abs() <= upper_bound(ql, kl, (e[:, 0] - e[:, 1]).norm(dim=-1)) + 1e-9
+    score = (apply_rotary(q, phi[:, 0]) * apply_rotary(k, phi[:, 1])).sum(-1)
+    alpha, beta = alpha_beta(q, k)
+    gap = (phi[:, 0] - phi[:, 1]).norm(dim=-1)
+    full_bound = alpha.abs().amax() * planes * torch.cos(gap / planes) + beta.abs().sum()
+    premise = ((phi[:, 0] - phi[:, 1]).abs() <= math.pi / 2).all(dim=-1)
+    # With k = q every α_t ≥ 0 and β_t = 0: A = Σ_t α_t cos Δφ_t, the score's own decay with distance.
+    self_score = (apply_rotary(q, phi[:, 0]) * apply_rotary(q, phi[:, 1])).sum(-1)
+    decay = spearmanr(self_score.numpy(), poincare_distance(e[:, 0], e[:, 1]).numpy()).statistic
+    shell = torch.randn(n_genes, d, generator=gen, dtype=torch.float64)
+    norms = SHELL[0] + (SHELL[1] - SHELL[0]) * torch.rand(n_genes, 1, generator=gen, dtype=torch.float64)
+    genes = cape_angles(shell / shell.norm(dim=-1, keepdim=True) * norms, C_SCALE, bands, band_top)
+    apart = _wrapped(genes[:, None] - genes[None]).norm(dim=-1) + torch.diag(torch.full((n_genes,), math.inf))
+    label = f"{bands} band{'s' if bands > 1 else ''}"
+    base = {"section": "step3_maps", "bands": bands, "band_top": band_top if bands > 1 else None,
+            "coordinates": d, "map": label}
+    records = [{**base, "metric": "Prop 4.1 on the low band: monotonicity violations of A⁺ (d_p)",
+                "value": violations_d},
+               {**base, "metric": "Prop 4.2 on the low band: monotonicity violations of A⁺ (ψ)",
+                "value": violations_psi},
+               {**base, "metric": "whole map, Eq. A.59's A⁺ with the full gap: monotonicity violations (d_p, ψ)",
+                "value": whole_d + whole_psi},
+               {**base, "metric": f"A⁻ ≤ A ≤ A⁺ on the low band, share of {n_pairs} random pairs",
+                "value": float(low_inside.double().mean())},
+               {**base, "metric": f"A⁻ ≤ A ≤ A⁺ for the whole map (Eq. A.59, full gap), share of {n_pairs} pairs",
+                "value": float((score.abs() <= full_bound + 1e-9).double().mean())},
+               {**base, "metric": "pairs with abs Δφ ≤ π/2 in every plane (the bound's premise)",
+                "value": float(premise.double().mean())},
+               {**base, "metric": f"Spearman(A, d_p) with k = q, whole map, {n_pairs} random pairs",
+                "value": float(decay)}]
+    records.append({**base, "metric": f"median nearest-neighbour rotation distance, {n_genes} genes on the shell "
+                                      f"‖e‖ ∈ [{SHELL[0]}, {SHELL[1]}] (rad)",
+                    "value": float(apart.min(dim=1).values.median())})
+    for b in range(bands):
+        records.append({**base, "metric": f"max abs φ in band {b} (ω = {float(omega[b]):.4g})",
+                        "value": float(phi[..., b * d:(b + 1) * d].abs().max())})
+    return records
 
 
 # --- Prop 4.3 ----------------------------------------------------------------------------------------------
@@ -296,7 +389,9 @@ def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, see
     s3_angle_records, _ = fig_s3(seed, n_max=20 if quick else 100, repeats=30 if quick else 100, noise_on="angle")
     s3_records += s3_angle_records
     c_records, adata, truth = fig_3c(seed, quick=quick, step1_epochs=step1_epochs)
-    records = c_records + s2_records + s3_records
+    map_records = [r for _, bands in MAPS for r in map_properties(seed, bands=bands, n_grid=25 if quick else 60,
+                                                                  n_genes=300 if quick else 500)]
+    records = c_records + s2_records + map_records + s3_records
     write_json(records, out / "properties.json")
     _plot_s2(s2, out / "properties_fig_s2.png")
     _plot_s3(s3, out / "properties_fig_s3.png")
@@ -315,6 +410,16 @@ def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, see
     lines += ["", "## Props 4.1 / 4.2 (Fig. S2): upper bound A⁺, q, k ~ N(0, I₁₂₈), d = 64", "",
               "| metric | value |", "|---|---|"]
     lines += [_row(r) for r in s2_records]
+    lines += ["", "## Step III maps: what holds for each (same q, k; d_model 128 = 64 planes)", "",
+              "cape_paper is the paper's φ = c·e on 64 coordinates; cape (4 bands) puts 16 coordinates in 4 bands "
+              "(ω = 1, 4, 16, 64; band 0 is the paper's map). Props 4.1/4.2 are checked on the low band's planes; "
+              "'whole map' applies Eq. A.59 to all planes, whose proof needs abs Δφ ≤ π/2 in every plane. The "
+              "nearest-neighbour distance measures how well a model can tell genes apart by their rotation alone.",
+              "", "| metric | " + " | ".join(label for label, _ in MAPS) + " |", "|---|" + "---|" * len(MAPS)]
+    by_map = {bands: {r["metric"]: r["value"] for r in map_records if r["bands"] == bands} for _, bands in MAPS}
+    for metric in dict.fromkeys(r["metric"] for r in map_records):
+        cells = [f"{by_map[b][metric]:.6g}" if metric in by_map[b] else "–" for _, b in MAPS]
+        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
     lines += ["", "## Prop 4.3 / A.10 (Fig. S3): mean attention bias ξ_N under Gaussian noise, T repeats", "",
               S3_NOTE, "", f"Clean score A = {s3['clean_score']:.3f}.", "",
               "| noise on | σ | angle noise s | N | metric | value |", "|---|---|---|---|---|---|"]
