@@ -168,15 +168,18 @@ def run_encodings_benchmark(adata: ad.AnnData, task: str, *, dataset: str = "dat
         if settings.annotation_score_on == "validation":
             splits = {s: validation_part(split, labels) for s, split in splits.items()}
         records += _baselines(task, data, labels, ptask, seeds, dataset, splits, settings.predictor_epochs)
-        # Plan every (backbone, integration, variant, seed); a model identical to an earlier one (cape_null = none)
-        # runs once.
+        # Plan every (backbone, integration, variant, seed); a model identical to an earlier one (cape_null = none;
+        # cape_paper = cape with one band) runs once.
         plan: list[tuple[str, str, Variant, int, tuple]] = []
         unique: dict[tuple, tuple[str, str, Variant, int]] = {}
         for backbone in backbones:
             for integration in integrations:
                 for variant in (for_backbone(v, backbone) for v in rows):
                     for seed in seeds:
-                        key = (backbone, integration, variant.encoding, variant.positions, variant.control, seed)
+                        # With one band Step III already wrote the paper's map: cape_paper is the cape model.
+                        same = "cape" if variant.encoding == "cape_paper" and settings.bands == 1 else None
+                        key = (backbone, integration, same or variant.encoding, variant.positions, variant.control,
+                               seed)
                         unique.setdefault(key, (backbone, integration, variant, seed))
                         plan.append((backbone, integration, variant, seed, key))
         context = _RunContext(task, sets, labels, splits, ptask, settings, device, threads)

@@ -255,7 +255,7 @@ class CapeEncoding(PositionalEncoding):
 
 
 class CapePaperEncoding(CapeEncoding):
-    """``cape_paper``: the paper's single-band map φ = c·e (Eq. 26), whatever bands Step III wrote.
+    """The paper's single-band CAPE map φ = c·e (Eq. 26), whatever bands Step III wrote.
 
     Multi-band angles from ``cape encode --bands B`` are reduced to their low band (the same e, ω_0 = 1), so this
     is the encoding behind the paper's figures. Angles without a Step III record are used as given. Options as
