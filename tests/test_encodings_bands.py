@@ -3,6 +3,7 @@ scale/bands act whichever way the positions arrive (Poincaré e, recorded angles
 
 from __future__ import annotations
 
+import json
 import math
 
 import anndata as ad
@@ -164,6 +165,27 @@ def test_rotary_encoding_records_bands_and_models_apply_them(tmp_path):
     row = vocab.lookup([adata.var_names[0]])[0]
     np.testing.assert_allclose(table[row].numpy(), 0.1 * e[0], rtol=1e-5, atol=1e-6)
     assert scaled._record()["encoding_effective"]["scale"] == 0.1
+    scaled.save(tmp_path / "model")  # the record travels with the positions: a reloaded model re-maps the same way
+    loaded = CellTransformer.load(tmp_path / "model")
+    assert torch.equal(loaded.backbone.encoding.angle_table, table)
+
+
+
+def test_models_saved_before_the_record_load_as_they_were_trained(tmp_path):
+    """Before the record travelled with the angles, ``scale=`` did nothing: such a model was trained on the angles
+    as given, and loads that way (not refused, not re-mapped)."""
+    adata = cape_adata(n_genes=12, dim=4)
+    cape.tl.rotary_encoding(adata)
+    model = CellTransformer(adata, "scgpt", "cape", d_model=16, n_heads=2, n_layers=1, max_len=16, seed=0)
+    model.save(tmp_path / "old")
+    fields = torch.load(tmp_path / "old" / "positions.pt", weights_only=True)
+    del fields["angle_params"]
+    torch.save(fields, tmp_path / "old" / "positions.pt")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    config["backbone"]["encoding_options"] = {"scale": 0.5}
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    loaded = CellTransformer.load(tmp_path / "old")
+    assert torch.equal(loaded.backbone.encoding.angle_table, model.backbone.encoding.angle_table)
 
 
 def test_unrecorded_angles_with_poincare_coordinates_re_map_from_e():

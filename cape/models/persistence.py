@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, POSITIONS_FILE = "config.json", "model.pt", "vocab.json", "positions.pt"
 IDENTITY_FILE = "identity.pt"
-_POSITION_FIELDS = ("vectors", "order", "has_position", "graph_distance", "vectors_are_angles", "source")
+_POSITION_FIELDS = ("vectors", "order", "has_position", "graph_distance", "vectors_are_angles", "angle_params",
+                    "source")
 
 
 def model_config(model: CellTransformer) -> dict[str, Any]:
@@ -151,7 +152,14 @@ def _restore(cls: type[CellTransformer], directory: Path, device: str) -> CellTr
             model._backbone_kwargs["encoding_options"] = {"mode": "attention", **options}
     model.positions = model.identity_positions = None
     if (directory / POSITIONS_FILE).is_file():
-        model.positions = GenePositions(**torch.load(directory / POSITIONS_FILE, weights_only=True))
+        fields = torch.load(directory / POSITIONS_FILE, weights_only=True)
+        if "angle_params" not in fields and fields.get("vectors_are_angles"):
+            # Saved before Step III's record travelled with the angles: a scale option did not act then, so the
+            # model was trained on the angles as given; drop such options to rebuild that very model.
+            options = dict(model._backbone_kwargs.get("encoding_options") or {})
+            model._backbone_kwargs["encoding_options"] = {k: v for k, v in options.items()
+                                                          if k not in ("scale", "bands", "band_top")}
+        model.positions = GenePositions(**fields)
     if (directory / IDENTITY_FILE).is_file():
         model.identity_positions = GenePositions(**torch.load(directory / IDENTITY_FILE, weights_only=True))
     model.device = distributed.device_for_rank(resolve_device(device))
