@@ -85,3 +85,23 @@ def validate_config(config: Mapping[str, Any], schema: str | os.PathLike | Mappi
     errors = sorted(validator.iter_errors(dict(config)), key=lambda e: (len(e.absolute_path), _key(e.absolute_path)))
     if errors:
         raise CapeInputError(describe_error(errors[0]))
+    _check_rotary_fit(config, schema)
+
+
+def _check_rotary_fit(config: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
+    """Step II's ``embed.dim`` × Step III's ``encode.bands`` angle coordinates must fit the ``train.d_model/2`` rotation
+    planes of the encodings that read them (``cape``, ``tape``): fail before Steps I–II run, not at training."""
+    props = schema.get("properties", {})
+
+    def value(section: str, key: str) -> Any:
+        given = config.get(section) or {}
+        return given[key] if given.get(key) is not None else props[section]["properties"][key].get("default")
+
+    if not {"train", "embed", "encode"} <= set(props) or value("train", "encoding") not in ("cape", "tape") \
+            or value("train", "checkpoint"):
+        return  # a checkpoint brings its own width
+    bands = (config.get("train") or {}).get("encoding_options", {}).get("bands") or value("encode", "bands")
+    dim, d_model = value("embed", "dim"), value("train", "d_model")
+    if dim * bands > d_model // 2:
+        raise CapeInputError(f"embed.dim {dim} × encode.bands {bands} = {dim * bands} angle coordinates exceed the "
+                             f"train.d_model/2 = {d_model // 2} rotation planes: lower embed.dim or encode.bands")

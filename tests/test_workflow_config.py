@@ -108,6 +108,9 @@ def test_misspelled_nested_key_names_it(workdir, override, words):
         ("causal", {"h_every": "0"}, "config key 'causal.h_every'"),
         ("embed", {"dimm": "3"}, "unknown config key 'embed.dimm'"),
         ("encode", {"scael": "1"}, "unknown config key 'encode.scael'"),
+        ("encode", {"bands": "4"}, "embed.dim 32 × encode.bands 4 = 128 angle coordinates exceed the "
+                                   "train.d_model/2 = 32 rotation planes"),
+        ("encode", {"bands": "0"}, "config key 'encode.bands'"),
         ("predict", {"intervene": ["GATA1=0", "SPI1=0"], "equations": "equivalence_class"},
          "config key 'predict.intervene' holds 2 items, at most 1 here: equations: equivalence_class predicts one"),
     ],
@@ -123,3 +126,12 @@ def test_nested_config_errors_name_the_key(section, value, words):
         validate_config(config, SCHEMA)
     assert coerce_config({**CONFIG}, SCHEMA) is not None
     validate_config(CONFIG, SCHEMA)  # the shipped config is valid
+
+
+def test_bands_that_fit_the_model_pass_the_config_check():
+    from cape.config import validate_config
+
+    validate_config({**CONFIG, "embed": {**CONFIG["embed"], "dim": 8}, "encode": {**CONFIG["encode"], "bands": 4}},
+                    SCHEMA)
+    validate_config({**CONFIG, "encode": {**CONFIG["encode"], "bands": 4},  # a checkpoint brings its own width
+                     "train": {**CONFIG["train"], "checkpoint": "ckpt"}}, SCHEMA)
