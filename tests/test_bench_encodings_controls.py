@@ -3,6 +3,8 @@ permutation of the same positions and graph, both deterministic per seed; bands 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -106,7 +108,7 @@ def test_control_variants_and_bands_setting():
     assert bm.BenchSettings.for_mode(True, bands=2).embed_dim == 8 and bm.BenchSettings.for_mode(True).embed_dim == 16
 
 
-def test_control_rows_run_with_their_seed_and_read_multi_band_angles(monkeypatch):
+def test_control_rows_run_with_their_seed_and_read_multi_band_angles(monkeypatch, tmp_path):
     data = simulate_perturbation(n_genes=16, n_edges=24, n_control=60, n_cells_per_perturbation=8, n_single=4,
                                  n_double=2, seed=0)
     seen = {}
@@ -121,7 +123,14 @@ def test_control_rows_run_with_their_seed_and_read_multi_band_angles(monkeypatch
     monkeypatch.setattr(be, "build_model", spy)
     names = ["cape_oracle", "cape_paper_oracle", "cape_oracle_random_directions", "cape_oracle_permuted"]
     result = be.run_encodings_benchmark(data, "perturbation", seeds=[0, 1], encoding_names=names,
-                                        backbones=["scgpt"], integrations=["replace"], settings=TINY, out=None)
+                                        backbones=["scgpt"], integrations=["replace"], settings=TINY,
+                                        out=tmp_path, dataset="sim")
+    md = result.paths["md"].read_text()
+    assert "cape_oracle_permuted: the genes' labels are permuted" in md and "Step III: 2 bands" in md
+    assert "| cape_oracle_random_directions |" in md.replace("scgpt (replace) ", "")
+    paired = json.loads(result.paths["paired"].read_text())
+    assert {r["encoding"] for r in paired if r["reference"] == "cape_oracle"} >= {"cape_oracle_permuted",
+                                                                                 "cape_oracle_random_directions"}
     assert seen[("cape_oracle", 0)] == (None, 4)                      # 2 coordinates × 2 bands
     assert seen[("cape_paper_oracle", 0)] == (None, 2)                # the low band of the same e
     assert seen[("cape_oracle_random_directions", 1)] == ({"name": "random_directions", "seed": 1}, 4)

@@ -26,6 +26,10 @@ from ..hyperbolic.poincare import poincare_to_lorentz
 
 CONTROLS = ("random_directions", "permuted")
 
+#: What each control keeps and destroys, in the benchmark's report.
+CONTROL_WORDS = {"random_directions": "every gene keeps its Poincaré norm, its direction is random",
+                 "permuted": "the genes' labels are permuted (the same positions and graph, on other genes)"}
+
 
 def _positioned(adata: ad.AnnData) -> np.ndarray:
     """Indices of the genes that have a position: in ``var["cape_used"]`` with finite Poincaré coordinates."""

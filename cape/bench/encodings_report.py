@@ -12,6 +12,7 @@ import pandas as pd
 
 from .._errors import CapeInputError
 from .._io import save_figure
+from .encodings_controls import CONTROL_WORDS
 from .encodings_models import DEFAULT_ENCODING, LOWER_IS_BETTER, METRICS, BenchmarkResult, BenchSettings
 from .paired import PRIMARY_METRICS, paired_differences, paired_table
 
@@ -113,6 +114,10 @@ def markdown_report(result: BenchmarkResult, task: str, dataset: str, info: dict
                   "interval excludes 0 (for MSE lower is better), else no detectable difference; MDD: the smallest "
                   "true difference this many seeds detect with 80 % power at the observed seed-to-seed spread.", "",
                   paired_table(paired_frame(records, task)), ""]
+    controls = {r["encoding"]: r["control"] for r in records if r.get("kind") == "model" and r.get("control")}
+    if controls:
+        parts += ["Controls (a new draw per seed, seeded by it): " + "; ".join(
+            f"{name}: {CONTROL_WORDS[control]}" for name, control in controls.items()) + ".", ""]
     skipped = [r for r in records if r.get("kind") == "skipped"]
     if skipped:
         parts += ["Not run: " + "; ".join(f"{r['encoding']} on {' '.join(row_labels(r)[:1])} ({r['reason']})"
@@ -124,10 +129,13 @@ def markdown_report(result: BenchmarkResult, task: str, dataset: str, info: dict
                   + "; ".join(f"{r['position_set']} {r['step']} {r['metric']} = "
                               + (f"{r['value']:.1f}" if r["metric"] == "seconds" else f"{int(r['value'])}")
                               for r in pos) + ".", ""]
+    bands = (f"; Step III: {s.bands} bands (ω up to ×{s.band_top:g}), cape_paper rows the low band"
+             if s.bands > 1 else "")
     parts += [f"Data: {info['n_cells']} cells × {info['n_genes']} genes. Backbones: d_model {s.d_model}, "
               f"{s.n_layers} layers, {s.n_heads} heads, ≤ {s.max_len} tokens/cell, batch {s.batch_size}, lr {s.lr}; "
               f"dropout {s.dropout}; {_pretrain_note(task, s)}; {_task_note(task, s)} Step I: {s.causal_epochs} "
-              f"epochs, rank {s.causal_rank}, τ {s.causal_tau}; Step II: d {s.embed_dim}, {s.embed_epochs} epochs; "
+              f"epochs, rank {s.causal_rank}, τ {s.causal_tau}; Step II: d {s.embed_dim}, {s.embed_epochs} epochs"
+              f"{bands}; "
               f"w/o-CSL graph: |corr| {s.corr_neighbors}-NN. "
               f"Wall time {result.seconds / 60:.1f} min (CPU time {result.cpu_seconds / 60:.1f} min, workers "
               f"included) on "
