@@ -169,6 +169,7 @@ def test_likely_causes():
     assert c[0].startswith("too few cells") and "90 labelled cells with no pretraining" in c[0] and "now 0" in c[1]
     (c,) = likely_causes(many, dense)
     assert c[0].startswith("a transformer trained from scratch") and "3 epochs of self-supervised pretraining" in c[0]
+    assert "pretrain longer (`train.pretrain_epochs`, now 3)" in c[1]
     causes = likely_causes(ckpt, sparse)
     assert [c[0] for c in causes] == ["few genes positioned (10%): the encoding adds little"]
     assert "`causal.tau`" in causes[0][1]

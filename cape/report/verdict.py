@@ -198,9 +198,10 @@ def likely_causes(training: Training, pos: Positioning | None) -> list[tuple[str
         few = training.n_fine_tune is not None and training.n_fine_tune < FEW_FINE_TUNE_CELLS
         what = "too few cells to train a transformer from scratch" if few else "a transformer trained from scratch"
         cause = f"{what}: it learnt from {cells} with {pre}, while a linear model on PCA needs a few cells per class"
+        pretrain = ("or pretrain on all cells first (`train.pretrain_epochs`, now 0)" if not training.pretrain_epochs
+                    else f"or pretrain longer (`train.pretrain_epochs`, now {training.pretrain_epochs})")
         remedy = ("start from published weights with `train.checkpoint: path/to/scGPT_folder`; or give more cells; "
-                  "or pretrain on all cells first (`train.pretrain_epochs`"
-                  f"{', now 0' if not training.pretrain_epochs else ''})")
+                  + pretrain)
         causes.append((cause, remedy))
     if training.encoding in POSITION_FREE_ENCODINGS:
         pass  # the positions cannot explain anything: the encoding does not read them
