@@ -34,6 +34,7 @@ class CellData:
     vocab: GeneVocab
     tokenizer: TokenizerConfig
     seed: int
+    truncation: dict[str, float] | None
 
     def _vocabulary_genes(self, adata, var_names: pd.Index) -> pd.Index:
         """The genes of the vocabulary, in the AnnData's order (see ``vocabulary`` of CellTransformer)."""
@@ -128,8 +129,7 @@ class CellData:
 
     def _report_truncation(self, summary: dict[str, float]) -> None:
         """Warn (once per distinct outcome) when ``max_len`` drops gene tokens, and keep the summary."""
-        previous = getattr(self, "truncation", None)
-        self.truncation = summary
+        previous, self.truncation = self.truncation, summary
         if summary["n_cells_truncated"] and summary != previous:
             logger.warning(
                 "max_len %d truncates %d of %d cells: they lose %.1f of their gene tokens on average (at most %d), "

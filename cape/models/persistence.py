@@ -51,7 +51,7 @@ def model_record(model: CellTransformer) -> dict[str, Any]:
     cfg = model_config(model)
     cfg["n_parameters"] = int(sum(p.numel() for p in model.module.parameters()))
     cfg["device"] = str(model.device)
-    if getattr(model, "truncation", None) is not None:
+    if model.truncation is not None:
         cfg["truncation"] = dict(model.truncation)
     effective = getattr(model.backbone.encoding, "effective_options", None)
     if effective is not None:  # e.g. CAPE's scale and bands as applied, whichever way the angles arrived
@@ -138,6 +138,7 @@ def _restore(cls: type[CellTransformer], directory: Path, device: str) -> CellTr
     model.n_cls_layers = int(cfg["n_cls_layers"])
     model.pooling = cfg.get("pooling", "cls")
     model.cell_objective = bool(cfg.get("cell_head", False))
+    model.truncation = None
     model.history = cfg.get("history", {})
     model.strict_genes = bool(cfg.get("strict_genes", True))
     model.value_scale = cfg.get("value_scale")

@@ -226,6 +226,7 @@ def cell_transformer_from_scgpt(cls: type[CellTransformer], directory: str | Pat
     args = imported.args
     self.tokenizer = TokenizerConfig(binning="quantile", n_bins=int(args.get("n_bins", 51)), max_len=max_len,
                                      include_zero_genes=include_zero_genes)
+    self.truncation = None
     self._resolve_max_len(adata)
     self.positions = positions
     self.identity_positions = None  # scGPT's identity is its learnt gene table, imported with the weights

@@ -134,6 +134,7 @@ class CellTransformer(CellData):
             identity_positions = co_expression_positions(self._position_source(adata), self.vocab, X,
                                                          "static_absolute", max_dim=network.d_model)
         self.identity_positions = identity_positions
+        self.truncation: dict[str, float] | None = None
         self._resolve_max_len(adata)
         self.n_cls_layers = int(network.n_cls_layers)
         self.pooling = "cls"
