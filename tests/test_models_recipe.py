@@ -237,3 +237,10 @@ def test_paired_rows_name_a_supervised_clustering():
     comparisons = set(paired_rows(records)["comparison"])
     assert comparisons == {"current − pca_kmeans", "current − previous (supervised)",
                            "previous (supervised) − pca_kmeans"}
+
+
+def test_recipe_run_is_the_same_for_the_same_seed(adata):
+    split = annotation_split(adata.obs["cell_type"].astype(str).to_numpy(), seed=1)
+    recipe = TrainingRecipe(pretrain_epochs=2, epochs=2)
+    first, second = (recipe_run(adata, "cell_type", recipe, split, 1, shape=SHAPE) for _ in range(2))
+    assert first[0] == second[0] and np.array_equal(first[1], second[1]) and np.array_equal(first[2], second[2])
