@@ -213,6 +213,7 @@ def test_recipe_run_scores_test_cells_and_reads_the_unsupervised_embedding(adata
     metrics, predicted, embedding, kind = recipe_run(adata, "cell_type", recipe, split, 0, shape=SHAPE)
     assert predicted.shape == split.test.shape and kind == "unsupervised" and embedding.shape == (adata.n_obs, 16)
     assert metrics["accuracy"] == pytest.approx(np.mean(predicted == labels.to_numpy()[split.test]))
+    assert metrics["epochs_pretrain"] == 1 and metrics["epochs_fine_tune"] == 1
     _, _, _, kind = recipe_run(adata, "cell_type", TrainingRecipe(pretrain_epochs=0, epochs=1), split, 0,
                                shape=SHAPE)
     assert kind == "supervised"

@@ -74,6 +74,8 @@ def recipe_run(adata: ad.AnnData, label_key: str, recipe: TrainingRecipe, split:
     if embedding is None:
         embedding = model.get_latent_representation(cells)
     metrics = annotation_metrics(labels.to_numpy()[split.test], predicted)
+    # How long each phase ran before early stopping: a pretraining stopped on a plateau leaves <cls> empty.
+    metrics["epochs_pretrain"] = len(model.history.get("pretrain", []))
     metrics["epochs_fine_tune"] = len(model.history.get("fit", []))
     return metrics, predicted, embedding, kind
 
