@@ -139,7 +139,9 @@ class BenchSettings:
     batch_size: int = 32
     lr: float = 1e-3
     fine_tune_lr: float = DEFAULT_RECIPE.fit_lr
-    pretrain_epochs: int = 5
+    # Pretraining (clustering, perturbation) follows the default recipe: masked values + the <cls> state's
+    # reconstruction of each cell, every epoch run (a plateau early on is not the end).
+    pretrain_epochs: int = DEFAULT_RECIPE.pretrain_epochs
     # Annotation follows `cape train`'s recipe: no masked-value pretraining (it lowered validation accuracy on
     # pbmc68k_reduced), up to ``fine_tune_epochs`` with early stopping on 20 % of the fine-tune cells.
     annotation_pretrain_epochs: int = 0
@@ -148,10 +150,10 @@ class BenchSettings:
     annotation_score_on: str = "test"
     fine_tune_epochs: int = 100
     fine_tune_patience: int = 15
-    patience: int = 5
+    patience: int | None = DEFAULT_RECIPE.pretrain_patience
     dropout: float = DEFAULT_RECIPE.dropout
     causal_epochs: int = 100
-    causal_tau: float = 0.2  # the paper's τ (Step I keeps ~120 edges among 300 pbmc68k_reduced genes)
+    causal_tau: float | str = "budget"  # Step I's default rule (tl.causal_graph); 0.2 is the paper's τ
     causal_rank: int = 40
     embed_dim: int | None = None  # None: d_model / (2·bands); one band: the paper's d = D/2
     bands: int = 1  # Step III bands (tl.rotary_encoding); cape_paper rows always use the low band alone
@@ -171,9 +173,8 @@ class BenchSettings:
     def for_mode(cls, quick: bool, **overrides) -> BenchSettings:
         # Fine-tuning keeps `cape train`'s ≤ 100 epochs / patience 15 in quick mode too: with 40 / 10, models whose
         # gene identity is weak (integration="replace") were stopped before they took off.
-        base = cls(n_genes=200, d_model=32, n_layers=2, n_heads=2, pretrain_epochs=3,
-                   patience=5, causal_epochs=100, embed_epochs=300,
-                   predictor_epochs=150) if quick else cls(pretrain_epochs=10)
+        base = cls(n_genes=200, d_model=32, n_layers=2, n_heads=2, causal_epochs=100, embed_epochs=300,
+                   predictor_epochs=150) if quick else cls()
         overrides = {k: v for k, v in overrides.items() if v is not None}
         if ({"d_model", "bands"} & set(overrides)) and "embed_dim" not in overrides:
             overrides["embed_dim"] = overrides.get("d_model", base.d_model) // (2 * overrides.get("bands", base.bands))
@@ -266,7 +267,7 @@ def position_sets(adata: ad.AnnData, needed: Sequence[str], settings: BenchSetti
         step1 = time.perf_counter() - start
         n_edges = int(base.varp["cape_dag"].nnz)
         if n_edges == 0:
-            logger.warning("Step I kept no edge above tau=%g: every gene sits at the origin, so CAPE positions "
+            logger.warning("Step I kept no edge above tau=%s: every gene sits at the origin, so CAPE positions "
                            "carry no information in this run (lower --causal-tau or train Step I longer)",
                            settings.causal_tau)
         timings += [{"position_set": "cape", "step": "I_causal_graph", "metric": "seconds", "value": step1},
@@ -332,7 +333,8 @@ def _pretrain(model, data: ad.AnnData, settings: BenchSettings, epochs: int | No
     epochs = settings.pretrain_epochs if epochs is None else epochs
     if epochs > 0:
         model.pretrain(data, epochs=epochs, batch_size=settings.batch_size, lr=settings.lr,
-                       validation_fraction=0.1, early_stopping_patience=settings.patience)
+                       validation_fraction=0.1, early_stopping_patience=settings.patience,
+                       cell_weight=DEFAULT_RECIPE.cell_weight)
 
 
 def annotation_run(model, data: ad.AnnData, labels: pd.Series, split, settings: BenchSettings) -> dict[str, float]:
@@ -348,7 +350,7 @@ def annotation_run(model, data: ad.AnnData, labels: pd.Series, split, settings: 
 def clustering_run(model, data: ad.AnnData, labels: pd.Series, settings: BenchSettings, seed: int
                    ) -> dict[str, float]:
     """Pretrain (no labels), embed cells, k-means with k = number of labels; ARI, NMI, ASW."""
-    _pretrain(model, data, settings)  # no labels here: masked-value pretraining is all the model learns
+    _pretrain(model, data, settings)  # no labels here: the pretrained <cls> state is the cell embedding
     cells = data[labels.index].copy()
     cells.obs["_label"] = labels.to_numpy()
     model.embed(cells, gene_key=None)

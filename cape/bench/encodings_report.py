@@ -149,7 +149,9 @@ def _pretrain_note(task: str, s: BenchSettings) -> str:
     epochs = s.annotation_pretrain_epochs if task == "annotation" else s.pretrain_epochs
     if epochs == 0:
         return "no masked-value pretraining"
-    return f"pretraining {epochs} epochs (masked values, early stopping patience {s.patience} on 10 % of the cells)"
+    stopping = ("every epoch run, the best on 10 % of the cells kept" if s.patience is None
+                else f"early stopping patience {s.patience} on 10 % of the cells")
+    return f"pretraining {epochs} epochs (masked values + cell profiles, {stopping})"
 
 
 def _task_note(task: str, s: BenchSettings) -> str:

@@ -65,7 +65,7 @@ def recipe_run(adata: ad.AnnData, label_key: str, recipe: TrainingRecipe, split:
     embedding, kind = None, "supervised"
     if recipe.pretrain_epochs > 0:
         model.pretrain(adata, epochs=recipe.pretrain_epochs, lr=recipe.pretrain_lr, cell_weight=recipe.cell_weight,
-                       batch_size=recipe.batch_size)
+                       batch_size=recipe.batch_size, early_stopping_patience=recipe.pretrain_patience)
         embedding, kind = model.get_latent_representation(cells, pooling="cls"), "unsupervised"
     fine = fine_tune_cells(adata, roles(adata, labels, split), labels, label_key)
     model.train(fine, label_key, epochs=recipe.epochs, lr=recipe.fit_lr, batch_size=recipe.batch_size,

@@ -64,3 +64,14 @@ def max_len_value(value: str) -> int | str:
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, got {value!r}") from None
+
+
+def tau_value(value: str) -> float | str:
+    """``--tau``: Step I's edge threshold, a number or the rule ``budget`` / ``auto``."""
+    # A number out of range is left to cape.tl.causal_graph, which refuses it in one line (exit 2).
+    if value.strip().lower() in ("auto", "budget"):
+        return value.strip().lower()
+    try:
+        return float(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"tau must be a number in [0, 1), 'budget' or 'auto', got {value!r}") from err

@@ -8,7 +8,7 @@ from .._errors import CapeInputError
 from .._io import write_h5ad
 from ..pp.preprocess import detect_scale
 from ..tl.causal_graph import MODELS, SCREENS, causal_graph
-from ._io import check_output, positive_int, read_input
+from ._io import check_output, positive_int, read_input, tau_value
 
 
 def _rank(value: str) -> int | str | None:
@@ -20,16 +20,6 @@ def _rank(value: str) -> int | str | None:
         return int(value)
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"rank must be an integer, 'dense' or 'auto', got {value!r}") from err
-
-
-def _tau(value: str) -> float | str:
-    # A number out of range is left to cape.tl.causal_graph, which refuses it in one line (exit 2).
-    if value.strip().lower() in ("auto", "budget"):
-        return value.strip().lower()
-    try:
-        return float(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"tau must be a number in [0, 1), 'budget' or 'auto', got {value!r}") from err
 
 
 def _h_every(value: str) -> int | None:
@@ -48,7 +38,7 @@ def register(commands) -> None:
                              "(the paper's settings: rank 40, λs 1; add --tau 0.2 for its threshold)")
     parser.add_argument("--rank", type=_rank, default="auto",
                         help="rank of A = UVᵀ, 'dense', or 'auto' (default: dense up to 1,000 genes, else 40)")
-    parser.add_argument("--tau", type=_tau, default="budget",
+    parser.add_argument("--tau", type=tau_value, default="budget",
                         help="edge threshold τ in [0, 1), or a rule: 'budget' (default): as many edges as gene pairs "
                              "with a significant partial correlation (BH 10 %%); 'auto': the paper's 0.2 unless it "
                              "leaves fewer than --min-positioned of the genes with an edge, then the largest τ "

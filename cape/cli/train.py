@@ -22,7 +22,7 @@ from ..models.tokenize import MAX_AUTO_LEN
 from ..report.metrics import FINE_TUNED_KEY
 from ..tasks.annotation import fine_tune_cells, record_split, split_roles
 from ..tasks.labels import checked_labels, resolve_label_key
-from ._io import check_output, max_len_value, read_input
+from ._io import check_output, max_len_value, positive_int, read_input
 
 
 def _option(value: str) -> tuple[str, object]:
@@ -85,7 +85,9 @@ def register(commands) -> None:
     train.add_argument("--lr", type=float, default=DEFAULT_RECIPE.pretrain_lr,
                        help=f"pretraining learning rate ({DEFAULT_RECIPE.pretrain_lr})")
     train.add_argument("--validation-fraction", type=float, default=0.1)
-    train.add_argument("--patience", type=int, default=5, help="early-stopping patience in epochs (5)")
+    train.add_argument("--patience", type=positive_int, default=DEFAULT_RECIPE.pretrain_patience,
+                       help="pretraining early-stopping patience in epochs (default: none, every epoch runs and the "
+                            "best validation epoch is kept)")
     fit = train.add_argument_group("fine-tuning (annotation head)")
     fit.add_argument("--fit-lr", type=float, default=DEFAULT_RECIPE.fit_lr,
                      help=f"fine-tuning learning rate ({DEFAULT_RECIPE.fit_lr})")

@@ -23,10 +23,13 @@ class TrainingRecipe:
 
     Attributes
     ----------
-    pretrain_epochs, pretrain_lr, cell_weight
+    pretrain_epochs, pretrain_lr, cell_weight, pretrain_patience
         Self-supervised pretraining on every cell, labelled or not (:meth:`CellTransformer.pretrain
         <cape.models.CellTransformer.pretrain>`): masked values plus, with weight ``cell_weight``, the ``<cls>``
         state's reconstruction of the whole expression profile, which gives the cell embedding its content.
+        ``pretrain_patience`` None runs every epoch and keeps the best validation epoch: the validation loss
+        plateaus for several epochs before the ``<cls>`` state starts to separate cells, and stopping on that
+        plateau leaves an embedding without cell structure.
     fit_lr, epochs, fit_patience
         Fine-tuning of the annotation head and backbone on the labelled cells: learning rate, most epochs, early
         stopping patience.
@@ -42,6 +45,7 @@ class TrainingRecipe:
     pretrain_epochs: int = 40
     pretrain_lr: float = 1e-3
     cell_weight: float = 1.0
+    pretrain_patience: int | None = None
     fit_lr: float = 3e-4
     epochs: int = 100
     fit_patience: int = 15

@@ -10,7 +10,7 @@ from ..._errors import CapeInputError
 from ..._settings import settings as cape_settings
 from ...bench.encodings import run_encodings_benchmark
 from ...bench.encodings_models import BACKBONES, INTEGRATIONS, TASKS, BenchSettings, variants
-from .._io import max_len_value
+from .._io import max_len_value, tau_value
 from ._data import add_run_options, dataset_keys, dataset_name, load_dataset, perturbation_data
 
 
@@ -67,7 +67,8 @@ def register(bench) -> None:
                              ("--annotation-pretrain-epochs", int, "masked-value epochs before annotation "
                                                                    "fine-tuning"),
                              ("--fine-tune-epochs", int, "annotation fine-tuning epochs"),
-                             ("--causal-epochs", int, "Step I epochs"), ("--causal-tau", float, "Step I threshold τ"),
+                             ("--causal-epochs", int, "Step I epochs"),
+                             ("--causal-tau", tau_value, "Step I threshold τ, or 'budget' / 'auto'"),
                              ("--embed-epochs", int, "Step II epochs"),
                              ("--embed-dim", int, "Step II dimension (default: d_model / (2·bands))"),
                              ("--bands", int, "Step III bands per coordinate (cape_paper rows keep one)"),

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..._errors import CapeInputError
 from ..._settings import settings as cape_settings
 from ...bench.gears import ARMS, DEFAULT_ARMS, run_gears_benchmark
+from .._io import tau_value
 from ._data import add_run_options, dataset_name, perturbation_data
 
 QUICK_NOTE = ("--quick: the small simulation of `cape bench encodings --quick` (50 genes), 5 GEARS epochs, Steps "
@@ -39,8 +40,8 @@ def register(bench) -> None:
     p.add_argument("--name", default=None, help="output file stem (default gears_<dataset>)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
     p.add_argument("--positions-seed", type=int, default=0, help="seed of Steps I-III (0)")
-    p.add_argument("--causal-tau", type=float, default=None, help="Step I threshold τ (default: the encodings "
-                                                                   "benchmark's, 0.2)")
+    p.add_argument("--causal-tau", type=tau_value, default=None,
+                   help="Step I threshold τ or 'budget' / 'auto' (default: the encodings benchmark's, 'budget')")
     p.add_argument("--causal-epochs", type=int, default=None, help="Step I epochs (default 100)")
     p.add_argument("--n-genes", type=int, default=None,
                    help="genes kept (most dispersed, plus every perturbed gene; default: the encodings benchmark's)")
