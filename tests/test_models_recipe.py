@@ -4,11 +4,13 @@ unsupervised cell embedding of ``cape train``, clustering scored honestly, and `
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import anndata as ad
 import numpy as np
 import pytest
 import torch
+import yaml
 from _models_data import cape_adata, one_thread  # noqa: F401  (fixture)
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -203,6 +205,23 @@ def test_cape_train_max_len_option(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "-i", "x.h5ad", "-o", str(tmp_path / "o.h5ad"), "--max-len", "long"])
     assert "expected 'auto' or a whole number" in capsys.readouterr().err
+
+
+def test_default_pretraining_runs_every_epoch_and_keeps_the_best(adata):
+    # Early stopping on the validation plateau of the first epochs left <cls> without cell structure: the default
+    # runs every epoch (the workflow's train.patience is null, cape train's --patience has no default).
+    assert TrainingRecipe().pretrain_patience is None
+    model = CellTransformer(adata, "scgpt", "none", seed=0, device="cpu", **TINY)
+    history = model.pretrain(adata, epochs=4, lr=1e-6, early_stopping_patience=TrainingRecipe().pretrain_patience)
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4]
+    config = yaml.safe_load(open(Path(__file__).parents[1] / "configs" / "config.yaml"))
+    assert config["train"]["patience"] is None
+
+
+def test_cape_train_refuses_a_patience_below_one(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "-i", "x.h5ad", "-o", str(tmp_path / "o.h5ad"), "--patience", "0"])
+    assert "expected a positive integer" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ bench recipe
