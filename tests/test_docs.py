@@ -52,3 +52,28 @@ def test_every_public_name_has_a_page(built):
         module = importlib.import_module(f"cape.{package}")
         for name in module.__all__:
             assert (built / "api" / "generated" / f"cape.{package}.{name}.html").exists(), f"cape.{package}.{name}"
+
+
+def test_readme_is_the_front_door():
+    """README.md stays short, keeps the set-up commands CI runs (.ci/run calls `make test`) and links to pages that
+    exist; the measurements live in docs/benchmarks."""
+    root = DOCS.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    for command in ("make run", "make test", "make docs"):
+        assert command in readme, command
+    assert "make test" in (root / ".ci" / "run").read_text(encoding="utf-8")
+    assert "\n## What the benchmarks answer\n" in readme
+    links = re.findall(r"\]\(((?:docs|configs)/[^)#\s]+)\)", readme)
+    assert any(link.startswith("docs/benchmarks/") for link in links)
+    missing = [link for link in links if not (root / link).exists()]
+    assert not missing, f"README links to missing files: {missing}"
+
+
+def test_data_contract_is_written_once():
+    """The AnnData keys table lives in docs/data_contract.md; the README and the API index link to it."""
+    contract = (DOCS / "data_contract.md").read_text(encoding="utf-8")
+    assert '`obs["cape_split"]`' in contract and '`varp["cape_dag"]`' in contract
+    assert "docs/data_contract.md" in (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    api_index = (DOCS / "api" / "index.rst").read_text(encoding="utf-8")
+    assert "data_contract" in api_index and 'varp["cape_dag"]' not in api_index

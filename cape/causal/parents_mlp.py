@@ -16,7 +16,7 @@ Loss per step, on a minibatch: the Gaussian negative log-likelihood with each ge
 out, ½ Σ_j log mean_b (x_bj − g_j(x_b))², plus λ‖A‖₁ + β‖W‖² (+ γ·h(A) in stage 2). The profiled variance
 makes the score invariant to each gene's scale and weighs each gene's residual by its own noise level, as the
 likelihood of an SEM with unequal noise variances does, where NOTEARS' shared least squares weighs every
-residual alike (see the README for what that changed). Fitting proceeds in SDCD's two stages:
+residual alike (docs/benchmarks/step1_sdcd.md measures what that changes). Fitting proceeds in SDCD's two stages:
 
 1. screening: no acyclicity, L1 ``lambda_screen``; the candidate parents of each gene are the edges with
    A_ij above ``screen_fraction`` times the largest A;
@@ -183,7 +183,7 @@ def fit_parents_mlp(
         cells drawn with replacement, so the cost does not grow with the number of cells).
     screen_lr, lr
         Adam learning rates of the two stages; at lower rates the fixed step budget leaves the fit short of
-        convergence (the README has the measurements).
+        convergence (measurements: docs/benchmarks/step1_sdcd.md).
     screen_fraction
         A candidate parent needs A_ij > ``screen_fraction`` · max A after screening.
     gamma_step

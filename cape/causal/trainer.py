@@ -3,18 +3,17 @@
 Loss per step: −ELBO + 0.1·λs·‖A‖₁ + α·h(A) + ρ/2·h(A)², AdamW. After each inner solve — at least
 ``dual_every`` epochs and at least ``dual_steps`` Adam steps — comes the dual step of NOTEARS: ρ ← 10ρ
 (up to ``rho_max``) unless h fell below a quarter of its value at the previous dual step, then
-α ← α + ρ·h. The step count matters on small data: pbmc68k_reduced (693 cells) has 6 steps per epoch,
-and dual steps every 5 epochs (30 Adam steps) drove ρ to 1e16 before any inner solve had converged;
-the penalty then swamped Adam's normalised steps and crushed every weight below τ (0 edges).
+α ← α + ρ·h. The step count matters on small data, where an epoch has few steps: dual steps counted in
+epochs alone raise ρ before any inner solve has converged, and the penalty then swamps Adam's normalised steps
+and crushes every weight below τ.
 ρ stops growing at ``rho_max``: 1e8 for a dense A (NOTEARS: 1e16), 1e4 for A = UVᵀ. Adam moves every weight by
 about lr per step, so the reverse weights keep jittering and h cannot fall much below ~1e-6 on minibatches;
-beyond the cap the penalty only shrinks the true edges on paths that close such tiny cycles (in a
-linear-Gaussian SEM with ρ up to 1e16 the true weights came out ~30 % too small and weak ones fell below τ;
-chosen on validation seeds, see ``cape bench causal``), while a cycle made of weights above τ would still cost
-h ≫ 1e-6. Low rank suffers more, and from a lower ρ: every step on U and V moves all M² entries of UVᵀ at once,
-and h(UVᵀ) also prices the diagonal that the SEM masks out, so the pull on the cycles reaches every edge (on
-validation seeds, low-rank fits at 30 and 100 genes scored a higher mean F1 with the cap at 1e4; dense fits did
-not, see the README). The cap only binds on data with many minibatches: ρ grows at most tenfold per dual step,
+beyond the cap the penalty only shrinks the true edges on paths that close such tiny cycles, while a cycle
+made of weights above τ would still cost h ≫ 1e-6. Low rank suffers more, and from a lower ρ: every step on U
+and V moves all M² entries of UVᵀ at once, and h(UVᵀ) also prices the diagonal that the SEM masks out, so the
+pull on the cycles reaches every edge. Both caps were chosen on validation seeds with ``cape bench causal``; the
+measurements are in the documentation's benchmark pages (docs/benchmarks/step1_sdcd.md, "Low-rank fits").
+The cap only binds on data with many minibatches: ρ grows at most tenfold per dual step,
 and a dual step needs ``dual_steps`` Adam steps.
 Thresholding and cycle breaking guarantee the DAG in any case.
 Training stops at ``epochs`` or earlier once h ≤ ``h_tol`` and the epoch loss changed by less than
@@ -28,14 +27,13 @@ Minibatches are sliced from X (NumPy array or SciPy sparse matrix) row by row an
 with statistics computed without densifying X, so memory stays O(batch × genes).
 
 The exact acyclicity term needs an exponential of size min(M, k) (k = r(r+1)/2) every step: at k = 820
-(r = 40) that is ~0.1 s on 2 CPU cores, more than the rest of the step. With ``h_every`` = K > 1 the exact h
+(r = 40) that costs more than the rest of the step. With ``h_every`` = K > 1 the exact h
 and its gradient are computed every K steps only, and the steps in between use h's first-order model in
 A∘A at that point, :class:`~cape.causal.acyclicity.LinearisedAcyclicity`: h(A₀) + Σ W_ij (A_ij² − A₀_ij²)
 with W = exp(A₀∘A₀)ᵀ, evaluated at the current A in O(M²). Its gradient 2W∘A pulls every weight towards
 zero and fades as the weight does. Reusing the old gradient instead is not safe for A = UVᵀ, where one
-Adam step moves every entry of A through all r components: with a gradient 7 steps old, a 200-gene
-low-rank fit collapsed (8 edges, F1 0 against 195 edges, F1 0.24 exact), while the linearised penalty,
-re-linearised every 7 or 20 steps, gave 190 edges (F1 0.23) and 199 edges (F1 0.24). ``h_every=None``
+Adam step moves every entry of A through all r components: a low-rank fit with a stale gradient collapses,
+while the linearised penalty keeps the graph of exact steps. ``h_every=None``
 picks exact steps while min(M, k) ≤ :data:`EXACT_ACYCLICITY_MAX` and :data:`AUTO_H_EVERY` above
 (:data:`AUTO_H_EVERY_LARGE` beyond :data:`AUTO_H_EVERY_LARGE_M` genes). Between exact steps the low-rank L1
 and linearised penalties share one UVᵀ and one backward pass
@@ -44,7 +42,9 @@ and linearised penalties share one UVᵀ and one backward pass
 The per-gene MLPs dominate the cost at large M; on CPU they are run through ``torch.compile`` there
 (``compile_mlp``), falling back to eager kernels with a warning where compiling fails, and the decoder, which
 only serves the reconstruction term (with Z = μ_Z, A cancels out of it), sees a random quarter of each batch
-(``recon_fraction``): at 1,200 genes that cut a fit's time by a third with the same graph (F1 and edge count).
+(``recon_fraction``), which cuts a large fit's time with the same graph.
+
+The measured costs and graphs behind these choices are in docs/benchmarks/step1_scale.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``get(name, **kw)`` builds an encoding by registry name; ``available()`` lists the names. Each encoding turns
 per-gene positions (:class:`GenePositions`) into a q/k transform, an additive logit bias and/or an input
-embedding; see ``research/positional_encodings.md`` for the formulas and the properties the tests check.
+embedding. Each encoding's module docstring gives its formula; ``tests/test_encodings_*.py`` check its properties.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``grape_a``: additive GRAPE / ALiBi-style logit bias on a gene distance (research note §4.2, §4.5).
+"""``grape_a``: additive GRAPE / ALiBi-style logit bias on a gene distance.
 
 The bias of query gene i and key gene j in head h is −β_h·m_ij, with ALiBi's slopes β_h = 2^(−8h/H) (h = 1..H;
 learnable when ``learn_slopes``) and the distance m_ij one of
@@ -10,8 +10,7 @@ learnable when ``learn_slopes``) and the distance m_ij one of
 
 ``signed=True`` (order only) gives GRAPE-A's exact-relative form +β_h·(o_j − o_i) — ALiBi of a causal decoder.
 In a bidirectional encoder (no mask) the row-constant part −β_h·o_i cancels in the softmax, so it collapses
-to a per-key bias β_h·o_j: genes late in the order simply get more attention from everyone (research note
-GR-13).
+to a per-key bias β_h·o_j: genes late in the order simply get more attention from everyone.
 Prefer the unsigned distances here. Pairs involving a token without a position get zero bias. The bias is a
 genes×genes tensor: SDPA backbones only (Performer refuses it).
 """

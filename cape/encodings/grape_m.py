@@ -1,4 +1,4 @@
-"""``grape_m``: multiplicative GRAPE with commuting planes (research note §4.1, §4.5).
+"""``grape_m``: multiplicative GRAPE with commuting planes.
 
 Positions act through commuting rotations G_h(x) = B_h·blockdiag(R₂(θ_{h,1}(x)), …, R₂(θ_{h,p}(x)))·B_hᵀ per head h
 with plane angles θ_{h,k}(x) = ⟨W_{h,k}, x⟩ linear in the gene's position vector x (Poincaré e, or the scalar

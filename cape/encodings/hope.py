@@ -1,4 +1,4 @@
-"""``hope``: hyperbolic rotary positional encoding (HoPE; research note §1), on a scalar gene order.
+"""``hope``: hyperbolic rotary positional encoding (HoPE), on a scalar gene order.
 
 Per plane i of a head, with the light-cone coordinates u = (x₁ + x₂)/√2 and w = (x₁ − x₂)/√2 and the offset
 Δ = p_query − p_key, the published form (Eq. 10–11) has the logit

@@ -1,4 +1,4 @@
-"""Behind-RoPE's non-relativity diagnostic, generalised to genes (research note §2.2, §2.4).
+"""Behind-RoPE's non-relativity diagnostic, generalised to genes.
 
 For a sequence, Behind RoPE subtracts from every attention score the mean of its diagonal (constant i − j);
 what remains is the part of the attention pattern that is *not* a function of the relative position. Genes

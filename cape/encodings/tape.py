@@ -1,4 +1,4 @@
-"""``tape``: contextualised equivariant positional encoding (TAPE; research note §3), heads-only variant.
+"""``tape``: contextualised equivariant positional encoding (TAPE), heads-only variant.
 
 Each token carries a positional state z ∈ ℂ^{H×p} (p = head_dim/2 planes per head; stored as real and
 imaginary parts), initialised from CAPE angles, z = exp(i·(π/4)·e_v) (``init="cape"``), or from RoPE on a
@@ -24,10 +24,11 @@ W_post and W₁ start at zero, so at initialisation every layer equals its initi
 layout, or RoPE), and layer 1 always does. The updates are real-linear and act on each plane k separately with
 coefficients shared by all planes, so they commute with a phase per plane that is common to every head they
 mix: the encoder is permutation-equivariant over genes, equivariant to a global rotation of z, and invariant to
-shifting every position (every Poincaré coordinate by the same t) — exactly, to round-off (research note
-TAPE-1..3). In the shared layout plane k of every head carries the phase of coordinate k, so mixing heads is
-allowed; in the split layout the phase differs per (head, plane), so any mixing across heads would break the
-shift invariance — hence the per-head updates there (and the maximal HML×I mixing is not offered at all).
+shifting every position (every Poincaré coordinate by the same t) — exactly, to round-off
+(tested in ``tests/test_encodings_tape.py``). In the shared layout plane k of every head carries the phase of
+coordinate k, so mixing heads is allowed; in the split layout the phase differs per (head, plane), so any
+mixing across heads would break the shift invariance — hence the per-head updates there (and the maximal HML×I
+mixing is not offered at all).
 
 Tokens without a position start at z = 1; their state then evolves with the context like any other token's.
 """

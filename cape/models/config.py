@@ -12,7 +12,8 @@ from .tokenize import AUTO, TokenizerConfig
 
 #: scGPT: 51 quantile bins; scBERT: log2 bins 0..5.
 DEFAULT_BINNING = {"scgpt": ("quantile", 51), "scbert": ("log2", 5)}
-#: ``integration`` when none is given (see :mod:`cape.models.backbone`); chosen on validation accuracy (README).
+#: ``integration`` when none is given (see :mod:`cape.models.backbone`); chosen on validation accuracy
+#: (docs/benchmarks/encodings.md).
 DEFAULT_INTEGRATION = {"scgpt": "complement", "scbert": "complement"}
 _TOKENIZER_FIELDS = ("binning", "n_bins", "max_len", "include_zero_genes")
 

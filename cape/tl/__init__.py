@@ -1,4 +1,4 @@
-"""Tools: AnnData in, results written to standard slots (see the data contract in the README)."""
+"""Tools: AnnData in, results written to standard slots (see the data contract, docs/data_contract.md)."""
 
 from __future__ import annotations
 
