@@ -7,7 +7,7 @@ for _key in ("task", "dataset"):
 BENCH_STEM = BENCH["name"] or f"{BENCH['task']}_{Path(BENCH['dataset']).stem}"
 BENCH_OPTIONS = ("n_genes", "d_model", "n_layers", "n_heads", "max_len", "batch_size", "lr", "pretrain_epochs",
                  "annotation_pretrain_epochs", "fine_tune_epochs", "causal_epochs", "causal_tau", "embed_epochs",
-                 "embed_dim", "predictor_epochs")
+                 "embed_dim", "bands", "band_top", "predictor_epochs")
 # task gears runs `cape bench gears`: Steps I-III options, GEARS' own; the transformer's are not its business
 GEARS_OPTIONS = ("n_genes", "causal_epochs", "causal_tau", "embed_epochs", "embed_dim")
 GEARS_ONLY = ("go_graph", "gears_epochs", "arms")
