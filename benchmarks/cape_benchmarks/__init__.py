@@ -1,6 +1,8 @@
-"""The paper's experiments: runners that write ``results/bench/<name>.json`` (records), ``.md`` and ``.png``.
+"""cape's benchmarks, the paper's experiments: runners that write ``results/bench/<name>.json`` (records), ``.md``
+and ``.png``, run by the ``cape-bench`` command line (:mod:`cape_benchmarks.cli`).
 
-The tasks, metrics and baselines they run live in :mod:`cape.tasks`; only :mod:`cape.cli` imports this package."""
+A project of its own beside the library: it depends on :mod:`cape` (the tasks, metrics and baselines it runs live in
+:mod:`cape.tasks`), and :mod:`cape` never imports it (an import-linter contract in ``pyproject.toml``)."""
 
 from __future__ import annotations
 

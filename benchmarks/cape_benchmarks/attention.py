@@ -1,4 +1,4 @@
-"""``cape bench attention``: forward+backward time and peak memory of one attention layer per encoding.
+"""``cape-bench attention``: forward+backward time and peak memory of one attention layer per encoding.
 
 The layer is what a backbone runs per block: a fused q/k/v projection, the encoding's per-forward ``begin``
 and input term, its q/k transform / bias / explicit logits (``PositionalEncoding.attention``), its
@@ -31,12 +31,12 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import encodings as enc_registry
-from .._io import save_figure, write_json, write_text
-from .._progress import progress
-from .._settings import resolve_device
-from .._tables import mean_sd_table
-from ..encodings import GenePositions, PositionalEncoding
+from cape import encodings as enc_registry
+from cape._io import save_figure, write_json, write_text
+from cape._progress import progress
+from cape._settings import resolve_device
+from cape._tables import mean_sd_table
+from cape.encodings import GenePositions, PositionalEncoding
 
 logger = logging.getLogger("cape")
 

@@ -1,4 +1,4 @@
-"""``cape bench baselines``: the task baselines that need no transformer, run over seeds and written as records
+"""``cape-bench baselines``: the task baselines that need no transformer, run over seeds and written as records
 ``{task, dataset, method, seed, metric, value, ...}`` (the baselines themselves live in :mod:`cape.tasks`)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from .._errors import CapeInputError
-from ..tasks.annotation import checked_labels, logistic_regression_pca
-from ..tasks.clustering import (
+from cape._errors import CapeInputError
+from cape.tasks.annotation import checked_labels, logistic_regression_pca
+from cape.tasks.clustering import (
     BASELINES,
     SPARSE_BASELINES,
     available_baselines,
@@ -21,7 +21,7 @@ from ..tasks.clustering import (
     kmeans_clusters,
     knn_impute,
 )
-from ..tasks.perturbation import (
+from cape.tasks.perturbation import (
     CONTROL,
     condition_means,
     simulation_split,
@@ -31,8 +31,8 @@ from ..tasks.perturbation import (
     top_de_pearson_delta,
     validate_perturbation_data,
 )
-from ..tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
-from ..tasks.perturbation_scm import SCMPerturbationPredictor
+from cape.tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+from cape.tasks.perturbation_scm import SCMPerturbationPredictor
 
 
 def run_annotation_baselines(adata: ad.AnnData, label_key: str, *, dataset: str = "data",

@@ -1,4 +1,4 @@
-"""``cape bench causal``: cape's Step I against gcastle and DAGMA peers on synthetic SEMs and Sachs 2005.
+"""``cape-bench causal``: cape's Step I against gcastle and DAGMA peers on synthetic SEMs and Sachs 2005.
 
 Settings (issue 3 / paper Fig. 3): ``fig3`` is a 10-node Barabási–Albert DAG, 5,000 samples, MLP SEM with
 Gaussian noise; ``m20``/``m50``/``m100`` the same with M = 20/50/100 nodes (2M edges requested, as gcastle's
@@ -7,7 +7,7 @@ CD3/CD28 condition of Sachs et al. (2005) and ``sachs_all`` all 7,466 cells, log
 consensus graph. Every method sees the same matrix. cape runs in this process (dense and low-rank A,
 τ = 0.2 and the other paper defaults; the ``*_raw`` variants keep the genes' scales, see
 :data:`CAPE_METHODS`); each peer runs in a subprocess with a time budget
-(:mod:`cape.bench.peers`), its own default threshold (0.3) and library defaults. Seeds
+(:mod:`cape_benchmarks.peers`), its own default threshold (0.3) and library defaults. Seeds
 ``seed_offset``..``seed_offset + n - 1`` seed the simulated data and the methods (choose settings on one
 range of seeds, report another). Wall time is measured around each fit.
 
@@ -49,19 +49,20 @@ import pandas as pd
 import torch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from .. import data
-from .._arrays import zscore_columns
-from .._errors import CapeInputError
-from .._io import save_figure, write_json, write_text
-from .._tables import mean_sd_table
-from ..causal import fit_parents_mlp, fit_variational_notears, make_dag
-from ..causal.metrics import dag_metrics
-from ..causal.postprocess import choose_tau, edge_budget, partial_correlations, screen_candidates
-from ..data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
-from ..data.perturbation import sachs_interventions
-from ..data.simulate import simulate_sem
-from ..pp import preprocess
-from ..tl.causal_graph import DENSE_MAX_GENES, LAMBDA_DENSE, LAMBDA_LOW_RANK, LOW_RANK, _intervention_mask
+from cape import data
+from cape._arrays import zscore_columns
+from cape._errors import CapeInputError
+from cape._io import save_figure, write_json, write_text
+from cape._tables import mean_sd_table
+from cape.causal import fit_parents_mlp, fit_variational_notears, make_dag
+from cape.causal.metrics import dag_metrics
+from cape.causal.postprocess import choose_tau, edge_budget, partial_correlations, screen_candidates
+from cape.data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
+from cape.data.perturbation import sachs_interventions
+from cape.data.simulate import simulate_sem
+from cape.pp import preprocess
+from cape.tl.causal_graph import DENSE_MAX_GENES, LAMBDA_DENSE, LAMBDA_LOW_RANK, LOW_RANK, _intervention_mask
+
 from .peers import PEERS, run_peer
 
 __all__ = ["CAPE_METHODS", "DIAGNOSE", "INPUTS", "SETTINGS", "is_acyclic", "run_causal_benchmark", "standardized"]

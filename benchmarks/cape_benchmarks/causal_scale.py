@@ -1,4 +1,4 @@
-"""``cape bench causal-scale``: cost of Step I against cells N and genes M (paper Fig. S5).
+"""``cape-bench causal-scale``: cost of Step I against cells N and genes M (paper Fig. S5).
 
 Three sweeps, on CPU and, when present, on CUDA:
 
@@ -27,10 +27,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from .._io import save_figure, write_json, write_text
-from .._tables import mean_sd_table
-from ..causal import LinearisedAcyclicity, acyclicity_dense, acyclicity_low_rank, fit_variational_notears
-from ..causal.trainer import AUTO_H_EVERY, AUTO_H_EVERY_LARGE, AUTO_H_EVERY_LARGE_M, EXACT_ACYCLICITY_MAX
+from cape._io import save_figure, write_json, write_text
+from cape._tables import mean_sd_table
+from cape.causal import LinearisedAcyclicity, acyclicity_dense, acyclicity_low_rank, fit_variational_notears
+from cape.causal.trainer import AUTO_H_EVERY, AUTO_H_EVERY_LARGE, AUTO_H_EVERY_LARGE_M, EXACT_ACYCLICITY_MAX
 
 __all__ = ["run_causal_scale"]
 

@@ -11,7 +11,7 @@
   ≈ 0.76 on 100-node BA DAGs); ``oracle_map_pessimistic`` scores a tie group at its end, as scikit-learn
   does (≈ 0.67).
 
-``cape bench embedding`` compares hyperbolic against Euclidean embeddings at several dimensions.
+``cape-bench embedding`` compares hyperbolic against Euclidean embeddings at several dimensions.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import torch
 from scipy.stats import spearmanr
 from sklearn.metrics import average_precision_score
 
-from .._io import save_figure, write_json, write_text
-from .._tables import mean_sd_table
-from ..hyperbolic import embed_dag
-from ..hyperbolic.embedding import DEFAULT_LR, DEFAULT_NEGATIVES, DEFAULT_TEMPERATURE
-from ..hyperbolic.geometry import GEOMETRIES
+from cape._io import save_figure, write_json, write_text
+from cape._tables import mean_sd_table
+from cape.hyperbolic import embed_dag
+from cape.hyperbolic.embedding import DEFAULT_LR, DEFAULT_NEGATIVES, DEFAULT_TEMPERATURE
+from cape.hyperbolic.geometry import GEOMETRIES
 
 logger = logging.getLogger("cape")
 
@@ -232,7 +232,7 @@ def _scaling_records(quick: bool, out: Path, seed: int = 0) -> list[dict]:
 def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, dims=(2, 4, 8, 16, 32),
                   seeds=(0, 1, 2, 3, 4), epochs: int = 1000, sections=("fidelity", "scaling"),
                   n_nodes: int = 100) -> list[dict]:
-    """``cape bench embedding``.
+    """``cape-bench embedding``.
 
     ``"fidelity"``: MAP / Spearman of hyperbolic vs Euclidean embeddings of ``n_nodes``-node BA DAGs at several
     dimensions, with the graph-distance oracle → ``embedding.json``, ``embedding.md``, ``embedding.png``.

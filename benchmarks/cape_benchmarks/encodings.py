@@ -1,4 +1,4 @@
-"""``cape bench encodings``: every positional encoding × both backbones × seeds on one task, plus CAPE's ablations
+"""``cape-bench encodings``: every positional encoding × both backbones × seeds on one task, plus CAPE's ablations
 (paper Tables 2, 3, S1, S2 on data that runs offline).
 
 * **Variants.** Every registry encoding (:func:`cape.encodings.available`) and the paper's ablations (Sec. 5.3):
@@ -24,7 +24,7 @@
 * **Maps and controls** (issue 33): ``--bands`` runs Step III with several bands per coordinate (``cape`` rows;
   ``cape_paper`` / ``cape_paper_oracle`` keep the paper's single band on the same e). Beside ``cape_oracle``
   (true DAG), ``cape`` (Step I's DAG) and ``cape_null``, three controls separate causal structure from gene
-  identity (:mod:`cape.bench.encodings_controls`, drawn with each model's seed): ``cape_oracle_random_directions``
+  identity (:mod:`cape_benchmarks.encodings_controls`, drawn with each model's seed): ``cape_oracle_random_directions``
   (the true DAG's norms, random directions), ``cape_oracle_permuted`` (the true DAG, gene labels permuted) and
   ``rope_random_order`` (RoPE on a random gene order).
 * scBERT's Performer attention cannot add logit biases: encodings that add to the logits (Transformer-XL
@@ -57,15 +57,15 @@ import pandas as pd
 import scipy.sparse as sp
 import torch
 
-from .._errors import CapeInputError
-from .._io import write_json, write_text
-from .._progress import progress
-from .._settings import settings as cape_settings
-from ..tasks.annotation import annotation_split, logistic_regression_pca, validation_part
-from ..tasks.clustering import clustering_metrics, kmeans_clusters, pca_embedding
-from ..tasks.labels import checked_labels
-from ..tasks.perturbation import PerturbationTask
-from ..tasks.perturbation_predictors import (
+from cape._errors import CapeInputError
+from cape._io import write_json, write_text
+from cape._progress import progress
+from cape._settings import settings as cape_settings
+from cape.tasks.annotation import annotation_split, logistic_regression_pca, validation_part
+from cape.tasks.clustering import clustering_metrics, kmeans_clusters, pca_embedding
+from cape.tasks.labels import checked_labels
+from cape.tasks.perturbation import PerturbationTask
+from cape.tasks.perturbation_predictors import (
     AdditivePredictor,
     EmbeddingPerturbationPredictor,
     NoChangePredictor,
@@ -73,6 +73,7 @@ from ..tasks.perturbation_predictors import (
     pca_gene_embeddings,
     permuted_gene_embeddings,
 )
+
 from .encodings_controls import apply_control
 from .encodings_models import (
     BACKBONES,

@@ -1,4 +1,4 @@
-"""Controls of ``cape bench encodings`` that separate causal structure from gene identity (issue 33).
+"""Controls of ``cape-bench encodings`` that separate causal structure from gene identity (issue 33).
 
 Each takes a position set (an AnnData with Steps I–III's keys) and a seed, and returns a copy in which one thing is
 destroyed while everything else is kept:
@@ -20,9 +20,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .. import tl
-from .._errors import CapeInputError
-from ..hyperbolic.poincare import poincare_to_lorentz
+from cape import tl
+from cape._errors import CapeInputError
+from cape.hyperbolic.poincare import poincare_to_lorentz
 
 CONTROLS = ("random_directions", "permuted")
 

@@ -1,6 +1,6 @@
-"""The parts of ``cape bench encodings`` that one model run needs: the variants (registry encodings and CAPE's
+"""The parts of ``cape-bench encodings`` that one model run needs: the variants (registry encodings and CAPE's
 ablations), the settings of a quick or full run, the shared gene positions (Steps I–III, a correlation graph, a
-Euclidean embedding), and one model trained and scored on one task. The runner is :mod:`cape.bench.encodings`."""
+Euclidean embedding), and one model trained and scored on one task. The runner is :mod:`cape_benchmarks.encodings`."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ import pandas as pd
 import scanpy as sc
 import scipy.sparse as sp
 
-from .. import encodings, tl
-from .._arrays import zscore_columns
-from .._errors import CapeInputError
-from ..encodings.cape import DEFAULT_BAND_TOP
-from ..models import CellTransformer
-from ..models.config import DEFAULT_RECIPE
-from ..tasks.annotation import annotation_metrics, fine_tune_cells, roles
-from ..tasks.clustering import cluster_embedding
-from ..tasks.perturbation import PerturbationTask, condition_genes
-from ..tasks.perturbation_predictors import EmbeddingPerturbationPredictor
+from cape import encodings, tl
+from cape._arrays import zscore_columns
+from cape._errors import CapeInputError
+from cape.encodings.cape import DEFAULT_BAND_TOP
+from cape.models import CellTransformer
+from cape.models.config import DEFAULT_RECIPE
+from cape.tasks.annotation import annotation_metrics, fine_tune_cells, roles
+from cape.tasks.clustering import cluster_embedding
+from cape.tasks.perturbation import PerturbationTask, condition_genes
+from cape.tasks.perturbation_predictors import EmbeddingPerturbationPredictor
 
 logger = logging.getLogger("cape")
 
@@ -44,7 +44,7 @@ INTEGRATIONS = ("complement", "replace")
 
 
 # ablation name -> (registry encoding, position set[, control]); position sets are built by :func:`position_sets`,
-# controls (:mod:`cape.bench.encodings_controls`) are drawn from a set with the model's seed.
+# controls (:mod:`cape_benchmarks.encodings_controls`) are drawn from a set with the model's seed.
 ABLATIONS = {
     "cape_null": ("none", "none"),
     "cape_wo_csl": ("cape", "correlation"),

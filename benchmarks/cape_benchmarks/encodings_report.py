@@ -1,4 +1,4 @@
-"""The outputs of ``cape bench encodings``: the summary frame, the markdown table (mean ± sd over seeds and the
+"""The outputs of ``cape-bench encodings``: the summary frame, the markdown table (mean ± sd over seeds and the
 difference to each backbone's default encoding), the report text and the plot."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from .._errors import CapeInputError
-from .._io import save_figure
+from cape._errors import CapeInputError
+from cape._io import save_figure
+
 from .encodings_controls import CONTROL_WORDS
 from .encodings_models import DEFAULT_ENCODING, LOWER_IS_BETTER, METRICS, BenchmarkResult, BenchSettings
 from .paired import PRIMARY_METRICS, paired_differences, paired_table
@@ -81,7 +82,7 @@ def results_table(records: Sequence[dict], task: str, metrics: Sequence[str] | N
 
 def paired_frame(records: Sequence[dict], task: str) -> pd.DataFrame:
     """Each model row minus its backbone's default encoding, minus CAPE-null and minus CAPE on the true DAG (where
-    they ran), paired by seed in the same integration mode (:func:`cape.bench.paired.paired_differences`)."""
+    they ran), paired by seed in the same integration mode (:func:`cape_benchmarks.paired.paired_differences`)."""
     encodings = {r.get("encoding") for r in records if r.get("kind") == "model"}
     references = {"default": dict(DEFAULT_ENCODING)}
     if "cape_null" in encodings:

@@ -1,4 +1,4 @@
-"""``cape bench gears``: plain GEARS vs GEARS fed CAPE's gene positions vs control embeddings (PCA of control cells,
+"""``cape-bench gears``: plain GEARS vs GEARS fed CAPE's gene positions vs control embeddings (PCA of control cells,
 random), on the same split and metric as the other perturbation benchmarks; records, a markdown table and a plot.
 The adapter itself is :mod:`cape.tasks.gears`."""
 
@@ -19,20 +19,21 @@ import pandas as pd
 import scipy.sparse as sp
 import torch
 
-from .. import tl
-from .._errors import CapeInputError
-from .._io import save_figure, write_json, write_text
-from ..tasks.gears import mse_excluding_targets, run_gears
-from ..tasks.gears_inputs import _import_gears
-from ..tasks.perturbation import (
+from cape import tl
+from cape._errors import CapeInputError
+from cape._io import save_figure, write_json, write_text
+from cape.tasks.gears import mse_excluding_targets, run_gears
+from cape.tasks.gears_inputs import _import_gears
+from cape.tasks.perturbation import (
     PerturbationTask,
 )
-from ..tasks.perturbation_predictors import (
+from cape.tasks.perturbation_predictors import (
     AdditivePredictor,
     NoChangePredictor,
     pca_gene_embeddings,
     random_gene_embeddings,
 )
+
 from .encodings_models import BenchSettings, position_sets, prepare_expression
 
 logger = logging.getLogger("cape")
@@ -84,9 +85,9 @@ def run_gears_benchmark(adata: ad.AnnData, *, dataset: str = "data", arms: Seque
     """Each arm × seed through :func:`run_gears` on the same data, GO graph and split; no-change and additive
     baselines in the same run. Writes ``<out>/<name>.{json,md,png}`` (``name`` = ``gears_<dataset>``).
 
-    CAPE's positions come from :func:`cape.bench.encodings.position_sets` on the control cells (the same Steps I–III
-    settings as ``cape bench encodings``, quick or full, changed by ``settings_overrides``, e.g. ``causal_tau``),
-    once, shared by every seed. Returns ``{"records", "seconds", "cpu_seconds", "paths"}``.
+    CAPE's positions come from :func:`cape_benchmarks.encodings.position_sets` on the control cells (the same
+    Steps I–III settings as ``cape-bench encodings``, quick or full, changed by ``settings_overrides``, e.g.
+    ``causal_tau``), once, shared by every seed. Returns ``{"records", "seconds", "cpu_seconds", "paths"}``.
     """
 
     unknown = [a for a in arms if a not in ARMS]
@@ -208,7 +209,7 @@ def gears_markdown(result: dict, dataset: str, info: dict) -> str:
     parts = [f"# GEARS with CAPE gene embeddings: perturbation prediction on {dataset}", "",
              f"Top-20-DE MSE (lower is better), mean ± sd over seeds {', '.join(map(str, info['seeds']))}; in "
              "parentheses the difference to plain GEARS. Same data, split, GO graph and GEARS settings in every "
-             "row; the metric is cape's (`cape bench encodings --task perturbation`).", "",
+             "row; the metric is cape's (`cape-bench encodings --task perturbation`).", "",
              gears_table(records), "",
              "Rows: " + "; ".join(f"{'GEARS' if a == 'plain' else 'GEARS + ' + a}: {ARM_NOTES[a]}" for a in arms)
              + f". Embeddings {'fine-tuned by GEARS' if info['trainable_embeddings'] else 'frozen'}, width "

@@ -1,4 +1,4 @@
-"""``cape bench intervention``: predictions of real interventions from observational cells (Sachs et al. 2005).
+"""``cape-bench intervention``: predictions of real interventions from observational cells (Sachs et al. 2005).
 
 Step I is fitted on the observational cells only (cd3cd28 and cd3cd28+icam2, log1p, as
 :func:`cape.data.sachs_interventions` makes them). For each perturbation condition whose target protein is
@@ -16,7 +16,7 @@ Methods: ``no_change`` (shift 0); for each Step I variant of :data:`CAPE_VARIANT
 equivalence class allows, :mod:`cape.causal.equivalence`), and ``<variant>_*_tau0.05``: the same weighted graph
 thresholded at 0.05 instead; ``consensus_linear`` and ``consensus_class`` (the consensus graph, the oracle,
 the same two ways; its one cycle, plcg → PIP2 → PIP3 → plcg, is broken by :func:`~cape.causal.make_dag`
-first); and each peer of ``cape bench causal`` (gcastle, DAGMA; run in a subprocess on the same matrix) the
+first); and each peer of ``cape-bench causal`` (gcastle, DAGMA; run in a subprocess on the same matrix) the
 same two ways. Every variant is listed here and reported; none has a setting chosen on the test conditions (the
 ``_class`` rows were added after the single-DAG rows had missed on these conditions; IDA has no parameter).
 
@@ -36,15 +36,23 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .. import data
-from .._errors import CapeInputError
-from .._io import save_figure, write_json, write_text
-from ..causal import fit_parents_mlp, fit_variational_notears, intervene, learned_equations, linear_equations, make_dag
-from ..causal.equivalence import intervene_equivalence_class
-from ..causal.intervention import descendants
-from ..causal.postprocess import choose_tau
-from ..data.perturbation import CONTROL, sachs_interventions
-from ..tasks.perturbation import condition_genes
+from cape import data
+from cape._errors import CapeInputError
+from cape._io import save_figure, write_json, write_text
+from cape.causal import (
+    fit_parents_mlp,
+    fit_variational_notears,
+    intervene,
+    learned_equations,
+    linear_equations,
+    make_dag,
+)
+from cape.causal.equivalence import intervene_equivalence_class
+from cape.causal.intervention import descendants
+from cape.causal.postprocess import choose_tau
+from cape.data.perturbation import CONTROL, sachs_interventions
+from cape.tasks.perturbation import condition_genes
+
 from .peers import PEERS, run_peer
 
 __all__ = ["QUICK", "SMALL_TAU", "run_intervention_benchmark", "shift_metrics"]
@@ -55,7 +63,7 @@ logger = logging.getLogger("cape")
 SMALL_TAU = 0.05
 QUICK = {"seeds": 1, "epochs": 30, "peers": ["notears"], "budget": 60.0, "variants": ["cape"]}
 #: Step I variants (declared beforehand, all reported): the library defaults; ``cape_raw``: the unstandardised
-#: matrix with the genes' own scales kept (as the ``*_raw`` methods of ``cape bench causal``); ``cape_l01``: a
+#: matrix with the genes' own scales kept (as the ``*_raw`` methods of ``cape-bench causal``); ``cape_l01``: a
 #: ten times weaker L1 penalty (λs = 0.1), for denser graphs; ``cape_parents_mlp``: Step I's nonlinear-parents model
 #: (:mod:`cape.causal.parents_mlp`, its defaults).
 CAPE_VARIANTS = {"cape": {}, "cape_raw": {"standardize": "none", "feature_norm": "data"},
@@ -105,7 +113,7 @@ def run_intervention_benchmark(out: str | Path = "results/bench", *, quick: bool
     """Run the Sachs intervention benchmark (module docstring) and write its json/md/png under ``out``.
 
     ``adata``: the Sachs data as ``cape.data.load("sachs2005")`` returns it (default: loaded); ``peers``: which
-    of :data:`cape.bench.peers.PEERS` to run (default all; quick: notears); ``seeds``: Step I seeds 0..n-1;
+    of :data:`cape_benchmarks.peers.PEERS` to run (default all; quick: notears); ``seeds``: Step I seeds 0..n-1;
     ``variants``: which of :data:`CAPE_VARIANTS` (default all; quick: the defaults).
     """
     variants = list(variants or (QUICK["variants"] if quick else CAPE_VARIANTS))

@@ -12,12 +12,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from .. import encodings as registry
-from .._errors import CapeInputError
-from .._io import save_figure, write_json, write_text
-from .._tables import mean_sd_table
-from ..models import CellTransformer
-from ..tasks.attention import layer_non_relativity
+from cape import encodings as registry
+from cape._errors import CapeInputError
+from cape._io import save_figure, write_json, write_text
+from cape._tables import mean_sd_table
+from cape.models import CellTransformer
+from cape.tasks.attention import layer_non_relativity
 
 logger = logging.getLogger("cape")
 

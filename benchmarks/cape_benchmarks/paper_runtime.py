@@ -6,7 +6,7 @@ attention), and extrapolated to the config's ``max_len``. Steps I and II are mea
 genes and Step II dimension over a few epochs (the difference of two epoch counts, so setup is left out); Step I
 scales with the number of cells. :func:`expected_seconds` is the arithmetic; :func:`measure_costs` the timing.
 
-Every model of a config is counted as one run of the recipe of :mod:`cape.bench.encodings_models` with all
+Every model of a config is counted as one run of the recipe of :mod:`cape_benchmarks.encodings_models` with all
 epochs (early stopping can only shorten it: the estimate is an upper bound), every cell at ``max_len`` tokens.
 """
 
@@ -23,8 +23,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .. import tl
-from ..models import CellTransformer
+from cape import tl
+from cape.models import CellTransformer
+
 from .encodings_models import BenchSettings, variants
 
 #: Cells of the paper datasets, as their manifests describe them (perturbation: control cells, which the

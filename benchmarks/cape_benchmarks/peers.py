@@ -2,7 +2,7 @@
 
 ``import castle.algorithms`` sets torch's default dtype to float64 and configures the root logger, and
 ``DagmaMLP`` sets the default dtype too; running every peer in a child process keeps cape's own process
-clean and lets a run that exceeds its budget be killed. The child is ``python -m cape.bench.peers METHOD
+clean and lets a run that exceeds its budget be killed. The child is ``python -m cape_benchmarks.peers METHOD
 IN.npz OUT.npz``; it writes the weighted adjacency (A[i, j] ≠ 0: i → j) and the fit time.
 
 SDCD and DCD-FG (package ``sdcd``) pin pandas < 2 and an old wandb, so they live in an environment of their
@@ -129,7 +129,7 @@ def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, thread
     """Fit ``method`` on X (samples × variables) in a subprocess; kill it after ``budget`` seconds."""
     if method not in PEERS:
         raise ValueError(f"unknown peer {method!r}; known: {sorted(PEERS)}")
-    command = [sys.executable, "-m", "cape.bench.peers"]
+    command = [sys.executable, "-m", "cape_benchmarks.peers"]
     if method in SDCD_PEERS:
         python = sdcd_python()
         if python is None:

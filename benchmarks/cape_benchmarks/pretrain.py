@@ -1,4 +1,4 @@
-"""``cape bench pretrain``: masked-value pretraining throughput (cells/s) and loss curves per backbone × encoding.
+"""``cape-bench pretrain``: masked-value pretraining throughput (cells/s) and loss curves per backbone × encoding.
 
 Default data: scanpy's ``pbmc68k_reduced`` (700 cells × 765 genes, log-normalised; ``cape.data.load``), a small
 CPU configuration (d_model 64, 2 layers, 4 heads, 256 tokens per cell). Encodings that need CAPE positions use
@@ -23,11 +23,11 @@ import matplotlib.ticker
 import numpy as np
 import torch
 
-from .. import data, encodings
-from .._errors import CapeInputError
-from .._io import save_figure, write_json, write_text
-from .._tables import mean_sd_table
-from ..models import CellTransformer, GeneVocab, gene_positions, random_positions
+from cape import data, encodings
+from cape._errors import CapeInputError
+from cape._io import save_figure, write_json, write_text
+from cape._tables import mean_sd_table
+from cape.models import CellTransformer, GeneVocab, gene_positions, random_positions
 
 logger = logging.getLogger("cape")
 

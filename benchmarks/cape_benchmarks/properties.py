@@ -1,4 +1,4 @@
-"""``cape bench properties``: the paper's theoretical properties of CAPE, measured (Sec. 4, Supp. A.4–A.6, G.1).
+"""``cape-bench properties``: the paper's theoretical properties of CAPE, measured (Sec. 4, Supp. A.4–A.6, G.1).
 
 1. **Fig. 3c** — a 10-node Barabási–Albert DAG, data simulated by gcastle (MLP SEM, 5,000 samples), graph
    learned by Step I (:func:`cape.tl.causal_graph`) and embedded in the 3-D Poincaré ball by Step II.
@@ -32,16 +32,16 @@ import scipy.sparse as sp
 import torch
 from scipy.stats import spearmanr
 
-from .._arrays import dense
-from .._io import save_figure, write_json, write_text
-from ..data.simulate import simulate_sem
-from ..encodings.cape import DEFAULT_BAND_TOP, band_frequencies, cape_angles
-from ..encodings.rotary import apply_rotary
-from ..hyperbolic import khop_positives
-from ..hyperbolic.poincare import poincare_distance
-from ..pl.poincare import generality, poincare
-from ..tl.causal_graph import causal_graph
-from ..tl.hyperbolic import hyperbolic_embedding
+from cape._arrays import dense
+from cape._io import save_figure, write_json, write_text
+from cape.data.simulate import simulate_sem
+from cape.encodings.cape import DEFAULT_BAND_TOP, band_frequencies, cape_angles
+from cape.encodings.rotary import apply_rotary
+from cape.hyperbolic import khop_positives
+from cape.hyperbolic.poincare import poincare_distance
+from cape.pl.poincare import generality, poincare
+from cape.tl.causal_graph import causal_graph
+from cape.tl.hyperbolic import hyperbolic_embedding
 
 logger = logging.getLogger("cape")
 
@@ -155,7 +155,7 @@ def fig_s2(seed: int = 0, d_model: int = 128, n_grid: int = 60) -> tuple[list[di
 
 # --- Step III maps: what holds for the paper's single band and for a multi-band map ----------------------------
 
-#: The maps ``cape bench properties`` compares: (label, bands); the multi-band one fills the same 64 planes.
+#: The maps ``cape-bench properties`` compares: (label, bands); the multi-band one fills the same 64 planes.
 MAPS = (("cape_paper (1 band)", 1), ("cape (4 bands)", 4))
 
 #: Norms of the shell Step II puts genes on (true-DAG positions of ``simulated_grn``, issue 33).

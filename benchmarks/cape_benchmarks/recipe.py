@@ -1,4 +1,4 @@
-"""``cape bench recipe``: the backbone's training recipe against the previous one and against the baselines a user
+"""``cape-bench recipe``: the backbone's training recipe against the previous one and against the baselines a user
 tries first (logistic regression on PCA for annotation, PCA + k-means for clustering), seed by seed on the same
 split, with paired intervals.
 
@@ -20,9 +20,9 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from ..models import CellTransformer
-from ..models.config import DEFAULT_RECIPE, TrainingRecipe
-from ..tasks.annotation import (
+from cape.models import CellTransformer
+from cape.models.config import DEFAULT_RECIPE, TrainingRecipe
+from cape.tasks.annotation import (
     AnnotationSplit,
     annotation_metrics,
     annotation_split,
@@ -30,8 +30,9 @@ from ..tasks.annotation import (
     logistic_regression_pca,
     roles,
 )
-from ..tasks.clustering import BASELINES, clustering_metrics, expression_matrix, kmeans_clusters
-from ..tasks.labels import checked_labels
+from cape.tasks.clustering import BASELINES, clustering_metrics, expression_matrix, kmeans_clusters
+from cape.tasks.labels import checked_labels
+
 from .paired import minimum_detectable_difference, paired_interval, verdict
 
 logger = logging.getLogger("cape")

@@ -1,4 +1,4 @@
-"""``cape bench attention`` machinery on a tiny shape (no timing assertions)."""
+"""``cape-bench attention`` machinery on a tiny shape (no timing assertions)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from cape import CapeInputError
-from cape.bench import attention
-from cape.cli import main
+from cape_benchmarks import attention
+from cape_benchmarks.cli import main
 
 
 def test_attention_benchmark_records_and_report(tmp_path):
@@ -39,7 +39,7 @@ def test_live_tensor_memory_tracker_counts_frees():
 
 
 def test_cli_rejects_unknown_encoding(capsys):
-    assert main(["bench", "attention", "--quick", "--encodings", "cape,nope", "--out", "/tmp/x"]) == 2
+    assert main(["attention", "--quick", "--encodings", "cape,nope", "--out", "/tmp/x"]) == 2
     assert "available: none" in capsys.readouterr().err
     with pytest.raises(CapeInputError):
         attention.run(["nope"], repeats=1, device="cpu")

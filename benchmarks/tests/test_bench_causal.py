@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from cape.bench import causal as bench_causal
-from cape.bench import causal_scale
-from cape.bench.peers import run_peer
 from cape.data.simulate import simulate_sem
+from cape_benchmarks import causal as bench_causal
+from cape_benchmarks import causal_scale
+from cape_benchmarks.peers import run_peer
 
 matplotlib.use("Agg")
 
@@ -155,7 +155,7 @@ def _fake_sdcd(root) -> None:
 def test_sdcd_peer_runs_in_the_interpreter_named_by_the_environment(tmp_path, monkeypatch) -> None:
     import sys
 
-    from cape.bench.peers import SDCD_PYTHON_ENV
+    from cape_benchmarks.peers import SDCD_PYTHON_ENV
 
     _fake_sdcd(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -170,7 +170,7 @@ def test_sdcd_peer_runs_in_the_interpreter_named_by_the_environment(tmp_path, mo
 
 
 def test_sdcd_interpreter_given_as_a_relative_path_is_resolved_where_it_was_given(tmp_path, monkeypatch) -> None:
-    from cape.bench.peers import SDCD_PYTHON_ENV, sdcd_python
+    from cape_benchmarks.peers import SDCD_PYTHON_ENV, sdcd_python
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(SDCD_PYTHON_ENV, "env/bin/python")
@@ -182,7 +182,7 @@ def test_sdcd_interpreter_given_as_a_relative_path_is_resolved_where_it_was_give
 def test_sdcd_peer_without_sdcd_says_how_to_install_it(tmp_path, monkeypatch) -> None:
     import importlib.util
 
-    from cape.bench.peers import SDCD_PYTHON_ENV
+    from cape_benchmarks.peers import SDCD_PYTHON_ENV
 
     if importlib.util.find_spec("sdcd") is not None:
         pytest.skip("sdcd is installed in this environment")

@@ -1,4 +1,4 @@
-"""``cape bench encodings``: variants and ablation wiring, records and tables, bad input, the CLI and the
+"""``cape-bench encodings``: variants and ablation wiring, records and tables, bad input, the CLI and the
 benchmark configs (tiny data, 1 epoch)."""
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 
 import cape
 from cape import CapeInputError
-from cape.bench import encodings as be
-from cape.bench import encodings_models as bm
-from cape.bench import encodings_report as br
 from cape.data.perturbation import simulate_perturbation
+from cape_benchmarks import encodings as be
+from cape_benchmarks import encodings_models as bm
+from cape_benchmarks import encodings_report as br
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = bm.BenchSettings(n_genes=24, d_model=8, n_layers=1, n_heads=2, max_len=16, batch_size=16, pretrain_epochs=1,
                         fine_tune_epochs=1, patience=1, causal_epochs=2, causal_tau=0.01, causal_rank=4, embed_dim=4,
                         embed_epochs=10, corr_neighbors=3, predictor_epochs=3)
@@ -264,19 +264,19 @@ def test_perturbation_without_control_cells(perturbed):
 
 # ---------------------------------------------------------------------------------------------------------- CLI
 def test_cli_runs_and_rejects_unknown_encodings(labelled, tmp_path, capsys):
-    from cape.cli import main
+    from cape_benchmarks.cli import main
 
     path = tmp_path / "tiny.h5ad"
     labelled.write_h5ad(path)
-    assert main(["--quiet", "bench", "encodings", "--task", "annotation", "--dataset", str(path),
+    assert main(["--quiet", "encodings", "--task", "annotation", "--dataset", str(path),
                  "--encodings", "cape_null", "--backbones", "scgpt", "--label-key", "cell_type", "--seeds", "0",
                  "--out", str(tmp_path / "out"), "--n-genes", "24", "--d-model", "8", "--n-layers", "1",
                  "--max-len", "16", "--pretrain-epochs", "1", "--fine-tune-epochs", "1"]) == 0
     assert {p.name for p in (tmp_path / "out").iterdir()} == {f"annotation_tiny.{s}" for s in ("json", "md", "png")}
-    code = main(["bench", "encodings", "--task", "annotation", "--dataset", str(path), "--encodings", "kape"])
+    code = main(["encodings", "--task", "annotation", "--dataset", str(path), "--encodings", "kape"])
     err = capsys.readouterr().err
     assert code == 2 and "unknown encoding(s) kape; available:" in err and "Traceback" not in err
-    code = main(["bench", "encodings", "--task", "clustering", "--dataset", str(path)])
+    code = main(["encodings", "--task", "clustering", "--dataset", str(path)])
     assert code == 2 and "pass --label-key" in capsys.readouterr().err
 
 
@@ -444,8 +444,8 @@ def test_paired_section_and_file_with_several_seeds(perturbed, tmp_path):
 
 
 def test_simulated_grn_dataset_per_task(monkeypatch):
-    from cape.cli.bench import _data
     from cape.tasks.labels import manifest_key
+    from cape_benchmarks.cli import _data
 
     small = dict(n_genes=20, n_edges=30, n_control=60, n_cell_types=3, n_programs=2, n_single=4, n_double=2,
                  n_cells_per_perturbation=5, seed=0)

@@ -1,4 +1,4 @@
-"""Controls of ``cape bench encodings`` (issue 33): random directions keep every norm, permuted labels are a
+"""Controls of ``cape-bench encodings`` (issue 33): random directions keep every norm, permuted labels are a
 permutation of the same positions and graph, both deterministic per seed; bands reach Step III; the rows run."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 import cape
 from cape import CapeInputError
-from cape.bench import encodings as be
-from cape.bench import encodings_controls as bc
-from cape.bench import encodings_models as bm
 from cape.data.perturbation import simulate_perturbation
 from cape.encodings.ordering import topological_positions
+from cape_benchmarks import encodings as be
+from cape_benchmarks import encodings_controls as bc
+from cape_benchmarks import encodings_models as bm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

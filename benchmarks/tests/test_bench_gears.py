@@ -1,4 +1,4 @@
-"""``cape bench gears`` (cape.bench.gears): the command writes records, a table and a plot; graph choices.
+"""``cape-bench gears`` (cape_benchmarks.gears): the command writes records, a table and a plot; graph choices.
 Needs the optional 'gears' extra."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ pytest.importorskip("gears")
 pytest.importorskip("torch_geometric")
 
 from cape import CapeInputError
-from cape.bench.gears import resolve_go_graph
-from cape.cli import main
 from cape.tasks.gears_inputs import dag_gene2go, go_edge_list
+from cape_benchmarks.cli import main
+from cape_benchmarks.gears import resolve_go_graph
 
 
 @pytest.mark.slow  # an end-to-end benchmark run (records, table, plot): `pytest -m slow`
 def test_bench_cli_writes_records(tiny_perturbation, tmp_path):
     path = tmp_path / "tiny.h5ad"
     tiny_perturbation.write_h5ad(path)
-    code = main(["--quiet", "bench", "gears", "--dataset", str(path), "--arms", "plain", "pca", "--seeds", "0",
+    code = main(["--quiet", "gears", "--dataset", str(path), "--arms", "plain", "pca", "--seeds", "0",
                  "--epochs", "1", "--go-graph", "known", "--out", str(tmp_path / "out")])
     assert code == 0
     records = json.loads((tmp_path / "out" / "gears_tiny.json").read_text())
@@ -29,7 +29,7 @@ def test_bench_cli_writes_records(tiny_perturbation, tmp_path):
     assert {r["arm"] for r in records if r["kind"] == "baseline"} == {"no_change", "additive"}
     assert "GEARS + pca" in (tmp_path / "out" / "gears_tiny.md").read_text()
     assert (tmp_path / "out" / "gears_tiny.png").stat().st_size > 0
-    assert main(["--quiet", "bench", "gears", "--dataset", str(path), "--go-graph", "nope.txt",
+    assert main(["--quiet", "gears", "--dataset", str(path), "--go-graph", "nope.txt",
                  "--out", str(tmp_path / "o2")]) == 2
 
 

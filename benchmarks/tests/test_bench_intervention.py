@@ -1,4 +1,4 @@
-"""cape bench intervention (Sachs-shaped data), the SCM rows of the perturbation baselines, and the workflow option."""
+"""cape-bench intervention (Sachs-shaped data), the SCM rows of the perturbation baselines, and the workflow option."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 import scipy.sparse as sp
 from _workflow import snakemake
 
-from cape.bench.baselines import run_perturbation_benchmark
-from cape.bench.intervention import run_intervention_benchmark, shift_metrics
-from cape.cli import main
 from cape.data.loaders import SACHS_CONDITIONS, SACHS_OBSERVATIONAL
 from cape.tasks.perturbation_scm import SCMPerturbationPredictor
+from cape_benchmarks.baselines import run_perturbation_benchmark
+from cape_benchmarks.cli import main
+from cape_benchmarks.intervention import run_intervention_benchmark, shift_metrics
 
 GENES = ["praf", "pmek", "plcg", "PIP2", "PIP3", "p44/42", "pakts473", "PKA", "PKC", "P38", "pjnk"]
 EDGES = [("PIP2", "PKC"), ("plcg", "PIP2"), ("PIP3", "plcg"), ("PIP2", "PIP3"), ("plcg", "PKC"), ("PKC", "pjnk"),
@@ -67,10 +67,10 @@ def test_intervention_benchmark_on_sachs_shaped_data(tmp_path):
 def test_bench_intervention_cli(tmp_path, capsys):
     path = tmp_path / "sachs.h5ad"
     _fake_sachs().write_h5ad(path)
-    rc = main(["--quiet", "bench", "intervention", "--quick", "--peers", "none", "--input", str(path),
+    rc = main(["--quiet", "intervention", "--quick", "--peers", "none", "--input", str(path),
                "--out", str(tmp_path / "out")])
     assert rc == 0 and (tmp_path / "out" / "intervention.md").exists()
-    rc = main(["bench", "intervention", "--peers", "nope", "--input", str(path), "--out", str(tmp_path / "bad")])
+    rc = main(["intervention", "--peers", "nope", "--input", str(path), "--out", str(tmp_path / "bad")])
     assert rc == 2 and "unknown peer" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from cape.bench import paired
+from cape_benchmarks import paired
 
 
 @settings(max_examples=40, deadline=None)

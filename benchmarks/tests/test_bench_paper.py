@@ -16,11 +16,11 @@ from _workflow import REPO, snakemake
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cape.bench import encodings_models as bm
-from cape.bench import paper_runtime as pr
-from cape.cli import main
 from cape.config import validate_config
 from cape.data.perturbation import simulate_perturbation
+from cape_benchmarks import encodings_models as bm
+from cape_benchmarks import paper_runtime as pr
+from cape_benchmarks.cli import main
 
 PAPER_CONFIGS = sorted((REPO / "configs" / "benchmarks").glob("paper_*.yaml"))
 SCHEMA = REPO / "configs" / "schema.yaml"
@@ -102,7 +102,7 @@ def test_gears_and_encodings_options_do_not_mix(tmp_path):
 
 
 def test_encodings_cli_passes_the_new_sizes_to_the_settings(monkeypatch, tmp_path):
-    from cape.cli.bench import encodings as cli_encodings
+    from cape_benchmarks.cli import encodings as cli_encodings
 
     seen = {}
 
@@ -112,14 +112,14 @@ def test_encodings_cli_passes_the_new_sizes_to_the_settings(monkeypatch, tmp_pat
 
     monkeypatch.setattr(cli_encodings, "run_encodings_benchmark", fake)
     with pytest.raises(SystemExit):
-        main(["bench", "encodings", "--task", "perturbation", "--dataset", "simulated", "--quick", "--n-heads", "3",
+        main(["encodings", "--task", "perturbation", "--dataset", "simulated", "--quick", "--n-heads", "3",
               "--batch-size", "7", "--lr", "0.0002", "--annotation-pretrain-epochs", "4", "--out", str(tmp_path)])
     s = seen["settings"]
     assert (s.n_heads, s.batch_size, s.lr, s.annotation_pretrain_epochs) == (3, 7, 2e-4, 4)
 
 
 def test_gears_cli_passes_steps_settings(monkeypatch, tmp_path):
-    from cape.cli.bench import gears as cli_gears
+    from cape_benchmarks.cli import gears as cli_gears
 
     seen = {}
 
@@ -129,7 +129,7 @@ def test_gears_cli_passes_steps_settings(monkeypatch, tmp_path):
 
     monkeypatch.setattr(cli_gears, "run_gears_benchmark", fake)
     with pytest.raises(SystemExit):
-        main(["bench", "gears", "--dataset", "simulated", "--quick", "--n-genes", "40", "--embed-dim", "6",
+        main(["gears", "--dataset", "simulated", "--quick", "--n-genes", "40", "--embed-dim", "6",
               "--embed-epochs", "9", "--out", str(tmp_path)])
     assert {k: seen[k] for k in ("n_genes", "embed_dim", "embed_epochs")} == {"n_genes": 40, "embed_dim": 6,
                                                                                "embed_epochs": 9}
@@ -182,15 +182,15 @@ def test_paper_runtime_command_measures_and_writes(tmp_path, capsys):
         "task": "clustering", "dataset": "scope2_specht", "encodings": ["cape"], "backbones": ["scgpt"],
         "integrations": ["replace"], "seeds": [0], "d_model": 8, "n_layers": 1, "n_heads": 2, "batch_size": 4,
         "max_len": 32, "n_genes": 12, "pretrain_epochs": 1, "causal_epochs": 2, "embed_epochs": 3}}))
-    assert main(["--quiet", "bench", "paper-runtime", str(config), "--tokens", "4", "8", "12", "--steps", "1",
+    assert main(["--quiet", "paper-runtime", str(config), "--tokens", "4", "8", "12", "--steps", "1",
                  "--cells", "16", "--out", str(tmp_path / "out")]) == 0
     records = json.loads((tmp_path / "out" / "paper_runtime.json").read_text())
     estimate = next(r for r in records if r["kind"] == "estimate")
     assert estimate["config"] == "tiny" and estimate["models"] == 1 and estimate["total"] > 0
     assert {r["kind"] for r in records} == {"estimate", "measurement", "machine"}
     assert "GPU times are not measured" in (tmp_path / "out" / "paper_runtime.md").read_text()
-    assert main(["bench", "paper-runtime", str(tmp_path / "nope.yaml")]) == 2
+    assert main(["paper-runtime", str(tmp_path / "nope.yaml")]) == 2
     assert "config not found" in capsys.readouterr().err
     config.write_text(yaml.safe_dump({"benchmark": {"task": "clustering", "dataset": "pbmc3k"}}))
-    assert main(["bench", "paper-runtime", str(config)]) == 2
+    assert main(["paper-runtime", str(config)]) == 2
     assert "has no known size" in capsys.readouterr().err

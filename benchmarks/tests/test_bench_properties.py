@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from cape.bench.properties import (
+from cape.hyperbolic import poincare_distance
+from cape_benchmarks.properties import (
     angle_sigma,
     attention_score,
     bound_surface,
@@ -21,7 +22,6 @@ from cape.bench.properties import (
     pair_at,
     upper_bound,
 )
-from cape.hyperbolic import poincare_distance
 
 matplotlib.use("Agg")
 
@@ -149,7 +149,7 @@ def test_hoeffding_bound_holds_for_the_centred_bias():
 
 def small_embedded(dim: int) -> ad.AnnData:
     import cape
-    from cape.bench.embedding import barabasi_albert_dag
+    from cape_benchmarks.embedding import barabasi_albert_dag
 
     adata = ad.AnnData(np.ones((3, 12), dtype=np.float32))
     adata.var_names = [f"g{i}" for i in range(12)]
@@ -195,7 +195,7 @@ def test_plot_errors_name_the_missing_key():
 # -- Step III maps (issue 33): Props 4.1/4.2 hold on the low band of a multi-band map ------------------------------
 
 def test_single_band_map_reproduces_fig_s2():
-    from cape.bench.properties import fig_s2, map_properties
+    from cape_benchmarks.properties import fig_s2, map_properties
 
     s2 = {r["metric"]: r["value"] for r in fig_s2(0, n_grid=12)[0]}
     one = {r["metric"]: r["value"] for r in map_properties(0, bands=1, n_grid=12, n_pairs=300, n_genes=50)}
@@ -206,7 +206,7 @@ def test_single_band_map_reproduces_fig_s2():
 
 @pytest.mark.parametrize("bands", [2, 4])
 def test_multi_band_map_keeps_props_on_its_low_band_and_separates_genes(bands):
-    from cape.bench.properties import map_properties
+    from cape_benchmarks.properties import map_properties
 
     multi = {r["metric"]: r["value"] for r in map_properties(1, bands=bands, n_grid=12, n_pairs=300, n_genes=80)}
     one = {r["metric"]: r["value"] for r in map_properties(1, bands=1, n_grid=12, n_pairs=300, n_genes=80)}
@@ -223,7 +223,7 @@ def test_multi_band_map_keeps_props_on_its_low_band_and_separates_genes(bands):
 
 
 def test_map_properties_refuses_bands_that_do_not_split_the_planes():
-    from cape.bench.properties import map_properties
+    from cape_benchmarks.properties import map_properties
 
     with pytest.raises(ValueError, match="3 bands"):
         map_properties(0, bands=3)

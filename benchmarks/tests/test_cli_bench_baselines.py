@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cape.cli import main
+from cape_benchmarks.cli import main
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def labelled_h5ad(tmp_path):
                                           ("clustering", {"ARI", "NMI", "ASW"})])
 def test_baselines_cli_writes_json_md_png(labelled_h5ad, tmp_path, task, metrics):
     out = tmp_path / "bench"
-    rc = main(["--quiet", "bench", "baselines", "--task", task, "--dataset", str(labelled_h5ad), "--label-key", "kind",
+    rc = main(["--quiet", "baselines", "--task", task, "--dataset", str(labelled_h5ad), "--label-key", "kind",
                "--seeds", "0", "1", "--out", str(out)])
     assert rc == 0
     records = json.loads((out / f"baselines_{task}_blobs.json").read_text())
@@ -38,13 +38,13 @@ def test_baselines_cli_writes_json_md_png(labelled_h5ad, tmp_path, task, metrics
 
 
 def test_baselines_cli_needs_a_label_key(labelled_h5ad, tmp_path, capsys):
-    rc = main(["bench", "baselines", "--task", "annotation", "--dataset", str(labelled_h5ad), "--out", str(tmp_path)])
+    rc = main(["baselines", "--task", "annotation", "--dataset", str(labelled_h5ad), "--out", str(tmp_path)])
     assert rc == 2
     assert "has no label key" in capsys.readouterr().err
 
 
 def test_baselines_cli_missing_label_key(labelled_h5ad, tmp_path, capsys):
-    rc = main(["bench", "baselines", "--task", "clustering", "--dataset", str(labelled_h5ad), "--label-key", "type",
+    rc = main(["baselines", "--task", "clustering", "--dataset", str(labelled_h5ad), "--label-key", "type",
                "--out", str(tmp_path)])
     assert rc == 2
     err = capsys.readouterr().err

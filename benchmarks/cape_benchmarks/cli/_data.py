@@ -1,4 +1,4 @@
-"""What ``cape bench`` commands share: the ``--quick``/``--out`` options, and their data (a registered dataset, an
+"""What ``cape-bench`` commands share: the ``--quick``/``--out`` options, and their data (a registered dataset, an
 ``.h5ad`` path or the perturbation simulation, with the label/batch keys from the dataset's manifest)."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import anndata as ad
 
-from ... import data
-from ..._errors import CapeInputError
-from ...data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
-from ...data.perturbation import BENCHMARK_SIMULATIONS, CONTROL, sachs_interventions, simulate_perturbation
-from ...tasks.labels import manifest_key
+from cape import data
+from cape._errors import CapeInputError
+from cape.data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
+from cape.data.perturbation import BENCHMARK_SIMULATIONS, CONTROL, sachs_interventions, simulate_perturbation
+from cape.tasks.labels import manifest_key
 
 #: Where every benchmark writes ``<name>.{json,md,png}`` unless ``--out`` says otherwise.
 DEFAULT_OUT = "results/bench"

@@ -1,12 +1,13 @@
-"""``cape bench attention``: time and peak memory of one attention layer per encoding against plain SDPA."""
+"""``cape-bench attention``: time and peak memory of one attention layer per encoding against plain SDPA."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..._errors import CapeInputError
-from ..._settings import resolve_seed, settings
-from ...bench import attention
+from cape._errors import CapeInputError
+from cape._settings import resolve_seed, settings
+
+from .. import attention
 from ._data import add_run_options
 
 

@@ -1,4 +1,4 @@
-"""``cape bench baselines``: the task baselines that need no transformer (annotation, clustering, perturbation)."""
+"""``cape-bench baselines``: the task baselines that need no transformer (annotation, clustering, perturbation)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..._errors import CapeInputError
-from ..._io import save_figure, write_json, write_text
-from ..._tables import mean_sd_table
-from ...bench.baselines import run_annotation_baselines, run_clustering_baselines, run_perturbation_benchmark
-from ...tasks.perturbation_predictors import (
+from cape._errors import CapeInputError
+from cape._io import save_figure, write_json, write_text
+from cape._tables import mean_sd_table
+from cape.tasks.perturbation_predictors import (
     constant_gene_embeddings,
     dag_gene_embeddings,
     pca_gene_embeddings,
     permuted_gene_embeddings,
     random_gene_embeddings,
 )
+
+from ..baselines import run_annotation_baselines, run_clustering_baselines, run_perturbation_benchmark
 from ._data import add_run_options, dataset_keys, dataset_name, load_dataset, perturbation_data
 
 TASKS = ("annotation", "clustering", "perturbation")

@@ -1,11 +1,12 @@
-"""``cape bench causal``: causal discovery, cape against gcastle and DAGMA peers (synthetic data, Sachs)."""
+"""``cape-bench causal``: causal discovery, cape against gcastle and DAGMA peers (synthetic data, Sachs)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..._errors import CapeInputError
-from ...bench.causal import DIAGNOSE, SETTINGS, run_causal_benchmark
+from cape._errors import CapeInputError
+
+from ..causal import DIAGNOSE, SETTINGS, run_causal_benchmark
 from ._data import add_run_options
 
 

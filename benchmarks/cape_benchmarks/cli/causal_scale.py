@@ -1,10 +1,10 @@
-"""``cape bench causal-scale``: time per epoch of Step I against cells N and genes M."""
+"""``cape-bench causal-scale``: time per epoch of Step I against cells N and genes M."""
 
 from __future__ import annotations
 
 import argparse
 
-from ...bench.causal_scale import run_causal_scale
+from ..causal_scale import run_causal_scale
 from ._data import add_run_options
 
 

@@ -1,10 +1,10 @@
-"""``cape bench embedding``: Step II fidelity (MAP, Spearman), hyperbolic vs Euclidean, and scaling."""
+"""``cape-bench embedding``: Step II fidelity (MAP, Spearman), hyperbolic vs Euclidean, and scaling."""
 
 from __future__ import annotations
 
 import argparse
 
-from ...bench.embedding import run_benchmark
+from ..embedding import run_benchmark
 from ._data import add_run_options
 
 

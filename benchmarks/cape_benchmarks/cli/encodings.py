@@ -1,4 +1,4 @@
-"""``cape bench encodings``: every positional encoding × backbone × seed on annotation, clustering or perturbation,
+"""``cape-bench encodings``: every positional encoding × backbone × seed on annotation, clustering or perturbation,
 with CAPE's ablations and the task baselines (paper Tables 2, 3, S1, S2)."""
 
 from __future__ import annotations
@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..._errors import CapeInputError
-from ..._settings import settings as cape_settings
-from ...bench.encodings import run_encodings_benchmark
-from ...bench.encodings_models import BACKBONES, INTEGRATIONS, TASKS, BenchSettings, variants
-from .._io import max_len_value, tau_value
+from cape._errors import CapeInputError
+from cape._settings import settings as cape_settings
+from cape.cli._io import max_len_value, tau_value
+
+from ..encodings import run_encodings_benchmark
+from ..encodings_models import BACKBONES, INTEGRATIONS, TASKS, BenchSettings, variants
 from ._data import add_run_options, dataset_keys, dataset_name, load_dataset, perturbation_data
 
 

@@ -1,4 +1,4 @@
-"""``cape bench gears``: GEARS (cell-gears) plain, fed CAPE's gene positions, and fed control embeddings, on the
+"""``cape-bench gears``: GEARS (cell-gears) plain, fed CAPE's gene positions, and fed control embeddings, on the
 same perturbation data, split and GO graph (the paper's "gene representations fed into GEARS", Sec. 5.2)."""
 
 from __future__ import annotations
@@ -7,13 +7,14 @@ import argparse
 import logging
 from pathlib import Path
 
-from ..._errors import CapeInputError
-from ..._settings import settings as cape_settings
-from ...bench.gears import ARMS, DEFAULT_ARMS, run_gears_benchmark
-from .._io import tau_value
+from cape._errors import CapeInputError
+from cape._settings import settings as cape_settings
+from cape.cli._io import tau_value
+
+from ..gears import ARMS, DEFAULT_ARMS, run_gears_benchmark
 from ._data import add_run_options, dataset_name, perturbation_data
 
-QUICK_NOTE = ("--quick: the small simulation of `cape bench encodings --quick` (50 genes), 5 GEARS epochs, Steps "
+QUICK_NOTE = ("--quick: the small simulation of `cape-bench encodings --quick` (50 genes), 5 GEARS epochs, Steps "
               "I-III at the encodings benchmark's quick settings; full: the larger simulation (100 genes), 20 "
               "epochs (GEARS' default). Seeds 0 1 in both")
 

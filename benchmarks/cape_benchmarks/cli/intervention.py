@@ -1,12 +1,13 @@
-"""``cape bench intervention``: predictions of the Sachs 2005 interventions from the observational cells."""
+"""``cape-bench intervention``: predictions of the Sachs 2005 interventions from the observational cells."""
 
 from __future__ import annotations
 
 import argparse
 
-from ... import data
-from ...bench.intervention import CAPE_VARIANTS, run_intervention_benchmark
-from ...bench.peers import PEERS
+from cape import data
+
+from ..intervention import CAPE_VARIANTS, run_intervention_benchmark
+from ..peers import PEERS
 from ._data import add_run_options
 
 

@@ -1,4 +1,4 @@
-"""``cape bench non-relativity``: Behind-RoPE non-relativity of the attention per layer and encoding,
+"""``cape-bench non-relativity``: Behind-RoPE non-relativity of the attention per layer and encoding,
 before and after pretraining."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...bench.layer_relativity import run_benchmark
-from .._io import read_input
+from cape.cli._io import read_input
+
+from ..layer_relativity import run_benchmark
 from ._data import add_run_options
 
 

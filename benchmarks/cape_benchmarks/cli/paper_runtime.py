@@ -1,4 +1,4 @@
-"""``cape bench paper-runtime``: expected run time of benchmark configs (``configs/benchmarks/paper_*.yaml``) from
+"""``cape-bench paper-runtime``: expected run time of benchmark configs (``configs/benchmarks/paper_*.yaml``) from
 per-step costs measured on this machine."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from ..._errors import CapeInputError
-from ..._io import write_json, write_text
-from ...bench.paper_runtime import DATASET_CELLS, estimate_configs, runtime_markdown
+from cape._errors import CapeInputError
+from cape._io import write_json, write_text
+
+from ..paper_runtime import DATASET_CELLS, estimate_configs, runtime_markdown
 from ._data import DEFAULT_OUT
 
 

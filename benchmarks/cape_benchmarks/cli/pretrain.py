@@ -1,10 +1,10 @@
-"""``cape bench pretrain``: pretraining cells/s and loss per backbone × encoding."""
+"""``cape-bench pretrain``: pretraining cells/s and loss per backbone × encoding."""
 
 from __future__ import annotations
 
 import argparse
 
-from ...bench.pretrain import run_benchmark
+from ..pretrain import run_benchmark
 from ._data import add_run_options
 
 

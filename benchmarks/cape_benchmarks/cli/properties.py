@@ -1,10 +1,10 @@
-"""``cape bench properties``: the paper's Sec. 4 (Fig. 3c, Props 4.1/4.2 with Fig. S2, Prop. 4.3 with Fig. S3)."""
+"""``cape-bench properties``: the paper's Sec. 4 (Fig. 3c, Props 4.1/4.2 with Fig. S2, Prop. 4.3 with Fig. S3)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ...bench.properties import run_benchmark
+from ..properties import run_benchmark
 from ._data import add_run_options
 
 

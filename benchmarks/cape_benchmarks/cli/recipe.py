@@ -1,5 +1,5 @@
-"""``cape bench recipe``: the backbone's training recipe against the previous one, logistic regression on PCA and
-PCA + k-means, over seeds with paired intervals (:mod:`cape.bench.recipe`)."""
+"""``cape-bench recipe``: the backbone's training recipe against the previous one, logistic regression on PCA and
+PCA + k-means, over seeds with paired intervals (:mod:`cape_benchmarks.recipe`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ... import pp
-from ..._errors import CapeInputError
-from ..._io import save_figure, write_json, write_text
-from ..._tables import markdown_table, mean_sd_table
-from ...bench.recipe import RECIPES, ModelShape, paired_rows, recipe_settings, run_recipe_benchmark
-from ...data.expression import simulate_expression
+from cape import pp
+from cape._errors import CapeInputError
+from cape._io import save_figure, write_json, write_text
+from cape._tables import markdown_table, mean_sd_table
+from cape.data.expression import simulate_expression
+
+from ..recipe import RECIPES, ModelShape, paired_rows, recipe_settings, run_recipe_benchmark
 from ._data import add_run_options, dataset_keys, dataset_name, load_dataset
 
 #: The oligodendroglioma-shaped SMART-seq simulation (184 cells × 9,450 genes, TPM, fewer cells than genes).
@@ -36,7 +37,7 @@ def register(bench) -> None:
     p.add_argument("--recipes", nargs="+", choices=sorted(RECIPES), default=list(RECIPES))
     p.add_argument("--encoding", default=ModelShape.encoding,
                    help=f"positional encoding of every model ({ModelShape.encoding}: scGPT's own gene table, so "
-                        "the recipe alone differs; CAPE's rows are `cape bench encodings`)")
+                        "the recipe alone differs; CAPE's rows are `cape-bench encodings`)")
     add_run_options(p, "two seeds")
     p.set_defaults(func=run)
 
