@@ -242,7 +242,7 @@ def resources_finding(rows: Sequence[dict]) -> Finding:
     sized = [r for r in rows if r["max_rss_mb"] is not None]
     if not timed and not sized:
         return Finding(OK, "resources", "Time and memory were not measured (run through Snakemake, or give "
-                       "`cape evaluate --benchmarks benchmarks/<run>`).")
+                       "`cape evaluate --benchmarks logs/<run>`).")
     parts = []
     if timed:
         slow = max(timed, key=lambda r: r["seconds"])
