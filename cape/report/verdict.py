@@ -307,7 +307,7 @@ def verdict_markdown(findings: Sequence[Finding], resources: Sequence[dict] | No
         lines += [f"  - What to do: {r}" for r in remedies]
     if any(f.topic in ("annotation", "clustering") for f in findings):
         lines += ["", f"_The intervals resample the cells scored ({N_BOOTSTRAP:,} times); they do not include the "
-                  "variation between training seeds (one run, one seed). `cape bench encodings` repeats over seeds._"]
+                  "variation between training seeds (one run, one seed). `cape-bench encodings` repeats over seeds._"]
     if resources:
         header, rows = resources_table(resources)
         lines += ["", "Time and peak resident memory per stage (Snakemake samples memory every few seconds, so "
