@@ -69,16 +69,16 @@ def test_paper_configs_dry_run_without_downloading(tmp_path):
         proc = snakemake(tmp_path, "-n", "-p", "--cores", "4", "--configfile", str(path.relative_to(REPO)))
         assert proc.returncode == 0, (path.stem, proc.stderr[-2000:])
         assert f"results/bench/{path.stem}.json" in proc.stdout and "preprocess" not in proc.stdout
-        command = next(line for line in proc.stdout.splitlines() if " -m cape " in line)
+        command = next(line for line in proc.stdout.splitlines() if " -m cape_benchmarks " in line)
         assert "--device cuda" in command
         if bench["task"] == "gears":
-            assert "bench gears --dataset norman2019" in command
+            assert " gears --dataset norman2019" in command
             for flag in ("--go-graph resources/gears/gene2go_all.pkl", "--epochs 20", "--n-genes 2000",
                          "--embed-dim 256", "--seeds 0 1 2"):
                 assert flag in command, flag
             assert "rule gears_gene2go" in proc.stdout and "dataverse.harvard.edu" in proc.stdout
         else:
-            assert f"bench encodings --task {bench['task']} --dataset {bench['dataset']}" in command
+            assert f" encodings --task {bench['task']} --dataset {bench['dataset']}" in command
             for key in ("d_model", "n_layers", "n_heads", "batch_size", "lr", "max_len", "n_genes"):
                 assert f"--{key.replace('_', '-')} {bench[key]}" in command, key
             assert ("--annotation-pretrain-epochs" in command) == (bench["task"] == "annotation")
