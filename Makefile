@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine (see README):
 #   make run    install into .venv, then run the workflow on the embedded default dataset
-#   make test   install into .venv (with the dev extra), then run the test suite (tutorial notebooks included)
+#   make test   install into .venv (with the dev extra), then run the test suite (tutorial notebooks included):
+#               tests/ (the library) and benchmarks/tests (the benchmarks project, `cape-bench`)
 #   make docs   install the docs extra, then build the API reference and the tutorials into docs/_build/html
 PYTHON ?= python3
 VENV ?= .venv
@@ -32,7 +33,7 @@ $(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install --quiet -e ".[docs]"
 	touch $@
 
-# The SDCD / DCD-FG peers of `cape bench causal` in an environment of their own: sdcd 0.1.4 pins pandas < 2
+# The SDCD / DCD-FG peers of `cape-bench causal` in an environment of their own: sdcd 0.1.4 pins pandas < 2
 # (cape needs 2) and imports an old wandb that needs pkg_resources (setuptools < 70). Torch first, so that
 # sdcd's torch requirement does not pull the CUDA build. cape finds ./.venv-sdcd by itself.
 SDCD_VENV ?= .venv-sdcd
@@ -69,8 +70,8 @@ docs: install-docs
 	@echo "docs: $(abspath docs/_build/html/index.html)"
 
 lint: install-dev
-	$(VENV)/bin/ruff check cape tests
+	$(VENV)/bin/ruff check cape benchmarks tests
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf results logs benchmarks .snakemake docs/_build docs/api/generated docs/jupyter_execute
+	rm -rf results logs .snakemake docs/_build docs/api/generated docs/jupyter_execute

@@ -2,7 +2,8 @@
 
 scverse-style API: ``cape.pp`` (preprocessing), ``cape.tl`` (tools), ``cape.pl`` (plots),
 ``cape.data`` (datasets and readers), ``cape.models`` (the transformer), ``cape.tasks`` (annotation, clustering,
-perturbation: splits, metrics, baselines), ``cape.bench`` (the paper's experiments), ``cape.settings``.
+perturbation: splits, metrics, baselines), ``cape.settings``. The paper's experiments are a project of their own
+in the repository (``benchmarks/``, the ``cape-bench`` command), which this package never imports.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ._settings import settings
 __version__ = "0.1.0"
 
 # Submodules load on first use: ``import cape`` alone does not load torch and scanpy.
-_SUBMODULES = {"pp", "tl", "pl", "data", "bench", "tasks", "causal", "hyperbolic", "encodings", "models"}
+_SUBMODULES = {"pp", "tl", "pl", "data", "tasks", "causal", "hyperbolic", "encodings", "models"}
 
 __all__ = ["CapeInputError", "__version__", "settings", *sorted(_SUBMODULES)]
 

@@ -167,3 +167,20 @@ def test_cli_log_lines_follow_the_current_stderr(monkeypatch):
         for handler in logger.handlers:
             if handler not in before:
                 logger.removeHandler(handler)
+
+
+def test_help_lists_the_users_commands_only(capsys):
+    """The benchmarks are a project of their own (``cape-bench``): ``cape --help`` names no benchmark, and the old
+    ``cape bench ...`` is a one-line error pointing at the new command."""
+    proc = run_inprocess(capsys, "--help")
+    assert proc.returncode == 0 and "train" in proc.stdout
+    assert "bench" not in proc.stdout
+    proc = run_inprocess(capsys, "bench", "encodings", "--task", "annotation", "--quick")
+    assert_one_line_error(proc, "'cape-bench encodings --task annotation --quick'")
+
+
+def test_import_cape_never_imports_the_benchmarks():
+    code = ("import sys, cape, cape.cli, cape.tl, cape.pl, cape.tasks\n"
+            "assert not [m for m in sys.modules if m.startswith('cape_benchmarks')]\n"
+            "assert 'bench' not in dir(cape)")
+    subprocess.run([sys.executable, "-c", code], check=True)

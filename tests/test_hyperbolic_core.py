@@ -252,7 +252,7 @@ def test_as_sparse_adjacency_rejects_non_square_and_nan():
 
 
 def test_benchmark_relevance_equals_positive_set():
-    from cape.bench.embedding import khop_relevance
+    from cape_benchmarks.embedding import khop_relevance
 
     for seed in range(5):
         adj = random_dag(15, 0.25, seed)

@@ -10,8 +10,8 @@ import scipy.sparse as sp
 import torch
 
 from cape import CapeInputError
-from cape.bench.embedding import barabasi_albert_dag, embedding_fidelity
 from cape.hyperbolic import embed_dag, hyperboloid_residual
+from cape_benchmarks.embedding import barabasi_albert_dag, embedding_fidelity
 
 
 def random_dag(n: int, p: float, rng: np.random.Generator) -> sp.csr_matrix:
@@ -279,7 +279,7 @@ def test_ba_dag_map_beats_graph_distance_oracle_every_seed(seed):
 def test_scaling_benchmark_writes_records_table_and_plot(tmp_path):
     import json
 
-    from cape.bench.embedding import run_benchmark
+    from cape_benchmarks.embedding import run_benchmark
 
     records = run_benchmark(tmp_path, quick=True, sections=("scaling",))
     saved = json.loads((tmp_path / "embedding_scaling.json").read_text())

@@ -1,5 +1,5 @@
 """The backbone recipe: ``max_len="auto"`` and truncation reports, the cell-expression pretraining objective, the
-unsupervised cell embedding of ``cape train``, clustering scored honestly, and ``cape bench recipe``'s pieces."""
+unsupervised cell embedding of ``cape train``, clustering scored honestly, and ``cape-bench recipe``'s pieces."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from sklearn.metrics import adjusted_rand_score
 
 from cape import CapeInputError
-from cape.bench.recipe import ModelShape, paired_rows, recipe_run
 from cape.cli import main
 from cape.models import CellTransformer
 from cape.models.config import TrainingRecipe
@@ -35,6 +34,7 @@ from cape.models.tokenize import (
 from cape.report import evaluate_run
 from cape.tasks.annotation import annotation_split
 from cape.tasks.clustering import kmeans_clusters
+from cape_benchmarks.recipe import ModelShape, paired_rows, recipe_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = dict(d_model=16, n_heads=2, n_layers=1, dropout=0.0)

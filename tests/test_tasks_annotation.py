@@ -6,13 +6,13 @@ import pandas as pd
 import pytest
 
 from cape import CapeInputError
-from cape.bench.baselines import run_annotation_baselines
 from cape.tasks.annotation import (
     annotation_metrics,
     annotation_split,
     logistic_regression_pca,
 )
 from cape.tasks.labels import checked_labels
+from cape_benchmarks.baselines import run_annotation_baselines
 
 
 def _blobs(sizes=(40, 30, 20), n_genes=12, sep=3.0, seed=0) -> ad.AnnData:

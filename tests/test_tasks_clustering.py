@@ -8,13 +8,13 @@ import pandas as pd
 import pytest
 
 from cape import CapeInputError
-from cape.bench.baselines import run_clustering_baselines
 from cape.tasks.clustering import (
     available_baselines,
     cluster_embedding,
     clustering_metrics,
     knn_impute,
 )
+from cape_benchmarks.baselines import run_clustering_baselines
 
 
 def _blobs(sizes=(30, 25, 20), n_genes=10, seed=0, batch_shift=0.0) -> ad.AnnData:

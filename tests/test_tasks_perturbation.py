@@ -8,7 +8,6 @@ import pandas as pd
 import pytest
 
 from cape import CapeInputError
-from cape.bench.baselines import run_perturbation_benchmark
 from cape.data.perturbation import simulate_perturbation
 from cape.tasks.perturbation import (
     SUBGROUPS,
@@ -32,6 +31,7 @@ from cape.tasks.perturbation_predictors import (
     permuted_gene_embeddings,
     random_gene_embeddings,
 )
+from cape_benchmarks.baselines import run_perturbation_benchmark
 
 
 @pytest.fixture(scope="module")

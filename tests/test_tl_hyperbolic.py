@@ -11,8 +11,8 @@ import scipy.sparse as sp
 
 import cape
 from cape import CapeInputError
-from cape.bench.embedding import barabasi_albert_dag
 from cape.cli import main
+from cape_benchmarks.embedding import barabasi_albert_dag
 
 
 def make_adata(n_genes: int = 20, seed: int = 0) -> ad.AnnData:

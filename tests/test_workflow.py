@@ -36,7 +36,7 @@ def test_run_on_user_h5ad(workdir, counts_adata):
     out = ad.read_h5ad(workdir / target)
     assert out.var["cape_used"].sum() == 25
     assert (workdir / "logs/mydata/preprocess.log").exists()
-    assert (workdir / "benchmarks/mydata/preprocess.tsv").exists()
+    assert (workdir / "logs/mydata/preprocess.tsv").exists()
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_tiny_run_then_html_report(workdir, counts_adata):
     assert report.startswith("# cape run: tiny\n\n\n## Verdict\n\n")
     assert "Snakemake benchmark" in report and "| evaluate |" in report
     for stage in ("preprocess", "causal", "embed", "encode", "train", "evaluate"):
-        assert (workdir / f"benchmarks/tiny/{stage}.tsv").exists()
+        assert (workdir / f"logs/tiny/{stage}.tsv").exists()
 
     proc = snakemake(workdir, *config, "--report", "report.html")
     assert proc.returncode == 0, proc.stderr[-3000:]

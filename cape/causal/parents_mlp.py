@@ -3,7 +3,7 @@
 The paper's variational NOTEARS (:mod:`cape.causal.model`) is linear in a learnt per-gene feature space,
 F_j = Σ_i A_ij F_i + Z_j: a gene's parents enter through one weighted sum, so it cannot express parents that
 act together (a sigmoid of a sum of parents, an AND of two regulators). On data from an MLP SEM it scores
-about what it scores with its MLPs switched off (``cape bench causal --diagnose``). This model fits the
+about what it scores with its MLPs switched off (``cape-bench causal --diagnose``). This model fits the
 structural equations directly, as SDCD does (Nazaret et al., ICML 2024):
 
     x_j = g_j(x) + e_j,   g_j(x) = b2_j + Σ_k w2_jk·sigmoid(Σ_i W_jik·x_i + b1_jk),   e_j ~ N(0, s_j²),

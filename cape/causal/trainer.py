@@ -11,7 +11,7 @@ about lr per step, so the reverse weights keep jittering and h cannot fall much 
 beyond the cap the penalty only shrinks the true edges on paths that close such tiny cycles, while a cycle
 made of weights above τ would still cost h ≫ 1e-6. Low rank suffers more, and from a lower ρ: every step on U
 and V moves all M² entries of UVᵀ at once, and h(UVᵀ) also prices the diagonal that the SEM masks out, so the
-pull on the cycles reaches every edge. Both caps were chosen on validation seeds with ``cape bench causal``; the
+pull on the cycles reaches every edge. Both caps were chosen on validation seeds with ``cape-bench causal``; the
 measurements are in the documentation's benchmark pages (docs/benchmarks/step1_sdcd.md, "Low-rank fits").
 The cap only binds on data with many minibatches: ρ grows at most tenfold per dual step,
 and a dual step needs ``dual_steps`` Adam steps.
@@ -220,7 +220,7 @@ EXACT_ACYCLICITY_MAX = 256
 AUTO_H_EVERY = 10
 #: ... and every :data:`AUTO_H_EVERY_LARGE` steps beyond this many genes, where one re-linearisation (an M×M
 #: product through the k×k factors) costs several steps' worth: at 1,200 genes re-linearising every 40
-#: steps instead of 10 left the graph's F1 unchanged (see ``cape bench causal-scale``).
+#: steps instead of 10 left the graph's F1 unchanged (see ``cape-bench causal-scale``).
 AUTO_H_EVERY_LARGE_M = 1000
 AUTO_H_EVERY_LARGE = 40
 

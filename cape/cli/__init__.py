@@ -1,9 +1,9 @@
-"""The ``cape`` command line: one subcommand per workflow stage, ``cape bench <name>`` per benchmark.
+"""The ``cape`` command line: one subcommand per workflow stage (the benchmarks have their own ``cape-bench``).
 
-One module per command, named after it (``cape train`` → :mod:`cape.cli.train`; every ``cape bench <name>`` in
-:mod:`cape.cli.bench`); each exposes ``register(commands)`` adding its parser with ``set_defaults(func=run)``;
-``func(args)`` returns an exit code (or ``None`` for 0). User mistakes raise :class:`cape.CapeInputError`,
-which ``main`` prints as one line on stderr with exit code 2, never a traceback.
+One module per command, named after it (``cape train`` → :mod:`cape.cli.train`); each exposes ``register(commands)``
+adding its parser with ``set_defaults(func=run)``; ``func(args)`` returns an exit code (or ``None`` for 0). User
+mistakes raise :class:`cape.CapeInputError`, which ``main`` prints as one line on stderr with exit code 2, never a
+traceback. :func:`add_global_options` and :func:`run_command` are shared with the ``cape-bench`` command line.
 """
 
 from __future__ import annotations
@@ -17,36 +17,54 @@ from collections.abc import Sequence
 from .. import __version__
 from .._errors import CapeInputError
 from .._settings import default_threads, resolve_device, settings
-from . import bench, causal, data, embed, encode, encodings, evaluate, predict, preprocess, train
+from . import causal, data, embed, encode, encodings, evaluate, predict, preprocess, train
 from ._io import positive_int
 
 #: In the order ``cape --help`` lists them.
-COMMAND_MODULES = (bench, data, preprocess, encodings, causal, predict, train, embed, encode, evaluate)
+COMMAND_MODULES = (data, preprocess, encodings, causal, predict, train, embed, encode, evaluate)
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors in one line (exit 2) instead of usage + message."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"cape: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{self.prog.split()[0]}: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="cape", description="Causality-aware positional encodings for single-cell data.")
-    parser.add_argument("--version", action="version", version=f"cape {__version__}")
+def add_global_options(parser: argparse.ArgumentParser) -> None:
+    """``--version``, ``--seed``, ``--device``, ``--quiet`` and ``--threads``: the options before the command."""
+    parser.add_argument("--version", action="version", version=f"{parser.prog} {__version__}")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: cape.settings.seed = 0)")
     parser.add_argument("--device", default=None, help="'auto' (default), 'cpu', 'cuda' or 'cuda:N'")
     parser.add_argument("--quiet", action="store_true", help="only print errors; no progress bars")
-    # dest differs from the `--threads` of `cape bench encodings/pretrain` (threads per model), which would
+    # dest differs from the `--threads` of `cape-bench encodings/pretrain` (threads per model), which would
     # otherwise overwrite it in the shared namespace.
     parser.add_argument("--threads", dest="global_threads", type=positive_int, default=None,
                         help="CPU threads for torch and BLAS (default: the CPUs this process may use, from its "
                              "affinity mask and cgroup quota; OMP_NUM_THREADS lowers it)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cape", description="Causality-aware positional encodings for single-cell data.")
+    add_global_options(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
     for module in COMMAND_MODULES:
         module.register(commands)
+    _moved_bench(commands)
     return parser
+
+
+def _moved_bench(commands) -> None:
+    """``cape bench ...`` (before the benchmarks left the library): one line naming ``cape-bench``, exit code 2."""
+    moved = commands.add_parser("bench", add_help=False, prefix_chars="\0")
+    moved.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(args: argparse.Namespace) -> int:
+        command = " ".join(["cape-bench", *args.rest])
+        raise CapeInputError(f"the benchmarks have their own command: use '{command}'")
+
+    moved.set_defaults(func=run)
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -85,8 +103,12 @@ def _configure_logging(quiet: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``cape`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return run_command(build_parser().parse_args(argv))
+
+
+def run_command(args: argparse.Namespace, prog: str = "cape") -> int:
+    """Apply the global options of ``args`` (:func:`add_global_options`) and run its command; ``prog`` names the
+    command line in one-line errors."""
     _configure_logging(args.quiet)
     try:
         if args.seed is not None:
@@ -100,10 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings.device = args.device
         code = args.func(args)
     except CapeInputError as err:
-        print(f"cape: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("cape: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return int(code or 0)
 

@@ -27,7 +27,7 @@ def register(commands) -> None:
                              "non-relativity (Behind RoPE) to the metrics")
     parser.add_argument("--benchmarks", default=None, metavar="DIR",
                         help="folder of Snakemake's benchmark files of the earlier stages (<stage>.tsv, e.g. "
-                             "benchmarks/<run>): their time and peak memory go into the report's verdict and the "
+                             "logs/<run>): their time and peak memory go into the report's verdict and the "
                              "metrics; a missing file reads 'not measured'")
     parser.set_defaults(func=run)
 

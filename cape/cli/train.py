@@ -1,5 +1,5 @@
 """``cape train`` (pretrain + fine-tune a CellTransformer, write the model and ``obsm["X_cape"]``) and
-``cape bench pretrain`` (pretraining throughput and loss per backbone × encoding).
+``cape-bench pretrain`` (pretraining throughput and loss per backbone × encoding).
 
 Multi-process: ``torchrun --nproc_per_node N -m cape train ...`` trains with DDP (NCCL on GPUs, gloo on CPU);
 only rank 0 writes outputs.

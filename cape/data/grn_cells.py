@@ -5,7 +5,7 @@ binary code switches it on and low otherwise, and every difference between cell 
 only through the DAG's structural equations. Knock-outs (single and double, GEARS format) cut genes out of the
 same equations. Counts carry the technical noise of droplet scRNA-seq: per-cell capture (library size),
 negative-binomial sampling and dropout of lowly expressed transcripts. This is the ground truth of the oracle
-experiment (``cape bench encodings --dataset simulated_grn``): its true DAG is known, so CAPE on the true graph
+experiment (``cape-bench encodings --dataset simulated_grn``): its true DAG is known, so CAPE on the true graph
 can be set beside CAPE on Step I's graph.
 
 Why not SERGIO (``sergio-scsim`` on PyPI, which installs offline): its v2 release has no intervention interface

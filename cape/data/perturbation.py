@@ -79,7 +79,7 @@ def gears_condition(genes: tuple[str, ...]) -> str:
     raise CapeInputError(f"GEARS conditions hold at most 2 genes, got {len(genes)}: {'+'.join(genes)}")
 
 
-#: The simulated perturbation data of the benchmarks (``cape bench baselines/encodings/gears --dataset simulated``):
+#: The simulated perturbation data of the benchmarks (``cape-bench baselines/encodings/gears --dataset simulated``):
 #: ``"quick"`` for smoke runs, ``"full"`` for the reported tables.
 BENCHMARK_SIMULATIONS = {
     "quick": dict(n_genes=50, n_edges=100, n_control=300, n_cells_per_perturbation=40, n_single=20, n_double=30,

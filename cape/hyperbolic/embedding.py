@@ -10,7 +10,7 @@ The objective is Eq. 15 (see :mod:`cape.hyperbolic.loss`) with the contrastive t
 temperature τ (:data:`DEFAULT_TEMPERATURE`; τ = 1 is the paper's Eq. 16). τ < 1 sharpens the softmax over
 negatives, so a positive keeps being pulled in after it has overtaken the nearest negatives. On 100-node
 Barabási–Albert DAGs (seeds 0–4, d = 8) τ = 0.5 gives a MAP over 2-hop neighbours of 0.84 against 0.78 at
-τ = 1, with Spearman(π, −‖e‖) ≈ 0.69 in both (``cape bench embedding``); from d = 3 up it helps, but at
+τ = 1, with Spearman(π, −‖e‖) ≈ 0.69 in both (``cape-bench embedding``); from d = 3 up it helps, but at
 d = 2 it hurts (MAP 0.55 against 0.69 at τ = 1): pass ``temperature=1`` for 2-D embeddings.
 
 Gradients are taken of M·L_H (the sum over nodes rather than the mean) so that the learning rate does not

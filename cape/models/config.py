@@ -20,7 +20,7 @@ _TOKENIZER_FIELDS = ("binning", "n_bins", "max_len", "include_zero_genes")
 
 @dataclass(frozen=True)
 class TrainingRecipe:
-    """How the workflow's ``train`` stage, ``cape train`` and :mod:`cape.bench.recipe` train a backbone.
+    """How the workflow's ``train`` stage, ``cape train`` and :mod:`cape_benchmarks.recipe` train a backbone.
 
     Attributes
     ----------
@@ -55,7 +55,7 @@ class TrainingRecipe:
     batch_size: int = 32
 
 
-#: The recipe the workflow and ``cape train`` use by default (chosen in ``cape bench recipe``; see the docs).
+#: The recipe the workflow and ``cape train`` use by default (chosen in ``cape-bench recipe``; see the docs).
 DEFAULT_RECIPE = TrainingRecipe()
 
 

@@ -244,7 +244,7 @@ class CellTransformer(CellData):
         ``"val_accuracy"`` or ``"val_balanced_accuracy"``) are kept. Returns the per-epoch history, also kept in
         ``self.history["fit"]`` (the key of model directories saved before the method was named ``train``).
 
-        The defaults are :data:`~cape.models.config.DEFAULT_RECIPE` (``cape bench recipe`` compares it with the
+        The defaults are :data:`~cape.models.config.DEFAULT_RECIPE` (``cape-bench recipe`` compares it with the
         baselines): up to 100 epochs with early stopping (patience 15) on a 20 % validation split, class-balanced
         cross-entropy, mean pooling of the gene tokens and a constant lr of 3e-4, after :meth:`pretrain` and with
         the constructor's ``dropout=0.2``.

@@ -15,7 +15,7 @@ import pandas as pd
 
 logger = logging.getLogger("cape")
 
-#: Snakemake rules whose ``benchmarks/<run>/<stage>.tsv`` the report reads, in workflow order.
+#: Snakemake rules whose ``logs/<run>/<stage>.tsv`` the report reads, in workflow order.
 STAGES = ("preprocess", "causal", "embed", "encode", "train")
 
 

@@ -242,7 +242,7 @@ def resources_finding(rows: Sequence[dict]) -> Finding:
     sized = [r for r in rows if r["max_rss_mb"] is not None]
     if not timed and not sized:
         return Finding(OK, "resources", "Time and memory were not measured (run through Snakemake, or give "
-                       "`cape evaluate --benchmarks benchmarks/<run>`).")
+                       "`cape evaluate --benchmarks logs/<run>`).")
     parts = []
     if timed:
         slow = max(timed, key=lambda r: r["seconds"])
@@ -307,7 +307,7 @@ def verdict_markdown(findings: Sequence[Finding], resources: Sequence[dict] | No
         lines += [f"  - What to do: {r}" for r in remedies]
     if any(f.topic in ("annotation", "clustering") for f in findings):
         lines += ["", f"_The intervals resample the cells scored ({N_BOOTSTRAP:,} times); they do not include the "
-                  "variation between training seeds (one run, one seed). `cape bench encodings` repeats over seeds._"]
+                  "variation between training seeds (one run, one seed). `cape-bench encodings` repeats over seeds._"]
     if resources:
         header, rows = resources_table(resources)
         lines += ["", "Time and peak resident memory per stage (Snakemake samples memory every few seconds, so "

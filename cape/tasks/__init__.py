@@ -1,8 +1,8 @@
 """Downstream tasks, each implemented once: cell-type annotation, clustering and perturbation prediction (splits,
 recipes, metrics, baselines), plus the attention diagnostic of a trained model.
 
-Used by :mod:`cape.tl` (AnnData tools), ``cape train``/``evaluate`` and the run report, and the benchmarks in
-:mod:`cape.bench`.
+Used by :mod:`cape.tl` (AnnData tools), ``cape train``/``evaluate`` and the run report, and the benchmarks
+(``benchmarks/``, the ``cape-bench`` command).
 """
 
 from __future__ import annotations

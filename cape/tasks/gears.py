@@ -3,7 +3,7 @@
 
 :func:`run_gears` builds GEARS' ``PertData`` from GEARS-format AnnData (``obs["condition"]``: ``ctrl`` / ``A+ctrl``
 / ``A+B``), uses GEARS' own "simulation" split (seed 1), trains GEARS and scores its mean prediction for every test
-perturbation with :meth:`cape.tasks.perturbation.PerturbationTask.evaluate` — the same metric as ``cape bench
+perturbation with :meth:`cape.tasks.perturbation.PerturbationTask.evaluate` — the same metric as ``cape-bench
 encodings --task perturbation`` (overall, singles, doubles, and doubles with 0/1/2 genes seen).
 
 **Gene embeddings.** ``gene_embeddings`` (genes × d, rows in ``var_names`` order) initialise GEARS' gene-embedding
@@ -170,7 +170,7 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
     -------
     dict with ``predicted`` (test conditions × genes, GEARS' mean prediction over each condition's test cells, each
     paired with a random control cell as GEARS does), ``per_condition`` (top-``n_de``-DE MSE), ``metrics``
-    (``mse_overall``, ``mse_single``, ``mse_double``, ``mse_combo_seen0/1/2`` as in ``cape bench encodings``, and
+    (``mse_overall``, ``mse_single``, ``mse_double``, ``mse_combo_seen0/1/2`` as in ``cape-bench encodings``, and
     the diagnostic ``mse_overall_excl_targets`` of :func:`mse_excluding_targets`), ``split`` (GEARS' split as a
     :class:`~cape.tasks.perturbation.PerturbationSplit`), ``split_matches_cape`` (whether it equals
     :func:`~cape.tasks.perturbation.simulation_split`), ``go_graph`` (what replaced or supplied GO),

@@ -1,4 +1,4 @@
-# `cape bench encodings` as a workflow target: one table per configs/benchmarks/<name>.yaml
+# `cape-bench encodings` as a workflow target: one table per configs/benchmarks/<name>.yaml
 #   snakemake --cores 2 --configfile configs/benchmarks/annotation_pbmc68k_reduced.yaml
 BENCH = config["benchmark"]
 for _key in ("task", "dataset"):
@@ -8,7 +8,7 @@ BENCH_STEM = BENCH["name"] or f"{BENCH['task']}_{Path(BENCH['dataset']).stem}"
 BENCH_OPTIONS = ("n_genes", "d_model", "n_layers", "n_heads", "max_len", "batch_size", "lr", "pretrain_epochs",
                  "annotation_pretrain_epochs", "fine_tune_epochs", "causal_epochs", "causal_tau", "embed_epochs",
                  "embed_dim", "bands", "band_top", "predictor_epochs")
-# task gears runs `cape bench gears`: Steps I-III options, GEARS' own; the transformer's are not its business
+# task gears runs `cape-bench gears`: Steps I-III options, GEARS' own; the transformer's are not its business
 GEARS_OPTIONS = ("n_genes", "causal_epochs", "causal_tau", "embed_epochs", "embed_dim")
 GEARS_ONLY = ("go_graph", "gears_epochs", "arms")
 GEARS_GO = "resources/gears/gene2go_all.pkl"  # GEARS' gene → GO terms pickle, fetched by rule gears_gene2go
@@ -26,7 +26,7 @@ def benchmark_outputs():
 
 
 def benchmark_flags():
-    """Command-line flags of `cape bench encodings` for the config's non-default options."""
+    """Command-line flags of `cape-bench encodings` for the config's non-default options."""
     flags = [f"--seeds {' '.join(map(str, BENCH['seeds']))}", f"--backbones {' '.join(BENCH['backbones'])}",
              f"--integrations {' '.join(BENCH['integrations'])}",
              f"--threads {BENCH['threads']}", f"--jobs {BENCH['jobs']}", f"--name {BENCH_STEM}"]
@@ -41,7 +41,7 @@ def benchmark_flags():
 
 
 def gears_flags():
-    """Command-line flags of `cape bench gears` for the config's non-default options."""
+    """Command-line flags of `cape-bench gears` for the config's non-default options."""
     flags = [f"--seeds {' '.join(map(str, BENCH['seeds']))}", f"--threads {BENCH['threads']}", f"--name {BENCH_STEM}"]
     if BENCH["arms"]:
         flags.append(f"--arms {' '.join(BENCH['arms'])}")
@@ -88,9 +88,9 @@ if GEARS:
         log:
             f"logs/bench/{BENCH_STEM}.log",
         benchmark:
-            f"benchmarks/bench/{BENCH_STEM}.tsv"
+            f"logs/bench/{BENCH_STEM}.tsv"
         params:
-            cape=CAPE,
+            cape_bench=CAPE_BENCH,
             dataset=BENCH["dataset"],
             out=lambda wildcards, output: str(Path(output.json).parent),
             flags=gears_flags(),
@@ -100,7 +100,7 @@ if GEARS:
             runtime=BENCH["runtime"],
             gpu=gpus(),
         shell:
-            "{params.cape} --threads {threads} bench gears --dataset {params.dataset:q} --out {params.out:q}"
+            "{params.cape_bench} --threads {threads} gears --dataset {params.dataset:q} --out {params.out:q}"
             " {params.flags} > {log:q} 2>&1"
 
 else:
@@ -114,9 +114,9 @@ else:
         log:
             f"logs/bench/{BENCH_STEM}.log",
         benchmark:
-            f"benchmarks/bench/{BENCH_STEM}.tsv"
+            f"logs/bench/{BENCH_STEM}.tsv"
         params:
-            cape=CAPE,
+            cape_bench=CAPE_BENCH,
             task=BENCH["task"],
             dataset=BENCH["dataset"],
             out=lambda wildcards, output: str(Path(output.json).parent),
@@ -127,5 +127,5 @@ else:
             runtime=BENCH["runtime"],
             gpu=gpus(),
         shell:
-            "{params.cape} --threads {threads} bench encodings --task {params.task} --dataset {params.dataset:q} --out {params.out:q}"
+            "{params.cape_bench} --threads {threads} encodings --task {params.task} --dataset {params.dataset:q} --out {params.out:q}"
             " {params.flags} > {log:q} 2>&1"

@@ -7,7 +7,7 @@ rule causal:
     log:
         "logs/{dataset}/causal.log",
     benchmark:
-        "benchmarks/{dataset}/causal.tsv"
+        "logs/{dataset}/causal.tsv"
     params:
         cape=CAPE,
         opts=config["causal"],

@@ -27,6 +27,8 @@ if config["train"]["checkpoint"] and not Path(config["train"]["checkpoint"]).is_
 # The CLI of the Python running Snakemake, so rules use the same installation (also on cluster nodes
 # that share the file system).
 CAPE = f'"{sys.executable}" -m cape --seed {config["seed"]} --device {config["device"]}'
+# The benchmarks' command line (benchmarks/cape_benchmarks, installed with cape), for configs/benchmarks/*.yaml
+CAPE_BENCH = f'"{sys.executable}" -m cape_benchmarks --seed {config["seed"]} --device {config["device"]}'
 
 if config["input"]:
     RUN = config["name"] or Path(config["input"]).stem

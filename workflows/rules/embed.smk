@@ -7,7 +7,7 @@ rule embed:
     log:
         "logs/{dataset}/embed.log",
     benchmark:
-        "benchmarks/{dataset}/embed.tsv"
+        "logs/{dataset}/embed.tsv"
     params:
         cape=CAPE,
         opts=config["embed"],
@@ -37,7 +37,7 @@ rule encode:
     log:
         "logs/{dataset}/encode.log",
     benchmark:
-        "benchmarks/{dataset}/encode.tsv"
+        "logs/{dataset}/encode.tsv"
     params:
         cape=CAPE,
         opts=config["encode"],

@@ -14,7 +14,7 @@ rule evaluate:
     input:
         h5ad="results/{dataset}/trained.h5ad",
         model="results/{dataset}/model",
-        benchmarks=expand("benchmarks/{{dataset}}/{stage}.tsv", stage=MEASURED_STAGES),
+        benchmarks=expand("logs/{{dataset}}/{stage}.tsv", stage=MEASURED_STAGES),
     output:
         metrics=report("results/{dataset}/metrics.json", caption="../report/metrics_json.rst",
                        category="4. Metrics", labels={"run": "{dataset}", "item": "metrics.json"}),
@@ -26,11 +26,11 @@ rule evaluate:
     log:
         "logs/{dataset}/evaluate.log",
     benchmark:
-        "benchmarks/{dataset}/evaluate.tsv"
+        "logs/{dataset}/evaluate.tsv"
     params:
         cape=CAPE,
         labels=config["labels"] or "none",
-        benchmarks=lambda wildcards: f"benchmarks/{wildcards.dataset}",
+        benchmarks=lambda wildcards: f"logs/{wildcards.dataset}",
     threads: 1
     resources:
         mem_mb=2000,  # max_rss 0.87 GB on 5,000 cells × 33,000 genes

@@ -7,7 +7,7 @@ rule preprocess:
     log:
         "logs/{dataset}/preprocess.log",
     benchmark:
-        "benchmarks/{dataset}/preprocess.tsv"
+        "logs/{dataset}/preprocess.tsv"
     params:
         cape=CAPE,
         source=input_spec(),

@@ -8,7 +8,7 @@ rule train:
     log:
         "logs/{dataset}/train.log",
     benchmark:
-        "benchmarks/{dataset}/train.tsv"
+        "logs/{dataset}/train.tsv"
     params:
         cape=CAPE,
         labels=config["labels"] or "none",

@@ -1,0 +1,400 @@
+"""``cape-bench causal``: cape's Step I against gcastle and DAGMA peers on synthetic SEMs and Sachs 2005.
+
+Settings (issue 3 / paper Fig. 3): ``fig3`` is a 10-node Barabási–Albert DAG, 5,000 samples, MLP SEM with
+Gaussian noise; ``m20``/``m50``/``m100`` the same with M = 20/50/100 nodes (2M edges requested, as gcastle's
+BA generator attaches round(n_edges / n_nodes) = 2 edges per new node); ``sachs_obs`` the 853 cells of the
+CD3/CD28 condition of Sachs et al. (2005) and ``sachs_all`` all 7,466 cells, log1p-transformed, against the
+consensus graph. Every method sees the same matrix. cape runs in this process (dense and low-rank A,
+τ = 0.2 and the other paper defaults; the ``*_raw`` variants keep the genes' scales, see
+:data:`CAPE_METHODS`); each peer runs in a subprocess with a time budget
+(:mod:`cape_benchmarks.peers`), its own default threshold (0.3) and library defaults. Seeds
+``seed_offset``..``seed_offset + n - 1`` seed the simulated data and the methods (choose settings on one
+range of seeds, report another). Wall time is measured around each fit.
+
+``inputs`` picks what every method is fed: ``"raw"`` (the simulated matrix as is) and/or
+``"standardized"`` (each variable z-scored first). On simulated SEMs the variance grows along the causal
+order, a cue least-squares methods exploit on raw data and lose on standardised data; running both shows
+how much of a method's score comes from it. Each record carries ``input``.
+
+Count data (issue 31): ``grn_control`` is :func:`cape.data.simulate_grn_cells` at its quick size (200 genes, 300
+true edges, 2,000 control cells in 5 cell types, NB counts with dropout) with the control cells only, and
+``grn_knockout`` the same plus its 30 single and 30 double knock-outs (1,800 cells) with their labels; each seed
+simulates a new network, ``cape.pp.preprocess(min_genes=20)`` log-normalises it, and every method sees that
+matrix. ``cape_default`` is what :func:`cape.tl.causal_graph` runs by default (rank ``"auto"``, λs ``None``,
+``screen="partial_correlation"``, ``tau="budget"``, and the knock-out labels where the setting has them);
+``cape_default_nolabels`` the same
+without the labels; ``cape_paper`` the paper's Step I (rank 40, λs 1, τ 0.2). The undirected peers
+``partial_correlation`` (pairs significant at 5 % FDR, :func:`cape.causal.edge_budget`) and ``graphical_lasso``
+(sklearn's ``GraphicalLasso``, α 0.02, on z-scored genes, its strongest pairs, as many as ``partial_correlation``
+keeps) return each pair in both directions: compare them on ``skeleton_f1`` (F1 of the undirected edges) and
+``auprc``; their ``f1`` is gcastle's, which credits an undirected pair in either direction. ``sachs_conditions``
+is Sachs et al. (2005) as :func:`cape.data.sachs_interventions` labels it (the control cells and the 6
+conditions that target a measured protein, 5,553 cells, log1p), with those labels for ``cape_default``.
+
+Outputs under ``out``: ``causal.json`` (records: setting, method, seed, metric, value, status),
+``causal.md`` (mean ± sd) and ``causal.png``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
+import networkx as nx
+import numpy as np
+import pandas as pd
+import torch
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from cape import data
+from cape._arrays import zscore_columns
+from cape._errors import CapeInputError
+from cape._io import save_figure, write_json, write_text
+from cape._tables import mean_sd_table
+from cape.causal import fit_parents_mlp, fit_variational_notears, make_dag
+from cape.causal.metrics import dag_metrics
+from cape.causal.postprocess import choose_tau, edge_budget, partial_correlations, screen_candidates
+from cape.data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
+from cape.data.perturbation import sachs_interventions
+from cape.data.simulate import simulate_sem
+from cape.pp import preprocess
+from cape.tl.causal_graph import DENSE_MAX_GENES, LAMBDA_DENSE, LAMBDA_LOW_RANK, LOW_RANK, _intervention_mask
+
+from .peers import PEERS, run_peer
+
+__all__ = ["CAPE_METHODS", "DIAGNOSE", "INPUTS", "SETTINGS", "is_acyclic", "run_causal_benchmark", "standardized"]
+
+logger = logging.getLogger("cape")
+
+SETTINGS = {
+    "fig3": {"kind": "sem", "n_nodes": 10, "n_samples": 5000},
+    "m20": {"kind": "sem", "n_nodes": 20, "n_samples": 5000},
+    "m50": {"kind": "sem", "n_nodes": 50, "n_samples": 5000},
+    "m100": {"kind": "sem", "n_nodes": 100, "n_samples": 5000},
+    **{f"{prefix}{n}_{sem}": {"kind": "sem", "n_nodes": n, "n_samples": 5000, "graph": graph, "sem": sem}
+       for prefix, graph in (("er", "erdos_renyi"), ("sf", "scale_free")) for n in (30, 100)
+       for sem in ("mlp", "linear")},
+    "sachs_obs": {"kind": "sachs", "cells": "observational"},
+    "sachs_all": {"kind": "sachs", "cells": "all"},
+    "grn_control": {"kind": "grn", "cells": "control"},
+    "grn_knockout": {"kind": "grn", "cells": "all"},
+    "sachs_conditions": {"kind": "sachs", "cells": "conditions"},
+}
+#: cape variants: library defaults (each gene standardised), and ``*_raw``: fed the unstandardised matrix the
+#: peers see, keeping the genes' relative scales (``standardize="none"``, ``feature_norm="data"``). On
+#: simulated SEMs the variance grows along the causal order ("varsortability", Reisach et al. 2021), which
+#: least-squares methods such as NOTEARS exploit on raw data; standardising removes that cue for everyone.
+CAPE_METHODS = {
+    # Step I as cape.tl.causal_graph ran it before issue 31: rank 40 (dense when M ≤ 40), λs 1; see cape_default.
+    "cape": {"rank": "default"},
+    # One experiment per suspected cause of a loss against a peer (``--diagnose``), each changing one thing:
+    "cape_lambda0.3": {"rank": "default", "lambda_sparse": 0.3},  # sparsity scale
+    "cape_lambda3": {"rank": "default", "lambda_sparse": 3.0},
+    "cape_linear": {"rank": "default", "hidden": 0},  # the element-wise nonlinearity (off: linear SEM)
+    "cape_batch1000": {"rank": "default", "batch_size": 1000},  # minibatch optimisation
+    "cape_epochs300": {"rank": "default", "epochs": 300, "min_epochs": 300},  # under-training
+    # The augmented Lagrangian's ρ capped at 1e8 whatever the parameterisation (the cap before low rank got 1e4).
+    "cape_rho1e8": {"rank": "default", "rho_max": 1e8},
+    # Nonlinear parents: each gene an MLP of all its candidate parents (cape.causal.parents_mlp).
+    "cape_parents_mlp": {"model": "parents_mlp"},
+    "cape_dense": {"rank": None},
+    "cape_low_rank": {"rank": "low"},
+    "cape_dense_raw": {"rank": None, "standardize": "none", "feature_norm": "data"},
+    "cape_low_rank_raw": {"rank": "low", "standardize": "none", "feature_norm": "data"},
+    # cape.tl.causal_graph's defaults (issue 31): rank "auto", λs None, tau "budget", labels where the setting has them.
+    "cape_default": {"rank": "auto", "tau": "budget", "labels": True},
+    "cape_default_nolabels": {"rank": "auto", "tau": "budget", "labels": False},
+    "cape_default_noscreen": {"rank": "auto", "tau": "budget", "labels": True, "screen": False},
+    # The paper's Step I: rank 40, λs 1, τ 0.2.
+    "cape_paper": {"rank": LOW_RANK, "lambda_sparse": 1.0, "tau": 0.2},
+}
+#: False discovery rate of the undirected peers' pairs (the usual 5 %; cape's budget uses its own, BUDGET_FDR).
+PEER_FDR = 0.05
+#: Undirected peers run in this process (sklearn / NumPy): each returns every chosen pair in both directions.
+UNDIRECTED_PEERS = {
+    "partial_correlation": "|partial correlation|, pairs significant at 5 % FDR (Fisher z, Benjamini–Hochberg)",
+    "graphical_lasso": "sklearn GraphicalLasso (alpha 0.02) on z-scored genes, its strongest pairs, as many as "
+                       "partial_correlation keeps",
+}
+QUICK = {"settings": ["fig3"], "n_samples": 2000, "seeds": 2, "budget": 60.0,
+         "methods": ["cape_dense", "cape_low_rank", "notears", "dagma_linear"]}
+METRICS = ("shd", "tpr", "fdr", "f1", "skeleton_f1", "auprc", "nnz")
+INPUTS = ("raw", "standardized")
+
+
+def _low_rank(n_nodes: int) -> int:
+    """Rank used by ``cape_low_rank``: the default 40, below M."""
+    return max(1, min(40, n_nodes // 2))
+
+
+def _grn_dataset(cells: str, seed: int):
+    """simulate_grn_cells (quick size, this seed), preprocessed; X, truth and the knock-out mask (or None)."""
+    a = simulate_grn_cells(**{**GRN_SIMULATIONS["quick"], "seed": seed})
+    preprocess(a, min_genes=20)
+    if cells == "control":
+        a = a[a.obs["condition"].astype(str) == "ctrl"].copy()
+    X = a.X.toarray() if hasattr(a.X, "toarray") else np.asarray(a.X)
+    X = np.asarray(X, dtype=np.float64)
+    keep = X.std(0) > 0
+    a = a[:, keep].copy()
+    mask = None if cells == "control" else _intervention_mask(a, "condition", np.asarray(a.var_names))[0]
+    return X[:, keep], a.varp["true_dag"].toarray(), mask
+
+
+def _dataset(setting: str, seed: int, n_samples: int | None):
+    """X (samples × variables), the true DAG and the per-cell intervention mask (None without labels)."""
+    spec = SETTINGS[setting]
+    if spec["kind"] == "sem":
+
+        n = n_samples or spec["n_samples"]
+        a = simulate_sem(spec["n_nodes"], 2 * spec["n_nodes"], n, graph=spec.get("graph", "scale_free"),
+                         sem=spec.get("sem", "mlp"), seed=seed)
+        return np.asarray(a.X, dtype=np.float64), a.varp["true_dag"].toarray(), None
+    if spec["kind"] == "grn":
+        return _grn_dataset(spec["cells"], seed)
+
+    a = data.load("sachs2005")
+    if spec["cells"] == "conditions":  # GEARS labels: ctrl and the 6 conditions that target a measured protein
+        b = sachs_interventions(a)  # log1p already
+        mask = _intervention_mask(b, "condition", np.asarray(b.var_names))[0]
+        return np.asarray(b.X, dtype=np.float64), b.varp["true_graph"].toarray(), mask
+    if spec["cells"] == "observational":
+        a = a[a.obs["condition"].astype(str) == "cd3cd28"]
+    X = np.log1p(np.asarray(a.X, dtype=np.float64))
+    return X, a.varp["true_graph"].toarray(), None
+
+
+def skeleton_f1(true: np.ndarray, estimated: np.ndarray) -> float:
+    """F1 of the undirected edges (a pair counts once, whatever its direction or whether both are given)."""
+    T, E = np.asarray(true) != 0, np.asarray(estimated) != 0
+    upper = np.triu_indices(T.shape[0], 1)
+    t, e = (T | T.T)[upper], (E | E.T)[upper]
+    hits = int(np.sum(t & e))
+    return 0.0 if hits == 0 else 2.0 * hits / (int(t.sum()) + int(e.sum()))
+
+
+def _run_undirected(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """An undirected peer: (chosen pairs, both directions, weighted by |score|; |score| of every pair; seconds)."""
+    start = time.perf_counter()
+    if method == "partial_correlation":
+        scores = np.abs(partial_correlations(X))
+        k = edge_budget(X, PEER_FDR) or 0
+    else:
+        from sklearn.covariance import GraphicalLasso
+
+        precision = GraphicalLasso(alpha=0.02, max_iter=200).fit(standardized(X)).precision_
+        d = np.sqrt(np.diag(precision))
+        scores = np.abs(precision / np.outer(d, d))
+        np.fill_diagonal(scores, 0.0)
+        # At α 0.02 most pairs stay nonzero (8,000 of 19,900 on grn_control): keep as many as partial correlation.
+        k = min(edge_budget(X, PEER_FDR) or 0, int(np.count_nonzero(np.triu(scores > 1e-8, 1))))
+    upper = np.triu_indices(scores.shape[0], 1)
+    order = np.argsort(-scores[upper], kind="stable")[:k]
+    chosen = np.zeros_like(scores)
+    chosen[upper[0][order], upper[1][order]] = scores[upper][order]
+    chosen = chosen + chosen.T
+    return chosen, scores, time.perf_counter() - start
+
+
+def is_acyclic(W: np.ndarray) -> bool:
+    """Whether the graph with an edge i → j wherever W[i, j] ≠ 0 (self-loops included) is a DAG."""
+    return bool(nx.is_directed_acyclic_graph(nx.from_numpy_array((np.asarray(W) != 0).astype(int),
+                                                                 create_using=nx.DiGraph)))
+
+
+def standardized(X: np.ndarray) -> np.ndarray:
+    """Each column centred and divided by its standard deviation (constant columns become 0)."""
+    return zscore_columns(X)[0]
+
+
+#: ``--diagnose``: the cape variants above and the thresholds every fit is also scored at.
+DIAGNOSE = {"methods": ["cape", "cape_lambda0.3", "cape_lambda3", "cape_linear", "cape_batch1000",
+                        "cape_epochs300", "cape_parents_mlp", "sdcd"],
+            "taus": [0.05, 0.1, 0.2, 0.3, "auto"]}
+#: Step I's default threshold τ (the paper's).
+DEFAULT_TAU = 0.2
+#: ``tau="auto"``'s share of genes that must keep an edge (:func:`cape.tl.causal_graph`'s default).
+AUTO_MIN_POSITIONED = 0.5
+
+
+def _run_cape(method: str, X: np.ndarray, seed: int, intervened=None) -> tuple[np.ndarray, float]:
+    """Fit one cape variant; returns the weighted adjacency (before thresholding) and the wall time."""
+    options = dict(CAPE_METHODS[method])
+    options.pop("tau", None)
+    screen = options.pop("screen", True)
+    if options.pop("labels", False) and intervened is not None:
+        options["intervened"] = intervened
+    if options["rank"] == "auto":  # what cape.tl.causal_graph does with rank="auto", lambda_sparse=None
+        options["rank"] = None if X.shape[1] <= DENSE_MAX_GENES else LOW_RANK
+        options.setdefault("lambda_sparse", LAMBDA_DENSE if options["rank"] is None else LAMBDA_LOW_RANK)
+        if options["rank"] is None and screen:  # screen="partial_correlation"
+            options["candidates"] = screen_candidates(X)
+    if options.pop("model", None) == "parents_mlp":
+        start = time.perf_counter()
+        fit = fit_parents_mlp(X, seed=seed, device="cpu", progress_desc=method, **options)
+        return fit.adjacency, time.perf_counter() - start
+    if options["rank"] == "low":
+        options["rank"] = _low_rank(X.shape[1])
+    elif options["rank"] == "default":
+        options["rank"] = 40 if X.shape[1] > 40 else None
+    start = time.perf_counter()
+    fit = fit_variational_notears(X.astype(np.float32), seed=seed, device="cpu", progress_desc=method, **options)
+    return fit.adjacency, time.perf_counter() - start
+
+
+def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
+                         settings: list[str] | None = None, methods: list[str] | None = None,
+                         n_seeds: int | None = None, budget: float | None = None, seed_offset: int = 0,
+                         inputs: list[str] | None = None, taus: list[float | str] | None = None) -> list[dict]:
+    """Run the benchmark and write ``causal.json``/``.md``/``.png`` under ``out``; returns the records.
+
+    ``inputs``: any of :data:`INPUTS` (default ``["raw"]``); ``seed_offset``: first seed; ``taus``: extra
+    thresholds each cape fit is also scored at (records of method ``"<method>@τ<t>"``, same fit and time;
+    ``"auto"``: :func:`cape.tl.causal_graph`'s default rule, genes positioned ≥ :data:`AUTO_MIN_POSITIONED`);
+    cape's own rows use :data:`DEFAULT_TAU`.
+    """
+
+    settings = settings or (QUICK["settings"] if quick else list(SETTINGS))
+    methods = methods or (QUICK["methods"] if quick else [*CAPE_METHODS, *PEERS, *UNDIRECTED_PEERS])
+    unknown = [s for s in settings if s not in SETTINGS] + [
+        m for m in methods if m not in PEERS and m not in CAPE_METHODS and m not in UNDIRECTED_PEERS]
+    if unknown:
+        raise CapeInputError(f"unknown setting or method: {', '.join(unknown)}")
+    inputs = list(inputs or ["raw"])
+    if not inputs or any(i not in INPUTS for i in inputs):
+        raise CapeInputError(f"inputs must be among {', '.join(INPUTS)}, got {', '.join(inputs) or 'none'}")
+    if seed_offset < 0:
+        raise CapeInputError(f"seed_offset must be ≥ 0, got {seed_offset}")
+    taus = [t if t in ("auto", "budget") else float(t) for t in (taus or [])]
+    if any(t not in ("auto", "budget") and not t > 0 for t in taus):
+        raise CapeInputError(f"thresholds must be > 0, got {', '.join(map(str, taus))}")
+    n_seeds = n_seeds or (QUICK["seeds"] if quick else 5)
+    budget = budget or (QUICK["budget"] if quick else 600.0)
+    n_samples = QUICK["n_samples"] if quick else None
+    records: list[dict] = []
+    for setting in settings:
+        # Sachs data are fixed: seeds only change the methods' initialisation.
+        for seed in range(seed_offset, seed_offset + n_seeds):
+            X_raw, truth, intervened = _dataset(setting, seed, n_samples)
+            for kind in inputs:
+                X = X_raw if kind == "raw" else standardized(X_raw)
+                for method in methods:
+                    base = {"setting": setting, "input": kind, "method": method, "seed": seed,
+                            "n_samples": int(X.shape[0]), "n_nodes": int(X.shape[1])}
+                    graphs: dict[str, np.ndarray | None] = {}
+                    ranking = None  # scores of every pair for the AUPRC, when not the graph's own weights
+                    if method in CAPE_METHODS:
+                        weights, seconds = _run_cape(method, X, seed, intervened)
+                        status = "ok"
+                        rule = CAPE_METHODS[method].get("tau", DEFAULT_TAU)
+                        k = edge_budget(X) if rule == "budget" else None
+                        graphs[method] = make_dag(weights, choose_tau(weights, rule, AUTO_MIN_POSITIONED, k)[0])[0]
+                        graphs.update({f"{method}@τ{t if t in ('auto', 'budget') else f'{t:g}'}":
+                                       make_dag(weights, choose_tau(weights, t, AUTO_MIN_POSITIONED,
+                                                                    edge_budget(X) if t == "budget" else None)[0])[0]
+                                       for t in taus})
+                        ranking = weights
+                    elif method in UNDIRECTED_PEERS:
+                        graphs[method], ranking, seconds = _run_undirected(method, X, seed)
+                        status = "ok"
+                    else:
+                        result = run_peer(method, X, budget=budget, seed=seed, threads=torch.get_num_threads())
+                        graphs[method], seconds, status = result.adjacency, result.seconds, result.status
+                    for name, W in graphs.items():
+                        row = {**base, "method": name}
+                        records.append({**row, "metric": "seconds", "value": float(seconds), "status": status})
+                        if W is not None:
+                            records.append({**row, "metric": "acyclic", "value": float(is_acyclic(W)),
+                                            "status": status})
+                        scores = dag_metrics(truth, W) if W is not None else dict.fromkeys(METRICS, float("nan"))
+                        if W is not None:
+                            scores["skeleton_f1"] = skeleton_f1(truth, W)
+                            if ranking is not None:  # every pair's score, not only the kept edges'
+                                scores["auprc"] = dag_metrics(truth, ranking)["auprc"]
+                        records.extend({**row, "metric": k, "value": float(scores[k]), "status": status}
+                                       for k in METRICS)
+                        logger.info("%s %s seed %d %s: %s, SHD %s, F1 %.3g, %.1f s", setting, kind, seed, name,
+                                    status, scores["shd"], scores["f1"], seconds)
+    out = Path(out)
+    write_json(records, out / "causal.json")
+    table = mean_sd_table(records, rows=["setting", "input", "method"], columns=["metric"])
+    timeouts = [r for r in records if r["status"] != "ok" and r["metric"] == "seconds"]
+    acyclic = pd.DataFrame([r for r in records if r["metric"] == "acyclic"])
+    acyclic_line = ("" if acyclic.empty else
+                    f"Returned graphs that are DAGs: {int(acyclic['value'].sum())} of {len(acyclic)}"
+                    + "".join(f"; {m}: {int(g.sum())} of {len(g)}"
+                              for m, g in acyclic.groupby("method", sort=False)["value"] if g.sum() < len(g))
+                    + ".\n\n")
+    notes = [f"- {r['setting']} {r['input']} seed {r['seed']} {r['method']}: {r['status']} after {r['value']:.0f} s"
+             for r in timeouts]
+    seeds = f"seeds {seed_offset}–{seed_offset + n_seeds - 1}" if n_seeds > 1 else f"seed {seed_offset}"
+    text = (f"# Causal discovery benchmark{' (quick)' if quick else ''}\n\n"
+            f"mean ± sd over {n_seeds} seed(s) ({seeds}); input: {', '.join(inputs)}"
+            + (" (standardized = every method sees z-scored variables)" if "standardized" in inputs else "")
+            + f"; per-peer budget {budget:.0f} s; seconds = wall time of the fit.\n\n"
+            f"{acyclic_line}{table}\n\nMedian over seeds:\n\n{_median_table(records)}\n"
+            + ("\nRuns without a result (metrics left out of the means):\n" + "\n".join(notes) + "\n"
+               if notes else ""))
+    write_text(text, out / "causal.md")
+    save_figure(_figure(records), out / "causal.png")
+    return records
+
+
+def _median_table(records: list[dict],
+                  metrics: tuple[str, ...] = ("shd", "f1", "skeleton_f1", "auprc", "nnz", "seconds")) -> str:
+    """Markdown table of the median over seeds of ``metrics`` per setting, input and method (finished runs)."""
+
+    frame = pd.DataFrame([r for r in records if r["metric"] in metrics and r.get("status", "ok") == "ok"])
+    if frame.empty:
+        return "(no finished runs)"
+    wide = (frame.groupby(["setting", "input", "method", "metric"], sort=False)["value"].median()
+            .unstack("metric").reindex(columns=list(metrics)).reset_index())
+    lines = ["| setting | input | method | " + " | ".join(f"median {m}" for m in metrics) + " |",
+             "|" + "---|" * (3 + len(metrics))]
+    for row in wide.itertuples(index=False):
+        values = " | ".join("–" if pd.isna(v) else f"{v:.3g}" for v in row[3:])
+        lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {values} |")
+    return "\n".join(lines)
+
+
+def _figure(records: list[dict]):
+    matplotlib.use("Agg")
+
+    if len({r.get("input", "raw") for r in records}) > 1:
+        # One bar group per setting and input.
+        records = [{**r, "setting": f"{r['setting']} ({r.get('input', 'raw')})"} for r in records]
+    frame = pd.DataFrame(records)
+    failed = {(r["setting"], r["method"]): r["status"] for r in records if r.get("status", "ok") != "ok"}
+    panels = ["shd", "f1", "seconds"]
+    settings = list(dict.fromkeys(frame["setting"]))
+    methods = list(dict.fromkeys(frame["method"]))
+    height = max(3.0, 0.5 + 0.3 * len(methods) * len(settings))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), height))
+    for ax, metric in zip(axes, panels, strict=True):
+        sub = frame[frame["metric"] == metric]
+        stats = sub.groupby(["setting", "method"])["value"].agg(["mean", "std"])
+        labels, means, sds, colors = [], [], [], []
+        for si, s in enumerate(settings):
+            for m in methods:
+                if (s, m) in stats.index:
+                    labels.append(f"{s} · {m}" + (f" ({failed[(s, m)]})" if (s, m) in failed else ""))
+                    means.append(stats.loc[(s, m), "mean"])
+                    sds.append(np.nan_to_num(stats.loc[(s, m), "std"]))
+                    colors.append("tab:red" if m.startswith("cape") else f"C{si % 10}")
+        y = np.arange(len(labels))
+        ax.barh(y, np.nan_to_num(means), xerr=sds, color=colors, alpha=0.8)
+        ax.set_yticks(y, labels if metric == panels[0] else [""] * len(labels), fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel(metric + (" (log)" if metric == "seconds" else ""))
+        if metric == "seconds":
+            ax.set_xscale("log")
+            # Plain labels at 1-2-5 steps; the default minor labels overlap.
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+    fig.suptitle("Causal discovery: cape (red) vs peers — mean ± sd over seeds")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,264 @@
+"""Peer subprocess runner, the causal benchmarks' outputs (tiny settings) and pl.dag_comparison."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+import numpy as np
+import pytest
+import torch
+
+from cape.data.simulate import simulate_sem
+from cape_benchmarks import causal as bench_causal
+from cape_benchmarks import causal_scale
+from cape_benchmarks.peers import run_peer
+
+matplotlib.use("Agg")
+
+
+def test_peer_runs_in_a_subprocess_without_touching_our_dtype() -> None:
+    a = simulate_sem(5, 6, 300, graph="scale_free", sem="linear", seed=1)
+    result = run_peer("dagma_linear", a.X, budget=120, seed=0)
+    assert result.status == "ok", result.message
+    assert result.adjacency.shape == (5, 5) and result.seconds > 0
+    assert torch.get_default_dtype() == torch.float32
+    with pytest.raises(ValueError):
+        run_peer("nope", a.X, budget=1)
+
+
+def test_peer_over_budget_is_stopped() -> None:
+    X = np.random.default_rng(0).normal(size=(500, 6))
+    result = run_peer("golem", X, budget=1.0)
+    assert result.status == "timeout" and result.adjacency is None and result.seconds < 30
+
+
+@pytest.mark.slow  # an end-to-end benchmark run (records, table, plot): `pytest -m slow`
+def test_benchmark_writes_records_table_and_plot(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny", {"kind": "sem", "n_nodes": 4, "n_samples": 200})
+    records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape_dense"],
+                                                n_seeds=2, budget=5)
+    assert {r["metric"] for r in records} == {"seconds", "acyclic", *bench_causal.METRICS}
+    assert {r["seed"] for r in records} == {0, 1}
+    saved = json.loads((tmp_path / "causal.json").read_text())
+    assert len(saved) == len(records)
+    assert "cape_dense" in (tmp_path / "causal.md").read_text()
+    assert (tmp_path / "causal.png").stat().st_size > 1000
+
+
+@pytest.mark.slow  # an end-to-end benchmark run (records, table, plot): `pytest -m slow`
+def test_scale_benchmark_tiny_grid(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(causal_scale.QUICK, "N", [300])
+    monkeypatch.setitem(causal_scale.QUICK, "M", [45])
+    monkeypatch.setitem(causal_scale.QUICK, "dense_max_M", 45)
+    monkeypatch.setitem(causal_scale.QUICK, "h_M", [50])
+    monkeypatch.setitem(causal_scale.QUICK, "fit", [(300, 45)])
+    monkeypatch.setitem(causal_scale.QUICK, "fit_epochs", 2)
+    records = causal_scale.run_causal_scale(out=tmp_path, quick=True)
+    assert {r["sweep"] for r in records} == {"N", "M", "h", "fit"}
+    assert "45 genes × 300 cells" in (tmp_path / "causal_scale.md").read_text()
+    assert {r["method"] for r in records if r["sweep"] == "h"} == {"exact", "low_rank", "linearised_step",
+                                                                    "linearise"}
+    assert all(r["value"] > 0 for r in records)
+    assert (tmp_path / "causal_scale.png").exists() and (tmp_path / "causal_scale.md").exists()
+
+
+def test_dag_comparison_figure() -> None:
+    from cape.pl import dag_comparison
+
+    a = simulate_sem(6, 8, 20, seed=0)
+    T = a.varp["true_dag"]
+    fig = dag_comparison(T, T.T.toarray() * 0.5, labels=list(a.var_names), return_fig=True)
+    assert len(fig.axes) >= 4
+    with pytest.raises(ValueError):
+        dag_comparison(np.zeros((2, 2)), np.zeros((3, 3)), return_fig=True)
+
+
+
+def test_dag_comparison_of_a_genome_sized_graph_draws_only_genes_with_edges(monkeypatch, caplog) -> None:
+    import importlib
+
+    import scipy.sparse as sp
+
+    module = importlib.import_module("cape.pl.dag_comparison")  # the module, not the function
+
+    monkeypatch.setattr(module, "MAX_NODES", 30)
+    n = 5000  # dense, the two adjacency images alone would be 400 MB
+    rng = np.random.default_rng(0)
+    src, dst = rng.integers(0, 60, 80), rng.integers(0, 60, 80)
+    keep = src < dst
+    T = sp.csr_matrix((np.ones(keep.sum()), (src[keep], dst[keep])), shape=(n, n))
+    with caplog.at_level("INFO", logger="cape"):
+        fig = module.dag_comparison(T, T * 0.5, labels=[f"g{i}" for i in range(n)], return_fig=True)
+    assert fig.axes[2].get_images()[0].get_array().shape == (30, 30)
+    assert "drawing the 30 with an edge" in caplog.text
+
+
+def test_benchmark_feeds_raw_and_standardized_inputs_from_a_seed_offset(tmp_path, monkeypatch) -> None:
+    from cape._errors import CapeInputError
+
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny", {"kind": "sem", "n_nodes": 4, "n_samples": 200})
+    seen = []
+
+    def empty_graph(method, X, seed, intervened=None):
+        seen.append((seed, np.array(X)))
+        return np.zeros((X.shape[1], X.shape[1])), 1.0
+
+    monkeypatch.setattr(bench_causal, "_run_cape", empty_graph)
+    records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape_dense"],
+                                                n_seeds=2, seed_offset=3, inputs=["raw", "standardized"])
+    assert {r["seed"] for r in records} == {3, 4}
+    assert {r["input"] for r in records} == {"raw", "standardized"}
+    assert [s for s, _ in seen] == [3, 3, 4, 4]
+    raw, std = seen[0][1], seen[1][1]
+    assert not np.allclose(raw.std(0), 1.0)  # the simulated variances differ: the cue standardising removes
+    np.testing.assert_allclose(std, (raw - raw.mean(0)) / raw.std(0), atol=1e-10)
+    text = (tmp_path / "causal.md").read_text()
+    assert "| tiny | standardized | cape_dense |" in text and "median shd" in text
+    with pytest.raises(CapeInputError):
+        bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape_dense"], inputs=["zscore"])
+
+
+_FAKE_SDCD = {
+    "sdcd/__init__.py": "",
+    "sdcd/utils/__init__.py": """
+def create_intervention_dataset(frame, perturbation_colname):
+    assert set(frame[perturbation_colname]) == {"obs"}
+    return frame.drop(columns=perturbation_colname).to_numpy()
+""",
+    "sdcd/models/__init__.py": """
+import numpy as np
+
+
+class SDCD:
+    def train(self, dataset):
+        print("training on", dataset.shape)  # sdcd prints progress: must not reach the parent's result
+        d = dataset.shape[1]
+        self.weights = np.arange(d * d, dtype=float).reshape(d, d) / (d * d)
+
+    def get_adjacency_matrix(self, threshold=True):
+        return np.triu(self.weights > 0.5, 1).astype(int) if threshold else self.weights
+
+
+DCDFG = SDCD
+""",
+}
+
+
+def _fake_sdcd(root) -> None:
+    for name, text in _FAKE_SDCD.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_sdcd_peer_runs_in_the_interpreter_named_by_the_environment(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from cape_benchmarks.peers import SDCD_PYTHON_ENV
+
+    _fake_sdcd(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(SDCD_PYTHON_ENV, sys.executable)
+    X = np.random.default_rng(0).normal(size=(50, 4))
+    result = run_peer("sdcd", X, budget=120, seed=3)
+    assert result.status == "ok", result.message
+    weights = np.arange(16.0).reshape(4, 4) / 16
+    expected = np.where(np.triu(weights > 0.5, 1), weights, 0.0)  # the thresholded DAG, weighted
+    np.testing.assert_allclose(result.adjacency, expected)
+    assert result.seconds >= 0
+
+
+def test_sdcd_interpreter_given_as_a_relative_path_is_resolved_where_it_was_given(tmp_path, monkeypatch) -> None:
+    from cape_benchmarks.peers import SDCD_PYTHON_ENV, sdcd_python
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(SDCD_PYTHON_ENV, "env/bin/python")
+    assert sdcd_python() == str(tmp_path / "env" / "bin" / "python")
+    monkeypatch.setenv(SDCD_PYTHON_ENV, "python3")  # a bare command stays for PATH lookup
+    assert sdcd_python() == "python3"
+
+
+def test_sdcd_peer_without_sdcd_says_how_to_install_it(tmp_path, monkeypatch) -> None:
+    import importlib.util
+
+    from cape_benchmarks.peers import SDCD_PYTHON_ENV
+
+    if importlib.util.find_spec("sdcd") is not None:
+        pytest.skip("sdcd is installed in this environment")
+    monkeypatch.delenv(SDCD_PYTHON_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)  # no ./.venv-sdcd here
+    result = run_peer("sdcd", np.zeros((10, 3)), budget=10)
+    assert result.status == "error" and result.adjacency is None
+    assert "make sdcd-env" in result.message and SDCD_PYTHON_ENV in result.message
+
+
+def test_extra_thresholds_score_the_same_fit_and_every_graph_is_checked_for_cycles(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny", {"kind": "sem", "n_nodes": 4, "n_samples": 200})
+    weights = np.array([[0, 0.25, 0, 0], [0, 0, 0.15, 0], [0.05, 0, 0, 0], [0, 0, 0, 0]])  # a 3-cycle at τ 0.05
+    monkeypatch.setattr(bench_causal, "_run_cape", lambda method, X, seed, intervened=None: (weights, 2.5))
+    records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape"], n_seeds=1,
+                                                taus=[0.05, 0.1, "auto"])
+    methods = {r["method"] for r in records}
+    assert methods == {"cape", "cape@τ0.05", "cape@τ0.1", "cape@τauto"}
+    assert {r["value"] for r in records if r["metric"] == "seconds"} == {2.5}
+    nnz = {r["method"]: r["value"] for r in records if r["metric"] == "nnz"}
+    # τ 0.05's cycle is broken at its weakest edge; auto keeps τ 0.2, which gives half of the genes an edge
+    assert nnz == {"cape": 1, "cape@τ0.1": 2, "cape@τ0.05": 2, "cape@τauto": 1}
+    assert all(r["value"] == 1.0 for r in records if r["metric"] == "acyclic")
+    assert "Returned graphs that are DAGs: 4 of 4" in (tmp_path / "causal.md").read_text()
+    from cape._errors import CapeInputError
+
+    with pytest.raises(CapeInputError):
+        bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape"], taus=[0.0])
+
+
+def test_is_acyclic() -> None:
+    assert bench_causal.is_acyclic(np.triu(np.ones((4, 4)), 1))
+    assert not bench_causal.is_acyclic(np.array([[0, 1], [1, 0]]))
+    assert not bench_causal.is_acyclic(np.eye(2))  # a self-loop is a cycle
+
+
+def test_standardized_leaves_constant_columns_centred() -> None:
+    X = np.column_stack([np.arange(5.0), np.full(5, 3.0)])
+    Z = bench_causal.standardized(X)
+    np.testing.assert_allclose(Z[:, 0].std(), 1.0)
+    np.testing.assert_allclose(Z[:, 1], 0.0)
+
+
+def test_count_data_settings_pass_the_knockout_labels_and_score_undirected_peers(tmp_path, monkeypatch) -> None:
+    X = np.random.default_rng(0).normal(size=(60, 5))
+    X[:, 1] += X[:, 0]
+    truth = np.zeros((5, 5))
+    truth[0, 1] = 1.0
+    mask = np.zeros((60, 5), dtype=bool)
+    mask[:20, 1] = True
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "all"})
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed: (X, truth, mask))
+    seen = {}
+
+    def fake(method, X, seed, intervened=None):
+        options = dict(bench_causal.CAPE_METHODS[method])
+        seen[method] = intervened if options.get("labels") else None
+        W = np.zeros((5, 5))
+        W[0, 1] = 0.5
+        return W, 1.0
+
+    monkeypatch.setattr(bench_causal, "_run_cape", fake)
+    records = bench_causal.run_causal_benchmark(
+        out=tmp_path, settings=["tiny_grn"], n_seeds=1,
+        methods=["cape_default", "cape_default_nolabels", "partial_correlation", "graphical_lasso"])
+    assert seen["cape_default"] is mask and seen["cape_default_nolabels"] is None
+    value = {(r["method"], r["metric"]): r["value"] for r in records}
+    assert value[("cape_default", "skeleton_f1")] == 1.0 and value[("cape_default", "f1")] == 1.0
+    assert value[("partial_correlation", "skeleton_f1")] == 1.0  # the one strong pair, both directions
+    assert value[("graphical_lasso", "nnz")] >= 1 and 0 < value[("partial_correlation", "auprc")] <= 1
+    assert "skeleton_f1" in (tmp_path / "causal.md").read_text()
+
+
+def test_skeleton_f1_ignores_direction() -> None:
+    T = np.zeros((3, 3))
+    T[0, 1] = T[1, 2] = 1
+    E = np.zeros((3, 3))
+    E[1, 0] = E[0, 2] = 1
+    assert bench_causal.skeleton_f1(T, E) == 0.5 and bench_causal.skeleton_f1(T, T.T) == 1.0
