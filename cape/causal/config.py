@@ -68,9 +68,14 @@ class CausalConfig:
         Rank r of A = UVᵀ. ``"auto"`` (default): a dense A up to :data:`DENSE_MAX_GENES` genes, rank :data:`LOW_RANK`
         above (``model="paper"``: always 40). ``None``, or r ≥ the number of genes, uses a dense A.
     tau
-        Edge threshold τ ∈ [0, 1) (the paper uses 0.2), or a rule: ``"budget"`` (default: as many edges as gene pairs
-        with a significant partial correlation) or ``"auto"`` (0.2 unless fewer than ``min_positioned`` of the genes
-        get an edge); see :func:`cape.tl.causal_graph`.
+        Edge threshold τ ∈ [0, 1): ``|A_ij| ≤ τ`` is dropped (the paper uses 0.2), or a rule. ``"budget"`` (default):
+        keep as many edges as the data support, the number K of gene pairs whose partial correlation given all other
+        genes is significant (Fisher's z, Benjamini–Hochberg at 10 %, :func:`cape.causal.edge_budget`): τ is just
+        below the K-th largest ``|A_ij|``, never at or below the noise floor 0.01. The test needs at least genes + 10
+        cells (and at most 5,000 genes); otherwise the ``"auto"`` rule is used, and so it is when no pair is
+        significant (with a warning); the record says so. Under the budget the ``min_positioned`` check only warns.
+        ``"auto"``: the paper's 0.2 where it already gives an edge to at least ``min_positioned`` of the genes, else
+        the largest τ that does, but not below the noise floor.
     min_positioned
         Share of the genes that must get an edge: below it ``tau="auto"`` stops with the reason and a fixed τ warns;
         0 turns the check off (and the collapse check with it).

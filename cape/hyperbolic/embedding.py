@@ -272,10 +272,7 @@ def _optimise(pairs: PositivePairs, generality: np.ndarray, config: EmbeddingCon
               ) -> tuple[np.ndarray, list[float]]:
     """The points of the ``pairs.n_nodes`` embedded nodes after ``config.epochs`` steps, and the loss per epoch."""
     geom, dim, optimizer = GEOMETRIES[config.geometry], int(config.dim), config.optimizer
-    temperature, init_scale = float(config.temperature), config.init_scale
-
-    dtype = torch.float64
-    m = pairs.n_nodes
+    temperature, init_scale, dtype, m = float(config.temperature), config.init_scale, torch.float64, pairs.n_nodes
     init_gen = torch.Generator().manual_seed(seed)
     spatial = torch.randn(m, dim, generator=init_gen, dtype=dtype) * init_scale
     rows = torch.as_tensor(pairs.rows, device=device)

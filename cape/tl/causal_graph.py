@@ -388,34 +388,17 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
         Cells × genes; X (or ``layer``) preprocessed (e.g. log-normalised), dense or sparse, no NaN.
     config
         Step I's options (:class:`~cape.causal.CausalConfig`: ``model``, ``rank``, ``tau``, ``min_positioned``,
-        ``lambda_sparse``, ``epochs``, ``batch_size``, ``lr``, ``h_every``, ``screen``); default: the workflow's
-        defaults. ``tau`` is the edge threshold τ ∈ [0, 1) (``|A_ij| ≤ τ`` is dropped; the paper uses 0.2) or a rule:
-        ``"budget"`` (default): keep as many edges as the data support, the number K of gene pairs whose partial
-        correlation given all other genes is significant (Fisher's z, Benjamini–Hochberg at 10 %,
-        :func:`cape.causal.edge_budget`): τ is just below the K-th largest ``|A_ij|``, never at or below
-        :data:`AUTO_TAU_FLOOR`. The test needs at least genes + 10 cells (and at most 5,000 genes); otherwise the
-        ``"auto"`` rule is used, and so it is when no pair is significant (with a warning); the record says so.
-        Under the budget the ``min_positioned`` check only warns: the edges kept are those the data support.
-        ``"auto"``: the paper's 0.2 where it already gives an edge to at least ``min_positioned`` of the genes,
-        else the largest τ that does, but not below :data:`AUTO_TAU_FLOOR` (weights at the optimiser's noise
-        level); below ``min_positioned`` it raises :class:`~cape.CapeInputError` naming the cause and the remedy
-        (a fixed τ warns instead). With a dense A and ``screen="partial_correlation"``, A may only use both
-        directions of the gene pairs whose partial correlation is significant at 20 % FDR
-        (:func:`cape.causal.screen_candidates`; skipped, and recorded, without enough cells for the test).
+        ``lambda_sparse``, ``epochs``, ``batch_size``, ``lr``, ``h_every``, ``screen``; see it for the τ rules
+        ``"budget"`` and ``"auto"``); default: the workflow's defaults.
     use_genes
         Boolean ``var`` column (default ``"cape_used"``; all genes when it is absent), a boolean mask, a list
         of gene names, or ``None`` for all genes. Constant genes among them are dropped with a warning.
     layer
         Use ``adata.layers[layer]`` instead of X.
     interventions
-        ``obs`` column of per-cell intervention labels in GEARS format: ``"ctrl"`` for control cells,
-        ``"A+ctrl"`` for cells where gene A was perturbed (knocked out, knocked down, inhibited), ``"A+B"`` for
-        two genes (e.g. ``"condition"`` of :func:`cape.data.simulate_grn_cells` or of
-        :func:`cape.data.sachs_interventions`; Perturb-seq labels need that form). For each perturbed cell the
-        perturbed gene's own structural equation is left out of the likelihood (SDCD, DCD-FG), while its value
-        still enters its children's equations: what orients the edges around it. Every named gene must be in
-        ``var_names``; one outside the graph's genes is logged and its cells keep every equation. ``None``
-        (default): every cell is treated as observational.
+        ``obs`` column of per-cell intervention labels in GEARS form (``"ctrl"``, ``"A+ctrl"``, ``"A+B"``): for each
+        perturbed cell the perturbed gene's own structural equation is left out of the likelihood (SDCD, DCD-FG),
+        which orients the edges around it. ``None`` (default): every cell is observational.
     key_added
         ``varp`` key of the result; its record goes to ``uns["cape"]["causal_graph"]`` for the default key
         ``"cape_dag"`` and to ``uns["cape"][key_added]`` for any other, so that graphs under two keys keep
@@ -439,26 +422,12 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     - ``varp["cape_dag"]`` (``key_added``): CSR float32 n_vars × n_vars, ``A[i, j] ≠ 0`` means gene i → gene j,
       always a DAG, zero outside the genes used;
     - ``var["cape_used"]``: the genes that took part in the graph;
-    - ``uns["cape"]["causal_graph"]`` (see ``key_added``): parameters, seed, per-epoch loss/h/ρ/α, wall time, number
-      of edges and of edges removed to break cycles, dropped constant genes, the cap on ρ (``rho_max``, variational
-      model only); ``tau_used`` and ``tau_rule`` (``"fixed"``, ``"budget"``, ``"auto: paper"`` or
-      ``"auto: positioning"``), ``edge_budget`` (``tau="budget"``: ``n_pairs`` = K, ``fdr``, or ``fallback``: why the
-      ``"auto"`` rule was used), ``screening`` (dense A with ``screen="partial_correlation"``: ``fdr``,
-      ``n_candidate_pairs``, or ``fallback``), ``lambda_sparse_used``, ``max_weight``,
-      ``n_positioned`` and ``positioned_fraction``, ``collapsed`` and ``peak_weight`` (the collapse check: a fit
-      whose weights once reached 0.1 but that ends with almost no weight above 0.01 raises, see Raises),
-      ``interventions`` (with ``interventions=``: ``key``, ``n_intervened_cells``, ``n_control_cells``,
-      ``n_conditions``, ``n_entries_left_out``, ``targets`` in the graph, ``targets_outside_graph``),
-      and ``threshold_scan``: arrays ``tau`` (:data:`SCAN_TAUS` and
-      ``tau_used``, descending), ``n_edges`` (edges of the DAG at that τ), ``n_positioned``, ``positioned_fraction``;
-      ``equations``: the fitted structural equations that :func:`cape.tl.predict_intervention` evaluates (arrays and
-      strings only): ``genes`` (the genes used, in model order), ``layer``, ``kind`` = ``"learned"``, the DAG's edges
-      ``source``/``target``/``weight`` (indices into ``genes``, feature-space weights), ``order`` (a topological
-      order), the standardisation ``mean``/``std``, the encoder and decoder MLPs ``enc_*``/``dec_*``, the feature
-      normalisation ``feat_mean``/``feat_scale`` (with ``model="parents_mlp"``: ``kind`` = ``"parents_mlp"`` and each
-      edge's first-layer weights ``edge_w1`` and each gene's ``b1``/``w2``/``b2`` instead of the MLPs and
-      normalisation, see :class:`cape.causal.StructuralEquations`), and each gene's observed
-      ``obs_min``/``obs_max``/``obs_mean`` (for the range check and the ``"2x"`` convenience).
+    - ``uns["cape"]["causal_graph"]`` (see ``key_added``): ``params``; the fit (``history`` per epoch, ``epochs_run``,
+      ``converged``, ``collapsed``, ``peak_weight``, ``rank_used``, ``lambda_sparse_used``, ``rho_max``, timings); the
+      graph (``n_edges``, ``tau_used``, ``tau_rule``, ``max_weight``, ``n_positioned``, ``positioned_fraction``,
+      ``removed_cycle_edges``, ``dropped_constant_genes``, ``threshold_scan`` at :data:`SCAN_TAUS`); ``edge_budget``,
+      ``screening`` and ``interventions`` where they applied; and ``equations``, the fitted structural equations
+      that :func:`cape.tl.predict_intervention` evaluates (:class:`cape.causal.StructuralEquations`).
 
     Returns
     -------
