@@ -171,9 +171,9 @@ def test_rotary_encoding_records_bands_and_models_apply_them(tmp_path):
 
 
 
-def test_models_saved_before_the_record_load_as_they_were_trained(tmp_path):
-    """Before the record travelled with the angles, ``scale=`` did nothing: such a model was trained on the angles
-    as given, and loads that way (not refused, not re-mapped)."""
+def test_saved_angles_without_their_record_and_a_scale_are_refused(tmp_path):
+    """A model folder whose angles lost their Step III record cannot re-map them for ``scale=``: one-line refusal
+    (folders of unreleased versions that lacked the record are not special-cased)."""
     adata = cape_adata(n_genes=12, dim=4)
     cape.tl.rotary_encoding(adata)
     model = CellTransformer(adata, "scgpt", "cape", d_model=16, n_heads=2, n_layers=1, max_len=16, seed=0)
@@ -184,8 +184,8 @@ def test_models_saved_before_the_record_load_as_they_were_trained(tmp_path):
     config = json.loads((tmp_path / "old" / "config.json").read_text())
     config["backbone"]["encoding_options"] = {"scale": 0.5}
     (tmp_path / "old" / "config.json").write_text(json.dumps(config))
-    loaded = CellTransformer.load(tmp_path / "old")
-    assert torch.equal(loaded.backbone.encoding.angle_table, model.backbone.encoding.angle_table)
+    with pytest.raises(CapeInputError, match="without their Step III record"):
+        CellTransformer.load(tmp_path / "old")
 
 
 def test_unrecorded_angles_with_poincare_coordinates_re_map_from_e():

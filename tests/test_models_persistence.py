@@ -1,5 +1,5 @@
 """Model directories (cape.models.persistence): save/load round trips, overwrite rules, vocabulary checks on load
-and model directories written by earlier versions."""
+and damaged model directories."""
 
 from __future__ import annotations
 
@@ -72,12 +72,11 @@ def test_saved_config_keeps_its_keys(adata, tmp_path):
     assert {"d_model", "n_heads", "n_layers", "d_ff", "dropout", "encoding", "encoding_options"} <= set(cfg["backbone"])
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.pt", "positions.pt",
                                                                    "vocab.json"]
-    # A directory from before pooling, strict_genes, value_scale and vocabulary were recorded still loads.
-    for key in ("pooling", "strict_genes", "value_scale", "vocabulary", "history"):
-        del cfg[key]
+    # Every key is required: a directory without one is refused in one line.
+    del cfg["pooling"]
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
-    old = CellTransformer.load(tmp_path / "m", device="cpu")
-    assert old.pooling == "cls" and old.strict_genes and old.vocabulary == "all" and old.history == {}
+    with pytest.raises(CapeInputError, match="damaged cape model directory .*pooling"):
+        CellTransformer.load(tmp_path / "m", device="cpu")
 
 
 def test_used_vocabulary_survives_save_load_and_other_genes(adata, tmp_path):
@@ -98,12 +97,6 @@ def test_used_vocabulary_survives_save_load_and_other_genes(adata, tmp_path):
     # A vocabulary gene missing from the AnnData is still a mismatch.
     with pytest.raises(CapeInputError, match="1 of the model's 22 genes.*missing"):
         CellTransformer.load(tmp_path / "m", wide[:, 1:].copy())
-    # Models saved before the option recorded it kept every gene and stay strict.
-    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
-    del cfg["vocabulary"]
-    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CapeInputError, match="vocabulary mismatch: 32 of the AnnData's"):
-        CellTransformer.load(tmp_path / "m", wide)
 
 
 def test_vocabulary_mismatch_on_load_says_how_many(adata, tmp_path):

@@ -72,7 +72,9 @@ def test_cluster_matches_the_bench_metrics(labelled):
     assert metrics == {"k": 2, **ref}
     assert metrics["ARI"] > 0.9  # well-separated groups are found
     only_k = cape.tl.cluster(labelled, n_clusters=3, key_added="k3", seed=0, copy=True)
-    assert only_k.uns["cape"]["cluster"]["metrics"] == {"k": 3} and only_k.obs["k3"].nunique() == 3
+    # Another key_added keeps its own record: the default run's stays as it was.
+    assert only_k.uns["cape"]["k3"]["metrics"] == {"k": 3} and only_k.obs["k3"].nunique() == 3
+    assert only_k.uns["cape"]["cluster"]["metrics"] == metrics
     assert "k3" not in labelled.obs
 
 

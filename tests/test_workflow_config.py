@@ -1,4 +1,4 @@
-"""Every `cape train` / `cape causal` option is reachable from the workflow config, and reaches the command line."""
+"""Every `cape train` / `causal` / `embed` option is reachable from the workflow config and its command line."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ NOT_IN_SECTION = {
     "train": {"input": "rule input", "output": "rule output", "model_dir": "rule output",
               "label_key": "top-level `labels`", "encoding_option": "train.encoding_options"},
     "causal": {"input": "rule input", "output": "rule output"},
+    "embed": {"input": "rule input", "output": "rule output", "adjacency": "API/CLI only: a user's own graph file"},
 }
 
 
@@ -29,7 +30,7 @@ def _options(command: str) -> dict[str, argparse.Action]:
     return {a.dest: a for a in sub._actions if a.option_strings and a.dest != "help"}
 
 
-@pytest.mark.parametrize("command", ["train", "causal"])
+@pytest.mark.parametrize("command", ["train", "causal", "embed"])
 def test_every_cli_option_has_a_config_key(command):
     keys = set(SCHEMA["properties"][command]["properties"])
     options = _options(command)
@@ -41,7 +42,7 @@ def test_every_cli_option_has_a_config_key(command):
     assert "labels" in SCHEMA["properties"] and "encoding_options" in SCHEMA["properties"]["train"]["properties"]
 
 
-@pytest.mark.parametrize("command", ["train", "causal"])
+@pytest.mark.parametrize("command", ["train", "causal", "embed"])
 def test_schema_defaults_are_the_cli_defaults(command):
     schema = SCHEMA["properties"][command]["properties"]
     for dest, action in _options(command).items():

@@ -15,6 +15,7 @@ from .acyclicity import (
     hadamard_square_factors,
     trace_expm,
 )
+from .config import CausalConfig, NotearsConfig
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
 from .intervention import (
     StructuralEquations,
@@ -41,9 +42,11 @@ from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
 
 __all__ = [
     "MIN_CELLS",
+    "CausalConfig",
     "CausalFit",
     "ElementwiseMLP",
     "LinearisedAcyclicity",
+    "NotearsConfig",
     "ParentsMLP",
     "StructuralEquations",
     "VariationalNotears",

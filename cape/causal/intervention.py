@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 import scipy.sparse as sp
-import torch
 from scipy.special import expit
 
 from .parents_mlp import ParentsMLP
@@ -231,8 +230,7 @@ def learned_equations(model, mean: np.ndarray, std: np.ndarray, X: np.ndarray, d
     X (dense or sparse, read in row chunks) is the matrix the model was fitted on; ``mean``/``std`` the
     standardisation the trainer applied to it; ``dag`` the thresholded adjacency (feature-space weights,
     A[i, j]: i → j). The normalisation of f(X) is taken from all of X's cells (what training's batch
-    statistics estimate): per-gene mean and standard deviation for ``feature_norm="gene"`` or ``"data"``
-    (divided by the model's ``feature_scale``), one shared scale for ``"global"``.
+    statistics estimate): per-gene mean and standard deviation (divided by the model's ``feature_scale``).
     """
     if isinstance(model, ParentsMLP):
         return parents_mlp_equations(model, mean, std, dag)
@@ -254,11 +252,8 @@ def learned_equations(model, mean: np.ndarray, std: np.ndarray, X: np.ndarray, d
     n = max(X.shape[0], 1)
     feat_mean = h_sum / n
     var = np.maximum(h_sq / n - feat_mean**2, 0.0)
-    eps = float(getattr(model.feature_norm, "eps", 1e-5))
-    if isinstance(model.feature_norm, torch.nn.BatchNorm1d):
-        feat_scale = np.sqrt(var + eps) / model.feature_scale.detach().double().cpu().numpy()
-    else:  # GlobalScaleNorm: one scale for all genes
-        feat_scale = np.full(X.shape[1], np.sqrt(var.mean() + eps))
+    eps = float(model.feature_norm.eps)
+    feat_scale = np.sqrt(var + eps) / model.feature_scale.detach().double().cpu().numpy()
     source, target, weight = _edges(dag)
     params = {"mean": mean, "std": std, "enc_w1": enc[0], "enc_b1": enc[1], "enc_w2": enc[2], "enc_b2": enc[3],
               "feat_mean": feat_mean, "feat_scale": feat_scale, "dec_w1": dec[0], "dec_b1": dec[1],

@@ -102,31 +102,6 @@ class ElementwiseMLP(nn.Module):
         return torch.einsum("bmh,mh->bm", hidden, self.w2[genes])
 
 
-class GlobalScaleNorm(nn.Module):
-    """Centre each gene and divide by one scale shared by all genes (running statistics in eval mode).
-
-    Unlike per-gene batch normalisation it keeps the genes' relative scales, which carry information
-    about the causal order in many SEMs, while still fixing the overall scale of f(X).
-    """
-
-    def __init__(self, n_genes: int, momentum: float = 0.1, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.momentum, self.eps = momentum, eps
-        self.register_buffer("running_mean", torch.zeros(n_genes))
-        self.register_buffer("running_scale", torch.ones(()))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and x.shape[0] > 1:
-            mean = x.mean(0)
-            centred = x - mean
-            scale = centred.pow(2).mean().add(self.eps).sqrt()
-            with torch.no_grad():
-                self.running_mean.lerp_(mean.detach(), self.momentum)
-                self.running_scale.lerp_(scale.detach(), self.momentum)
-            return centred / scale
-        return (x - self.running_mean) / self.running_scale
-
-
 class VariationalNotears(nn.Module):
     """Variational nonlinear SEM with a learnt weighted adjacency A (dense, or A = UVᵀ of rank ``rank``).
 
@@ -144,10 +119,9 @@ class VariationalNotears(nn.Module):
     sample_latent
         Learn σ of q(Z|X) and sample Z in training (see module docstring); default: σ = 1, Z = μ_Z.
     feature_norm
-        ``"gene"`` (default): per-gene batch normalisation (unit variance per gene); ``"global"``: centre
-        f(X) per gene and divide by one shared scale (keeps relative scales; fewer edges recovered on our
-        development seeds); ``"data"``: per-gene normalisation times :attr:`feature_scale` (the trainer
-        sets it to each gene's standard deviation in the standardised input).
+        ``"gene"`` (default): per-gene batch normalisation (unit variance per gene); ``"data"``: per-gene
+        normalisation times :attr:`feature_scale` (the trainer sets it to each gene's standard deviation in the
+        standardised input).
     """
 
     def __init__(self, n_genes: int, rank: int | None = None, hidden: int = 64, seed: int = 0,
@@ -162,10 +136,9 @@ class VariationalNotears(nn.Module):
         self.rank = rank
         self.encoder_mlp = ElementwiseMLP(n_genes, hidden, gen)
         self.decoder_mlp = ElementwiseMLP(n_genes, hidden, gen)
-        if feature_norm not in {"global", "gene", "data"}:
-            raise ValueError(f"feature_norm must be 'global', 'gene' or 'data', got {feature_norm!r}")
-        self.feature_norm = (GlobalScaleNorm(n_genes) if feature_norm == "global"
-                             else nn.BatchNorm1d(n_genes, affine=False))
+        if feature_norm not in {"gene", "data"}:
+            raise ValueError(f"feature_norm must be 'gene' or 'data', got {feature_norm!r}")
+        self.feature_norm = nn.BatchNorm1d(n_genes, affine=False)
         # "data": per-gene normalisation times the gene's scale in the (standardised) input, set with
         # set_feature_scale; f then keeps the input's relative scales but cannot shrink a gene away.
         self.register_buffer("feature_scale", torch.ones(n_genes))

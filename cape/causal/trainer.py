@@ -60,13 +60,15 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from .._options import with_options
 from .._progress import progress
 from .._settings import resolve_device
 from .acyclicity import LinearisedAcyclicity
+from .config import NotearsConfig
 from .model import VariationalNotears
 
-__all__ = ["COLLAPSE_FLOOR", "COLLAPSE_SIGNAL", "MIN_CELLS", "CausalFit", "collapse_reason", "fit_variational_notears",
-           "gene_moments", "intervention_rows", "max_correlation", "near_empty"]
+__all__ = ["COLLAPSE_FLOOR", "COLLAPSE_SIGNAL", "MIN_CELLS", "CausalFit", "NotearsConfig", "collapse_reason",
+           "fit_variational_notears", "gene_moments", "intervention_rows", "max_correlation", "near_empty"]
 
 logger = logging.getLogger("cape")
 
@@ -303,76 +305,225 @@ def _flushing_denormals(fit):
     return wrapper
 
 
+class _Standardised:
+    """Rows of X sliced, densified and standardised per batch, on the device (memory O(batch × genes))."""
+
+    def __init__(self, X, standardize: str | bool, dev: torch.device) -> None:
+        mean, std = gene_moments(X)
+        self.raw_std = np.where(std > 0, std, 1.0)
+        if standardize is False or standardize == "none":
+            mean, std = np.zeros_like(mean), np.ones_like(std)
+        self.mean, self.std = mean, np.where(std > 0, std, 1.0)
+        self.mean_t = torch.as_tensor(self.mean, dtype=torch.float32, device=dev)
+        self.inv_std_t = torch.as_tensor(1.0 / self.std, dtype=torch.float32, device=dev)
+        self.rows = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
+        self.dev = dev
+
+    def __call__(self, idx) -> torch.Tensor:
+        rows = self.rows[idx]
+        rows = rows.toarray() if sp.issparse(rows) else rows
+        return (torch.as_tensor(rows, dtype=torch.float32, device=self.dev) - self.mean_t) * self.inv_std_t
+
+
+def _build_model(data: _Standardised, config: NotearsConfig, seed: int, candidates) -> VariationalNotears:
+    """The SEM on the device, A restricted to ``candidates`` and the features scaled for ``feature_norm="data"``."""
+    n_genes = data.mean.size
+    model = VariationalNotears(n_genes, rank=config.rank, hidden=config.hidden, seed=seed,
+                               sample_latent=config.sample_latent, feature_norm=config.feature_norm).to(data.dev)
+    if candidates is not None:
+        if config.rank is not None:
+            raise ValueError("candidates restrict a dense A only (rank=None)")
+        allowed = torch.as_tensor(np.asarray(candidates, dtype=bool), device=data.dev)
+        if allowed.shape != (n_genes, n_genes):
+            raise ValueError(f"candidates must be genes × genes = {(n_genes, n_genes)}, got {tuple(allowed.shape)}")
+        model.off_diagonal.mul_(allowed.to(model.off_diagonal.dtype))
+    if config.feature_norm == "data":
+        model.set_feature_scale(torch.as_tensor(data.raw_std / data.std, dtype=torch.float32))
+    return model
+
+
+def _optimiser(model: VariationalNotears, config: NotearsConfig) -> torch.optim.AdamW:
+    """AdamW; L1 and the acyclicity penalty already regularise A, so weight decay acts on the MLPs only."""
+    adj_ids = {id(p) for p in model.adjacency_parameters()}
+    other = [p for p in model.parameters() if id(p) not in adj_ids]
+    return torch.optim.AdamW([{"params": other, "weight_decay": config.weight_decay},
+                              {"params": model.adjacency_parameters(), "weight_decay": 0.0}], lr=config.lr)
+
+
+def _compile_if_worth(model: VariationalNotears, data: _Standardised, config: NotearsConfig, n_cells: int) -> bool:
+    """``compile_mlp`` resolved (``None``: on CPU at scale) and applied; False where compiling failed."""
+    compile_mlp = config.compile_mlp
+    if compile_mlp is None:
+        compile_mlp = (data.dev.type == "cpu"
+                       and min(config.batch_size, n_cells) * data.mean.size * config.hidden >= COMPILE_MIN_ELEMENTS)
+    if not compile_mlp:
+        return False
+    n_batches = max(1, math.ceil(n_cells / config.batch_size))
+    sizes = sorted({len(b) for b in np.array_split(np.arange(n_cells), n_batches)})
+    return _enable_compiled_mlps(model, *(data(slice(0, size)) for size in sizes))
+
+
+def _recon_fraction(config: NotearsConfig, n_cells: int, n_genes: int) -> float:
+    """``recon_fraction`` resolved (``None``: 1 below :data:`RECON_SUBSAMPLE_MIN_ELEMENTS`, else a quarter)."""
+    if config.recon_fraction is not None:
+        return float(config.recon_fraction)
+    elements = min(config.batch_size, n_cells) * n_genes * max(config.hidden, 1)
+    return 1.0 if elements < RECON_SUBSAMPLE_MIN_ELEMENTS else RECON_FRACTION_AT_SCALE
+
+
+@dataclass
+class _Lagrangian:
+    """State of the augmented Lagrangian: ρ, α and the dual-step bookkeeping."""
+
+    rho: float
+    rho_max: float
+    alpha: float = 0.0
+    h_prev: float = math.inf
+    dual_epoch: int = 0
+    last_dual_step: int = 0
+
+    def penalty(self, h: torch.Tensor) -> torch.Tensor:
+        # h ≥ 0, but its linear model can undershoot below 0: never let ρh turn the pull around.
+        h_pos = h.clamp_min(0.0)
+        return self.alpha * h + 0.5 * self.rho * h_pos * h_pos
+
+    def dual_step(self, epoch: int, step: int, h_now: float, config: NotearsConfig) -> None:
+        """Once the inner solve has had ``dual_every`` epochs and ``dual_steps`` Adam steps (on small data an
+        epoch is a few steps, too few to solve it): ρ ← 10ρ unless h fell below a quarter, then α ← α + ρh."""
+        if epoch + 1 - self.dual_epoch >= config.dual_every and step - self.last_dual_step >= config.dual_steps:
+            self.dual_epoch, self.last_dual_step = epoch + 1, step
+            if h_now > 0.25 * self.h_prev:
+                self.rho = min(self.rho * 10.0, self.rho_max)
+            self.alpha += self.rho * h_now
+            self.h_prev = h_now
+
+
+class _Run:
+    """One fit's minibatch loop: the model, its optimiser, the Lagrangian and the step counter."""
+
+    def __init__(self, model: VariationalNotears, config: NotearsConfig, h_every: int, lagrangian: _Lagrangian,
+                 recon_rows: int | None) -> None:
+        self.model, self.config, self.h_every, self.lagrangian = model, config, h_every, lagrangian
+        self.optimiser = _optimiser(model, config)
+        self.adj_params = model.adjacency_parameters()
+        self.recon_rows = recon_rows
+        self.linearised: LinearisedAcyclicity | None = None
+        self.step = 0
+
+    def batch(self, xb: torch.Tensor, keep: torch.Tensor | None) -> tuple[float, float]:
+        """One AdamW step on a standardised batch; its loss and −ELBO."""
+        model, lam, l1_price = self.model, self.lagrangian, L1_UNIT * self.config.lambda_sparse
+        terms = model(xb, recon_rows=self.recon_rows, keep=keep)
+        self.optimiser.zero_grad(set_to_none=True)
+        if self.h_every > 1 and (self.step % self.h_every == 0 or self.linearised is None):
+            with torch.no_grad():
+                self.linearised = LinearisedAcyclicity(model.acyclicity_matrix(), *(
+                    () if model.rank is None else (model.U, model.V)))
+        if self.h_every > 1 and model.rank is not None:
+            # Low rank between exact steps: L1 and the linearised h from one UVᵀ, one backward pass.
+            l1, h = self.linearised.low_rank_l1_and_h(model.U, model.V)
+            loss = terms["nelbo"] + l1_price * l1
+            (loss + lam.penalty(h).to(loss.dtype)).backward()
+        else:
+            loss = terms["nelbo"] + l1_price * model.l1()
+            loss.backward()
+            h = model.acyclicity() if self.h_every == 1 else self.linearised(model.acyclicity_matrix())
+            for p, g in zip(self.adj_params, torch.autograd.grad(lam.penalty(h), self.adj_params), strict=True):
+                p.grad.add_(g.to(p.dtype))
+        self.optimiser.step()
+        self.step += 1
+        return float(loss.detach()), float(terms["nelbo"].detach())
+
+
+def _train(run: _Run, data: _Standardised, Irows, rng: np.random.Generator, progress_desc: str
+           ) -> tuple[dict[str, list[float]], int, bool]:
+    """The epochs of a fit: its history, the epochs run and whether the stop rule fired."""
+    config, model, lam = run.config, run.model, run.lagrangian
+    n_cells = data.rows.shape[0]
+    history: dict[str, list[float]] = {k: [] for k in ("loss", "nelbo", "h", "rho", "alpha", "max_weight",
+                                                        "seconds")}
+    n_batches = max(1, math.ceil(n_cells / config.batch_size))
+    bar = progress(range(config.epochs), desc=progress_desc, total=config.epochs)
+    epoch, converged = -1, False
+    for epoch in bar:
+        t_epoch = time.perf_counter()
+        model.train()
+        loss_sum = nelbo_sum = 0.0
+        # Near-equal batches (sizes differ by at most one): never a batch of one cell, which batch
+        # normalisation of f(X) cannot use.
+        for batch in np.array_split(rng.permutation(n_cells), n_batches):
+            idx = np.sort(batch)
+            keep = None if Irows is None else \
+                1.0 - torch.as_tensor(Irows[idx].toarray(), dtype=torch.float32, device=data.dev)
+            loss, nelbo = run.batch(data(idx), keep)
+            loss_sum, nelbo_sum = loss_sum + loss, nelbo_sum + nelbo
+        with torch.no_grad():
+            h_now = float(model.acyclicity())
+            max_weight = float(model.adjacency().abs().max())
+        lam.dual_step(epoch, run.step, h_now, config)
+        epoch_loss = loss_sum / n_batches
+        for key, value in (("loss", epoch_loss), ("nelbo", nelbo_sum / n_batches), ("h", h_now), ("rho", lam.rho),
+                           ("alpha", lam.alpha), ("max_weight", max_weight),
+                           ("seconds", time.perf_counter() - t_epoch)):
+            history[key].append(value)
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix(loss=f"{epoch_loss:.4g}", h=f"{h_now:.2e}", rho=f"{lam.rho:.0e}")
+        logger.debug("epoch %d loss %.5g h %.3e rho %.1e", epoch, epoch_loss, h_now, lam.rho)
+        if not all(math.isfinite(v) for v in (epoch_loss, h_now)):
+            raise FloatingPointError(f"causal graph training diverged at epoch {epoch} (loss {epoch_loss}, h {h_now})")
+        if _settled(history["loss"], epoch, h_now, config):
+            converged = True  # unless the graph collapsed (checked by the caller)
+            break
+    if hasattr(bar, "close"):
+        bar.close()
+    return history, epoch + 1, converged
+
+
+def _settled(losses: list[float], epoch: int, h_now: float, config: NotearsConfig) -> bool:
+    """The stop rule: past ``min_epochs``, h ≤ ``h_tol`` and the epoch loss changed by at most ``loss_tol``."""
+    if epoch + 1 < config.min_epochs or h_now > config.h_tol or len(losses) < 2:
+        return False
+    return abs(losses[-1] - losses[-2]) <= config.loss_tol * max(abs(losses[-2]), 1e-12)
+
+
+def _collapse_message(model: VariationalNotears, A: np.ndarray, peak: float, converged: bool, data: _Standardised,
+                      rng: np.random.Generator, config: NotearsConfig) -> str:
+    """:func:`collapse_reason` of a finished fit, with the data's feature correlations where the stop rule fired."""
+    correlation, n_rows = 0.0, None
+    # A near-empty A that the stop rule calls converged: what do the data offer, in the features the SEM sees (a few
+    # seconds at most)? Without the stop rule a near-empty A is under-training (e.g. 2 epochs from A = 0), which
+    # converged=False already says.
+    if converged and near_empty(A):
+        n_cells = data.rows.shape[0]
+        with torch.no_grad():
+            xb = data(np.sort(rng.permutation(n_cells)[:COLLAPSE_CHECK_CELLS]))
+            features = model.feature_norm(model.encoder_mlp(xb)) * model.feature_scale
+        correlation, n_rows = max_correlation(features.cpu().numpy()), len(xb)
+    rank, lambda_sparse = config.rank, config.lambda_sparse
+    return collapse_reason(A, peak, correlation, L1_UNIT * lambda_sparse,
+                           f"lower lambda_sparse (got {lambda_sparse:g})"
+                           + (f", use a dense A (rank=None instead of {rank})" if rank is not None else "")
+                           + " or give it more cells", n_rows)
+
+
 @_flushing_denormals
-def fit_variational_notears(
-    X,
-    *,
-    rank: int | None = 40,
-    lambda_sparse: float = 1.0,
-    epochs: int = 100,
-    batch_size: int = 128,
-    lr: float = 3e-3,
-    weight_decay: float = 1e-2,
-    hidden: int = 64,
-    device: str | torch.device = "auto",
-    seed: int = 0,
-    rho_init: float = 1.0,
-    rho_max: float | None = None,
-    h_tol: float = 1e-8,
-    loss_tol: float = 1e-3,
-    min_epochs: int = 10,
-    h_every: int | None = None,
-    dual_every: int = 5,
-    dual_steps: int = 200,
-    compile_mlp: bool | None = None,
-    recon_fraction: float | None = None,
-    sample_latent: bool = False,
-    feature_norm: str = "gene",
-    standardize: str | bool = "gene",
-    intervened=None,
-    candidates=None,
-    progress_desc: str = "causal graph",
-) -> CausalFit:
+def fit_variational_notears(X, config: NotearsConfig | None = None, *, device: str | torch.device = "auto",
+                            seed: int = 0, intervened=None, candidates=None, progress_desc: str = "causal graph",
+                            **options) -> CausalFit:
     """Fit a variational NOTEARS model to X (cells × genes) and return the learnt weighted adjacency.
 
     Parameters
     ----------
     X
         Cells × genes, NumPy array or SciPy sparse matrix, finite, no constant columns (checked by the caller).
-    rank
-        Rank of A = UVᵀ, or ``None`` for a dense A.
-    lambda_sparse
-        λs of the L1 penalty, which is ``L1_UNIT``·λs·‖A‖₁ (``L1_UNIT`` = 0.1). Per gene j the per-cell
-        −ELBO holds ½‖f(x)_j − Σ_i f(x)_i A_ij‖², the NOTEARS least-squares loss, so the price per unit
-        weight must not depend on M for one λs to work across gene counts; 0.1 is NOTEARS' customary λ1
-        for that loss on standardised data, so λs = 1 (the paper's value) means the NOTEARS default.
-        (Dividing by M instead left λ = 1/300 per weight on 300 genes: a dense fuzz of small weights,
-        none above τ = 0.2.)
-    h_every
-        Steps between exact acyclicity evaluations; in between the penalty uses h's first-order model in
-        A∘A (see the module docstring). 1: exact every step. ``None`` (default): 1 while the exponential
-        is small (min(M, k) ≤ ``EXACT_ACYCLICITY_MAX``), else ``AUTO_H_EVERY`` (``AUTO_H_EVERY_LARGE`` beyond
-        ``AUTO_H_EVERY_LARGE_M`` genes).
-    standardize
-        ``"gene"`` (default: z-score each gene), ``"global"`` (centre genes, divide all by one RMS scale)
-        or ``"none"``.
-    feature_norm, sample_latent
-        Passed to :class:`VariationalNotears`. ``feature_norm="data"`` scales the normalised features
-        by each gene's standard deviation in the input as standardised by ``standardize`` (so with
-        ``standardize="none"`` the SEM sees the genes' own relative scales, as NOTEARS does).
-    rho_max
-        Largest ρ of the augmented Lagrangian; ``None``: :data:`RHO_MAX_DENSE` for a dense A,
-        :data:`RHO_MAX_LOW_RANK` for A = UVᵀ (see the module docstring).
-    dual_every, dual_steps
-        An inner solve lasts at least ``dual_every`` epochs and at least ``dual_steps`` Adam steps.
-    recon_fraction
-        Share of each batch's cells the reconstruction term (decoder) is evaluated on, drawn at random per
-        step: an unbiased estimate of the same term, for a fraction of the decoder's cost (the KL term, where
-        A is, always sees the whole batch). ``None``: 1 below :data:`RECON_SUBSAMPLE_MIN_ELEMENTS`
-        batch × genes × hidden activations, :data:`RECON_FRACTION_AT_SCALE` from there on.
-    compile_mlp
-        Run the per-gene MLPs through ``torch.compile`` (same function, fused kernels). ``None``: on CPU
-        when batch × genes × hidden ≥ :data:`COMPILE_MIN_ELEMENTS` (compiling costs ~10–30 s once).
+    config
+        The SEM's, AdamW's and the augmented Lagrangian's options (:class:`~cape.causal.NotearsConfig`; default:
+        rank 40, λs 1, 100 epochs, batch 128, lr 3e-3). With ``h_every`` > 1 the acyclicity penalty is exact every
+        ``h_every`` steps and uses its first-order model in A∘A in between (module docstring).
+    device
+        ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"`` or a ``torch.device``.
+    seed
+        Seeds the initialisation, the minibatch order and the reconstruction subsample.
     intervened
         Optional cells × genes boolean matrix (dense or sparse): True where the gene was intervened on in that
         cell (e.g. knocked out). Its own equation's terms are left out of the loss for those cells (see
@@ -380,153 +531,32 @@ def fit_variational_notears(
     candidates
         Optional M×M boolean matrix (dense A only): the edges i → j A may use (True); the others stay 0, as in
         SDCD's screened second stage.
-    Other parameters are the optimiser's and the augmented Lagrangian's (see module docstring).
+    progress_desc
+        Label of the progress bar.
+    **options
+        Fields of :class:`~cape.causal.NotearsConfig` by name (e.g. ``rank=None, epochs=20``), replacing those of
+        ``config``; another name raises :class:`~cape.CapeInputError`.
+
+    Returns
+    -------
+    CausalFit
     """
+    config = with_options(NotearsConfig, config, options, "fit_variational_notears")
     start = time.perf_counter()
     n_cells, n_genes = X.shape
     dev = resolve_device(device) if not isinstance(device, torch.device) else device
     torch.manual_seed(int(seed))
     rng = np.random.default_rng(int(seed))
-    h_every = resolve_h_every(h_every, n_genes, rank)
-    rho_max = resolve_rho_max(rho_max, rank)
-
-    mean, std = gene_moments(X)
-    raw_std = std.copy()
-    if standardize is False or standardize == "none":
-        mean, std = np.zeros_like(mean), np.ones_like(std)
-    elif standardize == "global":
-        # Centre each gene, one scale for all: relative variances are information, not nuisance.
-        std = np.full_like(std, max(float(np.sqrt(np.mean(std**2))), 1e-12))
-    elif standardize not in (True, "gene"):
-        raise ValueError(f"standardize must be 'global', 'gene' or 'none', got {standardize!r}")
-    std = np.where(std > 0, std, 1.0)
-    mean_t = torch.as_tensor(mean, dtype=torch.float32, device=dev)
-    inv_std_t = torch.as_tensor(1.0 / std, dtype=torch.float32, device=dev)
-    Xrows = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
+    h_every = resolve_h_every(config.h_every, n_genes, config.rank)
+    rho_max = resolve_rho_max(config.rho_max, config.rank)
+    data = _Standardised(X, config.standardize, dev)
     Irows = intervention_rows(intervened, n_cells, n_genes)
-
-    model = VariationalNotears(n_genes, rank=rank, hidden=hidden, seed=seed, sample_latent=sample_latent,
-                               feature_norm=feature_norm).to(dev)
-    if candidates is not None:
-        if rank is not None:
-            raise ValueError("candidates restrict a dense A only (rank=None)")
-        allowed = torch.as_tensor(np.asarray(candidates, dtype=bool), device=dev)
-        if allowed.shape != (n_genes, n_genes):
-            raise ValueError(f"candidates must be genes × genes = {(n_genes, n_genes)}, got {tuple(allowed.shape)}")
-        model.off_diagonal.mul_(allowed.to(model.off_diagonal.dtype))
-    if feature_norm == "data":
-        raw_std = np.where(raw_std > 0, raw_std, 1.0)
-        model.set_feature_scale(torch.as_tensor(raw_std / std, dtype=torch.float32))
-    adj_params = model.adjacency_parameters()
-    adj_ids = {id(p) for p in adj_params}
-    other = [p for p in model.parameters() if id(p) not in adj_ids]
-    # L1 and the acyclicity penalty already regularise A; weight decay only on the MLPs.
-    optimiser = torch.optim.AdamW(
-        [{"params": other, "weight_decay": weight_decay}, {"params": adj_params, "weight_decay": 0.0}], lr=lr
-    )
-
-    if compile_mlp is None:
-        compile_mlp = dev.type == "cpu" and min(batch_size, n_cells) * n_genes * hidden >= COMPILE_MIN_ELEMENTS
-    if compile_mlp:
-        sizes = sorted({len(b) for b in np.array_split(np.arange(n_cells), max(1, math.ceil(n_cells / batch_size)))})
-        trials = []
-        for size in sizes:
-            rows = Xrows[:size]
-            rows = rows.toarray() if sp.issparse(rows) else rows
-            trials.append((torch.as_tensor(rows, dtype=torch.float32, device=dev) - mean_t) * inv_std_t)
-        compile_mlp = _enable_compiled_mlps(model, *trials)
-
-    if recon_fraction is None:
-        recon_fraction = (1.0 if min(batch_size, n_cells) * n_genes * max(hidden, 1) < RECON_SUBSAMPLE_MIN_ELEMENTS
-                          else RECON_FRACTION_AT_SCALE)
-    if not 0 < recon_fraction <= 1:
-        raise ValueError(f"recon_fraction must be in (0, 1], got {recon_fraction}")
-    recon_rows = None if recon_fraction == 1 else max(2, math.ceil(recon_fraction * min(batch_size, n_cells)))
-
-    rho, alpha = float(rho_init), 0.0
-    h_prev = math.inf
-    history: dict[str, list[float]] = {k: [] for k in ("loss", "nelbo", "h", "rho", "alpha", "max_weight",
-                                                        "seconds")}
-    n_batches = max(1, math.ceil(n_cells / batch_size))
-    linearised: LinearisedAcyclicity | None = None
-    converged = False
-    step = 0
-    last_dual_step = dual_epoch = 0
-    bar = progress(range(epochs), desc=progress_desc, total=epochs)
-    epoch = -1
-    for epoch in bar:
-        t_epoch = time.perf_counter()
-        model.train()
-        # Near-equal batches (sizes differ by at most one): never a batch of one cell, which batch
-        # normalisation of f(X) cannot use.
-        batches = np.array_split(rng.permutation(n_cells), n_batches)
-        loss_sum = nelbo_sum = 0.0
-        for batch in batches:
-            idx = np.sort(batch)
-            rows = Xrows[idx]
-            rows = rows.toarray() if sp.issparse(rows) else rows
-            xb = (torch.as_tensor(rows, dtype=torch.float32, device=dev) - mean_t) * inv_std_t
-            keep = None
-            if Irows is not None:
-                keep = 1.0 - torch.as_tensor(Irows[idx].toarray(), dtype=torch.float32, device=dev)
-            terms = model(xb, recon_rows=recon_rows, keep=keep)
-            optimiser.zero_grad(set_to_none=True)
-            if h_every > 1 and (step % h_every == 0 or linearised is None):
-                with torch.no_grad():
-                    linearised = LinearisedAcyclicity(model.acyclicity_matrix(), *(
-                        () if rank is None else (model.U, model.V)))
-            if h_every > 1 and rank is not None:
-                # Low rank between exact steps: L1 and the linearised h from one UVᵀ, one backward pass.
-                l1, h = linearised.low_rank_l1_and_h(model.U, model.V)
-                loss = terms["nelbo"] + (L1_UNIT * lambda_sparse) * l1
-                h_pos = h.clamp_min(0.0)
-                (loss + (alpha * h + 0.5 * rho * h_pos * h_pos).to(loss.dtype)).backward()
-            else:
-                loss = terms["nelbo"] + (L1_UNIT * lambda_sparse) * model.l1()
-                loss.backward()
-                h = model.acyclicity() if h_every == 1 else linearised(model.acyclicity_matrix())
-                # h ≥ 0, but its linear model can undershoot below 0: never let ρh turn the pull around.
-                h_pos = h.clamp_min(0.0)
-                penalty = alpha * h + 0.5 * rho * h_pos * h_pos
-                for p, g in zip(adj_params, torch.autograd.grad(penalty, adj_params), strict=True):
-                    p.grad.add_(g.to(p.dtype))
-            optimiser.step()
-            step += 1
-            loss_sum += float(loss.detach())
-            nelbo_sum += float(terms["nelbo"].detach())
-
-        with torch.no_grad():
-            h_now = float(model.acyclicity())
-            max_weight = float(model.adjacency().abs().max())
-        # Dual step of the augmented Lagrangian once the inner solve has had ``dual_every`` epochs and at
-        # least ``dual_steps`` Adam steps: on small data an epoch is a few steps, too few to solve it.
-        if epoch + 1 - dual_epoch >= dual_every and step - last_dual_step >= dual_steps:
-            dual_epoch, last_dual_step = epoch + 1, step
-            if h_now > 0.25 * h_prev:
-                rho = min(rho * 10.0, rho_max)
-            alpha += rho * h_now
-            h_prev = h_now
-
-        epoch_loss = loss_sum / n_batches
-        history["loss"].append(epoch_loss)
-        history["nelbo"].append(nelbo_sum / n_batches)
-        history["h"].append(h_now)
-        history["rho"].append(rho)
-        history["alpha"].append(alpha)
-        history["max_weight"].append(max_weight)
-        history["seconds"].append(time.perf_counter() - t_epoch)
-        if hasattr(bar, "set_postfix"):
-            bar.set_postfix(loss=f"{epoch_loss:.4g}", h=f"{h_now:.2e}", rho=f"{rho:.0e}")
-        logger.debug("epoch %d loss %.5g h %.3e rho %.1e", epoch, epoch_loss, h_now, rho)
-        if not all(math.isfinite(v) for v in (epoch_loss, h_now)):
-            raise FloatingPointError(f"causal graph training diverged at epoch {epoch} (loss {epoch_loss}, h {h_now})")
-        if epoch + 1 >= min_epochs and h_now <= h_tol and len(history["loss"]) > 1:
-            previous = history["loss"][-2]
-            if abs(epoch_loss - previous) <= loss_tol * max(abs(previous), 1e-12):
-                converged = True  # unless the graph collapsed (checked below)
-                break
-    if hasattr(bar, "close"):
-        bar.close()
+    model = _build_model(data, config, seed, candidates)
+    compiled = _compile_if_worth(model, data, config, n_cells)
+    recon_fraction = _recon_fraction(config, n_cells, n_genes)
+    recon_rows = None if recon_fraction == 1 else max(2, math.ceil(recon_fraction * min(config.batch_size, n_cells)))
+    run = _Run(model, config, h_every, _Lagrangian(float(config.rho_init), rho_max), recon_rows)
+    history, epochs_run, converged = _train(run, data, Irows, rng, progress_desc)
 
     model.eval()
     for mlp in (model.encoder_mlp, model.decoder_mlp):
@@ -535,40 +565,12 @@ def fit_variational_notears(
         A = model.adjacency().detach().float().cpu().numpy().copy()
     np.fill_diagonal(A, 0.0)
     peak = max(history["max_weight"], default=0.0)
-    correlation, n_rows = 0.0, None
-    # A near-empty A that the stop rule calls converged: what do the data offer, in the features the SEM sees (a few
-    # seconds at most)? Without the stop rule a near-empty A is under-training (e.g. 2 epochs from A = 0), which
-    # converged=False already says.
-    if converged and near_empty(A):
-        rows = Xrows[np.sort(rng.permutation(n_cells)[:COLLAPSE_CHECK_CELLS])]
-        rows = rows.toarray() if sp.issparse(rows) else rows
-        with torch.no_grad():
-            xb = (torch.as_tensor(rows, dtype=torch.float32, device=dev) - mean_t) * inv_std_t
-            features = model.feature_norm(model.encoder_mlp(xb)) * model.feature_scale
-        correlation, n_rows = max_correlation(features.cpu().numpy()), len(rows)
-    message = collapse_reason(A, peak, correlation, L1_UNIT * lambda_sparse,
-                              f"lower lambda_sparse (got {lambda_sparse:g})"
-                              + (f", use a dense A (rank=None instead of {rank})" if rank is not None else "")
-                              + " or give it more cells", n_rows)
+    message = _collapse_message(model, A, peak, converged, data, rng, config)
     if message:
         logger.warning(message)
-    return CausalFit(
-        adjacency=A,
-        history=history,
-        epochs_run=epoch + 1,
-        converged=converged and not message,
-        wall_time=time.perf_counter() - start,
-        device=str(dev),
-        rank=rank,
-        h_every=h_every,
-        rho_max=rho_max,
-        compiled_mlp=bool(compile_mlp),
-        recon_fraction=float(recon_fraction),
-        model=model,
-        mean=np.asarray(mean, dtype=np.float64),
-        std=np.asarray(std, dtype=np.float64),
-        collapsed=bool(message),
-        collapse_message=message,
-        peak_weight=float(peak),
-        n_intervened=0 if Irows is None else int(Irows.nnz),
-    )
+    return CausalFit(adjacency=A, history=history, epochs_run=epochs_run, converged=converged and not message,
+                     wall_time=time.perf_counter() - start, device=str(dev), rank=config.rank, h_every=h_every,
+                     rho_max=rho_max, compiled_mlp=bool(compiled), recon_fraction=float(recon_fraction), model=model,
+                     mean=np.asarray(data.mean, dtype=np.float64), std=np.asarray(data.std, dtype=np.float64),
+                     collapsed=bool(message), collapse_message=message, peak_weight=float(peak),
+                     n_intervened=0 if Irows is None else int(Irows.nnz))

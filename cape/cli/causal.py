@@ -6,8 +6,9 @@ import argparse
 
 from .._errors import CapeInputError
 from .._io import write_h5ad
+from ..causal.config import MODELS, SCREENS, CausalConfig
 from ..pp.preprocess import detect_scale
-from ..tl.causal_graph import MODELS, SCREENS, causal_graph
+from ..tl.causal_graph import causal_graph
 from ._io import check_output, positive_int, read_input, tau_value
 
 
@@ -66,18 +67,22 @@ def register(commands) -> None:
     parser.set_defaults(func=run)
 
 
+def config_from_args(args: argparse.Namespace) -> CausalConfig:
+    """The :class:`~cape.causal.CausalConfig` of ``cape causal``'s flags (one flag per field)."""
+    return CausalConfig(model=args.model, rank=args.rank, tau=args.tau, min_positioned=args.min_positioned,
+                        lambda_sparse=args.lambda_sparse, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                        h_every=args.h_every, screen=args.screen)
+
+
 def run(args: argparse.Namespace) -> int:
     out = check_output(args.output, args.input)
+    config = config_from_args(args)
     adata = read_input(args.input)
     if args.use_genes == "cape_used" and "cape_used" not in adata.var:
-
         if detect_scale(adata) == "counts":  # raw counts of every gene: Step I would run on all of them
             raise CapeInputError(f"{args.input} holds raw counts and no var['cape_used']: run `cape preprocess` "
                                  f"first (or pass --use-genes all to use all {adata.n_vars} genes as they are)")
-    causal_graph(adata, rank=args.rank, tau=args.tau, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
-                 batch_size=args.batch_size, lr=args.lr, device="auto", seed=None,
-                 use_genes=None if args.use_genes == "all" else args.use_genes, layer=args.layer,
-                 h_every=args.h_every, min_positioned=args.min_positioned, model=args.model,
-                 interventions=args.interventions, screen=args.screen)
+    causal_graph(adata, config, use_genes=None if args.use_genes == "all" else args.use_genes,
+                 layer=args.layer, interventions=args.interventions, device="auto", seed=None)
     write_h5ad(adata, out)
     return 0

@@ -11,6 +11,7 @@ import scipy.sparse as sp
 
 from .._errors import CapeInputError
 from .._io import write_h5ad
+from ..hyperbolic.config import DEFAULT_TEMPERATURE, EmbeddingConfig
 from ..tl.hyperbolic import hyperbolic_embedding
 from ._io import check_output, read_input
 
@@ -46,22 +47,29 @@ def register(commands) -> None:
     embed.add_argument("--negatives", type=_negatives, default="auto",
                        help="'exact', 'auto' (exact up to 1,500 genes) or K sampled negatives per gene")
     embed.add_argument("--max-radius", type=float, default=7.0, help="largest distance from the origin (7)")
-    embed.add_argument("--temperature", type=float, default=None,
+    embed.add_argument("--init-scale", type=float, default=1e-3,
+                       help="standard deviation of the starting coordinates around the origin (1e-3)")
+    embed.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
                        help="τ dividing the contrastive term's distances (default 0.5; 1 = the paper's Eq. 16)")
     embed.add_argument("--isolated", choices=["negatives", "origin"], default="negatives",
                        help="genes without an edge: spread apart as Step II negatives (default) or left at the origin")
     embed.set_defaults(func=run_embed)
 
 
+def config_from_args(args: argparse.Namespace) -> EmbeddingConfig:
+    """The :class:`~cape.hyperbolic.EmbeddingConfig` of ``cape embed``'s flags (one flag per field)."""
+    return EmbeddingConfig(dim=args.dim, k_hop=args.k_hop, lambda_g=args.lambda_g, restart=args.restart,
+                           epochs=args.epochs, lr=args.lr, optimizer=args.optimizer, geometry=args.geometry,
+                           negatives=args.negatives, max_radius=args.max_radius, init_scale=args.init_scale,
+                           temperature=args.temperature, isolated=args.isolated)
+
+
 def run_embed(args: argparse.Namespace) -> int:
     out = check_output(args.output, args.input, getattr(args, "adjacency", None))
+    config = config_from_args(args)
     adata = read_input(args.input, expect_counts=False)
     adjacency = None if args.adjacency is None else read_adjacency(args.adjacency, adata.var_names)
-    hyperbolic_embedding(adata, adjacency=adjacency, dim=args.dim, k_hop=args.k_hop, lambda_g=args.lambda_g,
-                         restart=args.restart, epochs=args.epochs, optimizer=args.optimizer,
-                         geometry=args.geometry, lr=args.lr,
-                         negatives=args.negatives, max_radius=args.max_radius, temperature=args.temperature,
-                         isolated=args.isolated, device=None, seed=None)
+    hyperbolic_embedding(adata, config, adjacency=adjacency, device=None, seed=None)
     write_h5ad(adata, out)
     return 0
 

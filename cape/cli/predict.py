@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         check_output(args.plot, args.input, *outputs, suffix=".png", option="--plot")
     adata = read_input(args.input, expect_counts=False)
-    load_equations(adata)  # names the missing step before anything else
+    load_equations(adata, args.graph)  # names the missing step before anything else
     cells = predict_intervention(adata, intervention, n_cells=args.n_cells, mode=args.mode, equations=args.equations,
                                  seed=resolve_seed(None), key_added=args.key_added,
                                  graph=args.graph)

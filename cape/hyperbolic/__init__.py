@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from .adjacency import as_sparse_adjacency, check_dag
+from .config import EmbeddingConfig
 from .embedding import EmbeddingResult, embed_dag
 from .generality import pagerank_generality
 from .geometry import EuclideanGeometry, LorentzGeometry
@@ -25,6 +26,7 @@ from .poincare import (
 from .positives import PositivePairs, khop_positives, strongest_path_products
 
 __all__ = [
+    "EmbeddingConfig",
     "EmbeddingResult",
     "EuclideanGeometry",
     "LorentzGeometry",

@@ -21,7 +21,7 @@ every anchor over all genes, N⁻ = V ∖ N⁺, so an isolated gene is a negativ
 anchor it has no positive but itself, at distance 0, whose Eq. 16 term is log(1 + Σ_{n'} e^{−d_mn'}) (weight 1):
 it pushes the gene away from every other gene, so no two isolated genes share a position (a graph with no edge
 spreads all its genes instead of leaving them at the origin). ``isolated="origin"`` leaves them at the origin
-(``embedded`` False), as earlier versions did. Nodes outside ``nodes=`` never take part and stay at the origin.
+(``embedded`` False). Nodes outside ``nodes=`` never take part and stay at the origin.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Literal
 
 import geoopt
 import numpy as np
@@ -38,9 +37,12 @@ import scipy.sparse as sp
 import torch
 
 from .._errors import CapeInputError
+from .._options import with_options
 from .._progress import progress
 from .._settings import resolve_device
 from .adjacency import as_sparse_adjacency, check_dag
+from .config import DEFAULT_TEMPERATURE as DEFAULT_TEMPERATURE
+from .config import EmbeddingConfig
 from .generality import pagerank_generality
 from .geometry import GEOMETRIES
 from .loss import (
@@ -63,8 +65,6 @@ AUTO_EXACT_MAX_NODES = 1500
 #: epochs: K = 1,024 took 90 s on one CPU thread with MAP 0.46 / Spearman(π, −‖e‖) 0.60; K = 256 took 27 s but
 #: kept MAP 0.40 / Spearman 0.31.
 DEFAULT_NEGATIVES = 1024
-#: Distances in the contrastive term are divided by this (τ; the paper's Eq. 16 has τ = 1).
-DEFAULT_TEMPERATURE = 0.5
 #: Default learning rates. Large first steps from the origin settle hyperbolic embeddings in worse optima
 #: (RSGD lr 0.05 plateaus at a lower MAP than lr 0.02 within 250 epochs and never recovers).
 DEFAULT_LR = {("hyperbolic", "rsgd"): 0.02, ("hyperbolic", "radam"): 0.01,
@@ -127,13 +127,31 @@ class EmbeddingResult:
 
 
 
-def embed_dag(adjacency, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1, restart: float = 0.15,
-              epochs: int = 1000, lr: float | None = None, optimizer: Literal["rsgd", "radam"] = "rsgd",
-              geometry: Literal["hyperbolic", "euclidean"] = "hyperbolic",
-              negatives: int | Literal["auto"] | None = "auto", max_radius: float = 7.0,
-              init_scale: float = 1e-3, temperature: float = DEFAULT_TEMPERATURE,
-              device: str | None = "auto", seed: int = 0, names=None, show_progress: bool = True,
-              isolated: Literal["negatives", "origin"] = "negatives", nodes=None) -> EmbeddingResult:
+def _embedded_nodes(matrix: sp.csr_matrix, isolated: str, nodes) -> tuple[np.ndarray, np.ndarray]:
+    """(connected, embedded): the nodes with an edge, and those that take part in the optimisation."""
+    n_total = matrix.shape[0]
+    degree = np.asarray((matrix != 0).sum(axis=0)).ravel() + np.asarray((matrix != 0).sum(axis=1)).ravel()
+    connected = degree > 0
+    if isolated == "origin":
+        return connected, connected.copy()
+    if nodes is None:
+        return connected, np.ones(n_total, dtype=bool)
+    mask = np.asarray(nodes, dtype=bool).ravel()
+    if mask.shape != (n_total,):
+        raise CapeInputError(f"nodes must be a bool mask of length {n_total}, got shape {mask.shape}")
+    return connected, mask | connected
+
+
+def _to_ball(points: np.ndarray, geometry: str) -> np.ndarray:
+    """Poincaré-ball positions: Eq. A.22 (hyperbolic), or the Euclidean points scaled uniformly into the ball."""
+    if geometry == "hyperbolic":
+        return lorentz_to_poincare(torch.from_numpy(points)).numpy()
+    radius = np.linalg.norm(points, axis=1).max() if points.shape[0] else 0.0
+    return points / (radius * (1.0 + 1e-6)) if radius > 0 else points.copy()
+
+
+def embed_dag(adjacency, config: EmbeddingConfig | None = None, *, device: str | None = "auto", seed: int = 0,
+              names=None, nodes=None, show_progress: bool = True, **options) -> EmbeddingResult:
     """Embed a weighted DAG (Step II).
 
     Parameters
@@ -141,128 +159,65 @@ def embed_dag(adjacency, *, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1
     adjacency
         M×M weighted adjacency (dense, sparse or DataFrame), ``A[i, j] != 0`` meaning i → j. Must be acyclic
         without self-loops.
-    dim
-        Dimension d of the hyperbolic space (points have d+1 coordinates), ≥ 2.
-    k_hop
-        Positives are nodes joined by a directed path of at most ``k_hop`` edges (Eq. 16).
-    lambda_g
-        Weight λ_g of the generality regulariser (Eq. 15).
-    restart
-        PageRank restart weight w (Eq. 18).
-    epochs
-        Full-batch optimisation steps.
-    lr
-        Learning rate; default depends on geometry and optimizer (:data:`DEFAULT_LR`).
-    optimizer
-        ``"rsgd"`` (geoopt RiemannianSGD; plain SGD for Euclidean) or ``"radam"`` (RiemannianAdam / Adam).
-    geometry
-        ``"hyperbolic"`` or ``"euclidean"`` (ablation).
-    negatives
-        ``None`` = exact loss (all non-positives); an int K = each epoch draws K distinct nodes (shared by
-        all anchors) and every anchor uses those that are its negatives, scaled to estimate the full sum;
-        ``"auto"`` = exact up to :data:`AUTO_EXACT_MAX_NODES` graph nodes, else :data:`DEFAULT_NEGATIVES`.
-    max_radius
-        Largest distance from the origin a point may reach (float64 stays exact well beyond 7).
-    init_scale
-        Standard deviation of the initial spatial coordinates around the origin.
-    temperature
-        τ > 0: the contrastive term (Eq. 16) uses d / τ (τ = 1 is the paper's form).
+    config
+        Step II's options (:class:`~cape.hyperbolic.EmbeddingConfig`: ``dim``, ``k_hop``, ``lambda_g``, ``restart``,
+        ``epochs``, ``lr``, ``optimizer``, ``geometry``, ``negatives``, ``max_radius``, ``init_scale``,
+        ``temperature``, ``isolated``); default: the paper's (d 32, 2-hop positives, λ_g 0.1, restart 0.15,
+        1,000 epochs of Riemannian SGD) with τ = :data:`DEFAULT_TEMPERATURE`.
     device
         ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``.
     seed
         Seeds the initialisation and negative sampling.
     names
         Gene names, used in error messages.
-    show_progress
-        Show a progress bar.
-    isolated
-        ``"negatives"`` (default): nodes without an edge take part in the loss as negatives of every anchor
-        (Eq. 16's N⁻ = V ∖ N⁺) and as anchors of their self-pair term, which spreads them apart (module
-        docstring); ``"origin"``: they stay at the origin.
     nodes
         Optional (M,) bool mask of the nodes that may take part (e.g. the genes Step I used); others stay at the
         origin. Nodes with an edge always take part.
+    show_progress
+        Show a progress bar.
+    **options
+        Fields of :class:`~cape.hyperbolic.EmbeddingConfig` by name (e.g. ``dim=8, epochs=200``), replacing those
+        of ``config``; another name raises :class:`~cape.CapeInputError`.
 
     Returns
     -------
     EmbeddingResult
     """
     start, cpu_start = time.perf_counter(), time.process_time()
-    if int(dim) != dim or dim < 2:
-        raise CapeInputError(f"dim must be an integer ≥ 2, got {dim!r}")
-    if geometry not in GEOMETRIES:
-        raise CapeInputError(f"geometry must be 'hyperbolic' or 'euclidean', got {geometry!r}")
-    if optimizer not in ("rsgd", "radam"):
-        raise CapeInputError(f"optimizer must be 'rsgd' or 'radam', got {optimizer!r}")
-    if int(epochs) != epochs or epochs < 0:
-        raise CapeInputError(f"epochs must be a non-negative integer, got {epochs!r}")
-    if lambda_g < 0:
-        raise CapeInputError(f"lambda_g must be ≥ 0, got {lambda_g!r}")
-    if not (isinstance(temperature, (int, float)) and temperature > 0 and math.isfinite(temperature)):
-        raise CapeInputError(f"temperature must be a finite number > 0, got {temperature!r}")
-    if not max_radius > 0:
-        raise CapeInputError(f"max_radius must be > 0, got {max_radius!r}")
-    if isolated not in ("negatives", "origin"):
-        raise CapeInputError(f"isolated must be 'negatives' or 'origin', got {isolated!r}")
-    dim, epochs = int(dim), int(epochs)
+    config = with_options(EmbeddingConfig, config, options, "embed_dag")
+    dim, epochs, geometry = int(config.dim), int(config.epochs), config.geometry
     matrix = as_sparse_adjacency(adjacency)
     check_dag(matrix, names)
-    n_total = matrix.shape[0]
-    generality = pagerank_generality(matrix, restart=restart)
-
-    degree = np.asarray((matrix != 0).sum(axis=0)).ravel() + np.asarray((matrix != 0).sum(axis=1)).ravel()
-    connected = degree > 0
-    if isolated == "origin":
-        embedded = connected.copy()
-    elif nodes is None:
-        embedded = np.ones(n_total, dtype=bool)
-    else:
-        mask = np.asarray(nodes, dtype=bool).ravel()
-        if mask.shape != (n_total,):
-            raise CapeInputError(f"nodes must be a bool mask of length {n_total}, got shape {mask.shape}")
-        embedded = mask | connected
+    generality = pagerank_generality(matrix, restart=config.restart)
+    connected, embedded = _embedded_nodes(matrix, config.isolated, nodes)
     nodes = np.flatnonzero(embedded)
-    geom = GEOMETRIES[geometry]
-    width = dim + 1 if geometry == "hyperbolic" else dim
-    points = np.zeros((n_total, width))
+    points = np.zeros((matrix.shape[0], dim + 1 if geometry == "hyperbolic" else dim))
     if geometry == "hyperbolic":
         points[:, 0] = 1.0
-    sub = sp.csr_matrix(matrix[nodes][:, nodes])
-    pairs = khop_positives(sub, k_hop) if nodes.size else None
-    n_sampled = _resolve_negatives(negatives, nodes.size)
-    lr = DEFAULT_LR[(geometry, optimizer)] if lr is None else float(lr)
-    params = {"dim": dim, "k_hop": int(k_hop), "lambda_g": float(lambda_g), "restart": float(restart),
-              "epochs": epochs, "lr": lr, "optimizer": optimizer, "geometry": geometry,
-              "negatives": n_sampled, "max_radius": float(max_radius), "init_scale": float(init_scale),
-              "temperature": float(temperature),
-              "seed": int(seed), "positive_weight": "strongest_path_product", "isolated": isolated}
-
+    pairs = khop_positives(sp.csr_matrix(matrix[nodes][:, nodes]), config.k_hop) if nodes.size else None
+    n_sampled = _resolve_negatives(config.negatives, nodes.size)
+    lr = DEFAULT_LR[(geometry, config.optimizer)] if config.lr is None else float(config.lr)
+    params = {"dim": dim, "k_hop": int(config.k_hop), "lambda_g": float(config.lambda_g),
+              "restart": float(config.restart), "epochs": epochs, "lr": lr, "optimizer": config.optimizer,
+              "geometry": geometry, "negatives": n_sampled, "max_radius": float(config.max_radius),
+              "init_scale": float(config.init_scale), "temperature": float(config.temperature), "seed": int(seed),
+              "positive_weight": "strongest_path_product", "isolated": config.isolated}
     if not connected.any():
-        logger.warning("the graph has no edges: %s", "every gene is placed at the origin" if isolated == "origin"
+        logger.warning("the graph has no edges: %s", "every gene is placed at the origin" if config.isolated == "origin"
                        else "genes are only spread apart (Step II's negatives), their positions carry no causal "
                             "information")
-    if nodes.size == 0:
-        losses = np.zeros(0)
-    else:
+    losses = np.zeros(0)
+    if nodes.size:
         dev = resolve_device(device)
         params["device"] = str(dev)
-        sub_points, losses = _optimise(pairs, generality[nodes],
-                                       dim=dim, geom=geom, lambda_g=lambda_g, epochs=epochs, lr=lr,
-                                       optimizer=optimizer, n_sampled=n_sampled, max_radius=max_radius,
-                                       init_scale=init_scale, temperature=float(temperature), device=dev,
-                                       seed=int(seed),
-                                       show_progress=show_progress)
-        points[nodes] = sub_points
-    if geometry == "hyperbolic":
-        poincare = lorentz_to_poincare(torch.from_numpy(points)).numpy()
-    else:
-        radius = np.linalg.norm(points, axis=1).max() if n_total else 0.0
-        poincare = points / (radius * (1.0 + 1e-6)) if radius > 0 else points.copy()
-    return EmbeddingResult(points=points, poincare=poincare, generality=generality, embedded=embedded,
-                           connected=connected, losses=np.asarray(losses, dtype=np.float64), geometry=geometry,
-                           negatives=n_sampled, n_positive_pairs=len(pairs) if pairs is not None else 0,
-                           seconds=time.perf_counter() - start,
-                           cpu_seconds=time.process_time() - cpu_start, params=params)
+        points[nodes], losses = _optimise(pairs, generality[nodes], config, lr=lr, n_sampled=n_sampled, device=dev,
+                                          seed=int(seed), show_progress=show_progress)
+    return EmbeddingResult(points=points, poincare=_to_ball(points, geometry), generality=generality,
+                           embedded=embedded, connected=connected, losses=np.asarray(losses, dtype=np.float64),
+                           geometry=geometry, negatives=n_sampled,
+                           n_positive_pairs=len(pairs) if pairs is not None else 0,
+                           seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu_start,
+                           params=params)
 
 
 #: Longest move (in distance units) a point may make in one SGD step; hubs sum many pulls, and an
@@ -292,8 +247,6 @@ def _resolve_negatives(negatives, n_nodes: int) -> int | None:
         return None
     if negatives == "auto":
         return None if n_nodes <= AUTO_EXACT_MAX_NODES else DEFAULT_NEGATIVES
-    if isinstance(negatives, bool) or int(negatives) != negatives or negatives < 1:
-        raise CapeInputError(f"negatives must be None, 'auto' or a positive integer, got {negatives!r}")
     return int(negatives)
 
 
@@ -314,13 +267,12 @@ def _valid_negatives(sample: torch.Tensor, slot: torch.Tensor, columns: torch.Te
     return valid
 
 
-def _optimise(pairs: PositivePairs, generality: np.ndarray, *, dim: int, geom, lambda_g: float, epochs: int,
-              lr: float, optimizer: str, n_sampled: int | None, max_radius: float, init_scale: float,
-              temperature: float, device: torch.device, seed: int,
-              show_progress: bool) -> tuple[np.ndarray, list[float]]:
-
-    dtype = torch.float64
-    m = pairs.n_nodes
+def _optimise(pairs: PositivePairs, generality: np.ndarray, config: EmbeddingConfig, *, lr: float,
+              n_sampled: int | None, device: torch.device, seed: int, show_progress: bool
+              ) -> tuple[np.ndarray, list[float]]:
+    """The points of the ``pairs.n_nodes`` embedded nodes after ``config.epochs`` steps, and the loss per epoch."""
+    geom, dim, optimizer = GEOMETRIES[config.geometry], int(config.dim), config.optimizer
+    temperature, init_scale, dtype, m = float(config.temperature), config.init_scale, torch.float64, pairs.n_nodes
     init_gen = torch.Generator().manual_seed(seed)
     spatial = torch.randn(m, dim, generator=init_gen, dtype=dtype) * init_scale
     rows = torch.as_tensor(pairs.rows, device=device)
@@ -357,6 +309,7 @@ def _optimise(pairs: PositivePairs, generality: np.ndarray, *, dim: int, geom, l
         columns = torch.arange(min(n_sampled, m), device=device)  # K ≥ M draws every node
 
     losses: list[float] = []
+    epochs = int(config.epochs)
     bar = progress(range(epochs), desc=f"Step II ({geom.name})", total=epochs) if show_progress \
         else range(epochs)
     for epoch in bar:
@@ -380,12 +333,12 @@ def _optimise(pairs: PositivePairs, generality: np.ndarray, *, dim: int, geom, l
                 neg_lse = negative_logsumexp_sampled(neg_dist, valid, n_negatives)
         contrastive = contrastive_terms(pos_dist, rows, weights, neg_lse, m) + self_pair_terms(neg_lse, lone)
         regulariser = generality_regulariser(geom.dist0(param), pi)
-        loss = objective(contrastive, regulariser, lambda_g)
+        loss = objective(contrastive, regulariser, config.lambda_g)
         (loss * m).backward()
         if optimizer == "rsgd":
             _limit_step_(param, lr, geom.name)
         opt.step()
-        geom.clip_radius_(param.data, max_radius)
+        geom.clip_radius_(param.data, config.max_radius)
         value = float(loss.detach())
         if not math.isfinite(value):
             raise FloatingPointError(f"Step II loss became {value} at epoch {epoch}")

@@ -3,8 +3,7 @@
 A model directory holds ``config.json`` (architecture, backbone and tokenizer options, labels, pooling, seed,
 training history), ``vocab.json`` (the gene vocabulary), ``model.pt`` (the state dict) and, when the encoding
 uses them, ``positions.pt`` (the gene positions) and ``identity.pt`` (scBERT's static gene-embedding vectors in
-``integration="complement"`` mode). Keys added over time are read with the defaults that the
-models saved before them had, so every model directory written by an earlier cape still loads.
+``integration="complement"`` mode). Every key is required: a directory without one is refused as damaged.
 """
 
 from __future__ import annotations
@@ -131,36 +130,21 @@ def _restore(cls: type[CellTransformer], directory: Path, device: str) -> CellTr
     model.architecture = cfg["architecture"]
     model.seed = int(cfg["seed"])
     model.layer, model.use_raw = cfg["layer"], bool(cfg["use_raw"])
-    model.vocabulary = cfg.get("vocabulary", "all")  # models saved before the option kept every gene
+    model.vocabulary = cfg["vocabulary"]
     model.vocab = GeneVocab.from_json(directory / VOCAB_FILE)
     model.tokenizer = TokenizerConfig(**cfg["tokenizer"])
     model.labels, model.label_key = cfg["labels"], cfg["label_key"]
     model.n_cls_layers = int(cfg["n_cls_layers"])
-    model.pooling = cfg.get("pooling", "cls")
-    model.cell_objective = bool(cfg.get("cell_head", False))
+    model.pooling = cfg["pooling"]
+    model.cell_objective = bool(cfg["cell_head"])
     model.truncation = None
-    model.history = cfg.get("history", {})
-    model.strict_genes = bool(cfg.get("strict_genes", True))
-    model.value_scale = cfg.get("value_scale")
+    model.history = cfg["history"]
+    model.strict_genes = bool(cfg["strict_genes"])
+    model.value_scale = cfg["value_scale"]
     model._backbone_kwargs = cfg["backbone"]
-    if "integration" not in model._backbone_kwargs:
-        # Saved before the option: scGPT kept its gene table ("complement"); scBERT had no gene embedding beside
-        # the encoding ("replace"), and CAPE rotated q/k only.
-        legacy = "complement" if model.architecture == "scgpt" else "replace"
-        model._backbone_kwargs["integration"] = legacy
-        if legacy == "replace" and model._backbone_kwargs.get("encoding") == "cape":
-            options = dict(model._backbone_kwargs.get("encoding_options") or {})
-            model._backbone_kwargs["encoding_options"] = {"mode": "attention", **options}
     model.positions = model.identity_positions = None
     if (directory / POSITIONS_FILE).is_file():
-        fields = torch.load(directory / POSITIONS_FILE, weights_only=True)
-        if "angle_params" not in fields and fields.get("vectors_are_angles"):
-            # Saved before Step III's record travelled with the angles: a scale option did not act then, so the
-            # model was trained on the angles as given; drop such options to rebuild that very model.
-            options = dict(model._backbone_kwargs.get("encoding_options") or {})
-            model._backbone_kwargs["encoding_options"] = {k: v for k, v in options.items()
-                                                          if k not in ("scale", "bands", "band_top")}
-        model.positions = GenePositions(**fields)
+        model.positions = GenePositions(**torch.load(directory / POSITIONS_FILE, weights_only=True))
     if (directory / IDENTITY_FILE).is_file():
         model.identity_positions = GenePositions(**torch.load(directory / IDENTITY_FILE, weights_only=True))
     model.device = distributed.device_for_rank(resolve_device(device))

@@ -17,6 +17,7 @@ with non-finite coordinates) get ``has_position = False``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 import scipy.sparse as sp
@@ -70,11 +71,17 @@ def _vocab_table(vocab: GeneVocab, var_names, values: np.ndarray, has: np.ndarra
 
 def angle_record(adata, key: str = "cape_angles") -> dict | None:
     """The Step III map that wrote ``varm[key]``: ``{"scale", "bands", "band_top"}`` from
-    ``uns["cape"]["rotary_encoding"]["params"]`` (records older than bands: 1 band), or None without a record
-    for this key or when the recorded width does not match the table's."""
-    entry = adata.uns.get("cape", {}).get("rotary_encoding") if isinstance(adata.uns.get("cape"), dict) else None
-    params = entry.get("params") if isinstance(entry, dict) else None
-    if not isinstance(params, dict) or "scale" not in params or params.get("key_added", key) != key:
+    ``uns["cape"][key]`` (:func:`cape.tl.rotary_encoding` records angles under another than the default key there)
+    or ``uns["cape"]["rotary_encoding"]`` ``["params"]`` (records older than bands: 1 band), or None without a
+    record for this key or when the recorded width does not match the table's."""
+    cape_uns = adata.uns.get("cape") if isinstance(adata.uns.get("cape"), Mapping) else {}
+    params = None
+    for entry in (cape_uns.get(key), cape_uns.get("rotary_encoding")):
+        candidate = entry.get("params") if isinstance(entry, Mapping) else None
+        if isinstance(candidate, Mapping) and "scale" in candidate and candidate.get("key_added", key) == key:
+            params = candidate
+            break
+    if params is None:
         return None
     record = {"scale": float(params["scale"]), "bands": int(params.get("bands", 1)),
               "band_top": float(params.get("band_top", cape_map.DEFAULT_BAND_TOP))}

@@ -186,20 +186,6 @@ def embedding_tables(embeddings: np.ndarray, gene_names: Sequence[str], gene_lis
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# GEARS' import, its global side effects contained
-# ----------------------------------------------------------------------------------------------------------------
-def gears_available() -> bool:
-    """Whether the optional GEARS dependencies (``pip install 'cape[gears]'``) import."""
-    try:
-        with _gears_side_effects_contained():
-            import gears  # noqa: F401  (optional dependency, extra `gears`: is it installed?)
-            import torch_geometric  # noqa: F401  (optional dependency, extra `gears`)
-    except ImportError:
-        return False
-    return True
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # containment of GEARS' global side effects
 # ----------------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager

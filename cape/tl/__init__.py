@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..causal.config import CausalConfig  # Step I's options
+from ..hyperbolic.config import EmbeddingConfig  # Step II's options
 from .causal_graph import causal_graph  # Step I
 from .hyperbolic import hyperbolic_embedding  # Step II
 from .intervention import predict_intervention  # do() on Step I's equations
@@ -10,6 +12,8 @@ from .rotary import rotary_encoding  # Step III
 from .tasks import annotate, cluster, predict_perturbation  # downstream tasks
 
 __all__ = [
+    "CausalConfig",
+    "EmbeddingConfig",
     "annotate",
     "cape",
     "causal_graph",

@@ -2,27 +2,25 @@
 
 Fields set: ``varm["cape_lorentz"]`` (n_vars, d+1) hyperboloid points (hyperbolic geometry only; removed for the
 Euclidean ablation), ``varm["cape_poincare"]`` (n_vars, d) Poincaré-ball positions, ``var["cape_generality"]``
-PageRank π, ``var["cape_embedded"]`` (gene has an edge; others sit at the origin),
+PageRank π, ``var["cape_embedded"]`` (took part in Step II), ``var["cape_connected"]`` (has an edge),
 ``uns["cape"]["hyperbolic_embedding"]``."""
 
 from __future__ import annotations
 
 import logging
-from typing import Literal
 
 import anndata as ad
 import numpy as np
 
 from .._errors import CapeInputError
+from .._options import with_options
 from .._settings import resolve_seed
 from ..hyperbolic.adjacency import as_sparse_adjacency
-from ..hyperbolic.embedding import embed_dag
-from ._uns import record_step
+from ..hyperbolic.config import EmbeddingConfig
+from ..hyperbolic.embedding import EmbeddingResult, embed_dag
+from ._uns import DAG_KEY, record_step
 
 logger = logging.getLogger("cape")
-
-
-DAG_KEY = "cape_dag"
 
 
 def _adjacency_from(adata: ad.AnnData, adjacency, dag_key: str):
@@ -39,15 +37,9 @@ def _adjacency_from(adata: ad.AnnData, adjacency, dag_key: str):
     return matrix, "adjacency argument"
 
 
-def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambda_g: float = 0.1,
-                         restart: float = 0.15, epochs: int = 1000,
-                         optimizer: Literal["rsgd", "radam"] = "rsgd",
-                         geometry: Literal["hyperbolic", "euclidean"] = "hyperbolic", *,
-                         lr: float | None = None, negatives: int | Literal["auto"] | None = "auto",
-                         max_radius: float = 7.0, temperature: float | None = None,
-                         device: str | None = "auto", seed: int | None = 0,
-                         isolated: Literal["negatives", "origin"] = "negatives",
-                         adjacency=None, dag_key: str = DAG_KEY, copy: bool = False) -> ad.AnnData | None:
+def hyperbolic_embedding(adata: ad.AnnData, config: EmbeddingConfig | None = None, *, adjacency=None,
+                         dag_key: str = DAG_KEY, copy: bool = False, device: str | None = "auto", seed: int | None = 0,
+                         **options) -> ad.AnnData | None:
     """Embed the gene DAG in hyperbolic space (CAPE Step II, Sec. 3.4).
 
     Parameters
@@ -55,46 +47,30 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
     adata
         AnnData with the weighted DAG in ``varp[dag_key]`` (``A[i, j] != 0``: gene i → gene j), as written by
         :func:`cape.tl.causal_graph`.
-    dim
-        Dimension d of the embedding (≥ 2); the paper uses d = D/2 of the transformer width.
-    k_hop
-        Genes joined by a directed path of ≤ k_hop edges are positives of the contrastive loss (Eq. 16).
-        Multi-hop pairs are weighted by the strongest path product (see :mod:`cape.hyperbolic.positives`).
-    lambda_g
-        Weight of the generality regulariser (Eq. 17).
-    restart
-        PageRank restart weight w (Eq. 18).
-    epochs
-        Full-batch optimisation steps.
-    optimizer
-        ``"rsgd"`` (Riemannian SGD; plain SGD for Euclidean) or ``"radam"`` (Riemannian Adam / Adam).
-    geometry
-        ``"hyperbolic"`` or ``"euclidean"`` (the CAPE-w/o-hyperbolic ablation; ``varm["cape_poincare"]`` then
-        holds the Euclidean points scaled uniformly into the unit ball).
-    lr
-        Learning rate (default per optimizer/geometry).
-    negatives
-        ``None`` exact loss, an int K of sampled negatives per gene, or ``"auto"`` (exact up to 1,500 genes).
-    max_radius
-        Largest hyperbolic distance from the origin.
-    temperature
-        τ > 0 dividing the distances of the contrastive term (``None``: 0.5, see
-        :data:`cape.hyperbolic.embedding.DEFAULT_TEMPERATURE`; 1 is the paper's Eq. 16).
-    device
-        ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
-    seed
-        Random seed (``None``: ``cape.settings.seed``).
-    isolated
-        ``"negatives"`` (default): genes of ``var["cape_used"]`` without an edge take part as negatives of every
-        anchor (Eq. 16, N⁻ = V ∖ N⁺) and are spread apart, so every gene gets its own position (see
-        :mod:`cape.hyperbolic.embedding`); ``"origin"``: they stay at the origin, where a rotary encoding leaves
-        them unrotated and indistinguishable.
+    config
+        Step II's options (:class:`~cape.hyperbolic.EmbeddingConfig`): ``dim`` (d ≥ 2; the paper uses D/2 of the
+        transformer width), ``k_hop`` (genes joined by a directed path of ≤ k_hop edges are positives of Eq. 16,
+        weighted by the strongest path product), ``lambda_g`` (Eq. 17), ``restart`` (PageRank, Eq. 18), ``epochs``,
+        ``lr``, ``optimizer`` (``"rsgd"`` or ``"radam"``), ``geometry`` (``"hyperbolic"``, or ``"euclidean"``: the
+        CAPE-w/o-hyperbolic ablation, whose ``varm["cape_poincare"]`` holds the Euclidean points scaled uniformly into
+        the unit ball), ``negatives`` (``None`` exact, an int K sampled, ``"auto"``: exact up to 1,500 genes),
+        ``max_radius``, ``init_scale``, ``temperature`` (τ dividing the contrastive distances; 1 is the paper's Eq. 16)
+        and ``isolated`` (``"negatives"``: genes of ``var["cape_used"]`` without an edge take part as negatives of
+        every anchor and are spread apart, so every gene gets its own position; ``"origin"``: they stay at the
+        origin). Default: the workflow's defaults.
     adjacency
         Optional n_vars × n_vars adjacency to use instead of ``varp[dag_key]``.
     dag_key
         Key of the DAG in ``varp``.
     copy
         Return a modified copy instead of writing into ``adata``.
+    device
+        ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
+    seed
+        Random seed (``None``: ``cape.settings.seed``).
+    **options
+        Fields of :class:`~cape.hyperbolic.EmbeddingConfig` by name (e.g. ``dim=8, epochs=200``), replacing those
+        of ``config``; another name raises :class:`~cape.CapeInputError`.
 
     Reads
     -----
@@ -102,17 +78,16 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
 
     Writes
     ------
-    ``varm["cape_lorentz"]``, ``varm["cape_poincare"]``, ``var["cape_generality"]``, ``var["cape_embedded"]``,
-    ``var["cape_connected"]``, ``uns["cape"]["hyperbolic_embedding"]``.
+    ``varm["cape_lorentz"]`` (``varm["cape_euclidean"]`` for the Euclidean geometry), ``varm["cape_poincare"]``,
+    ``var["cape_generality"]``, ``var["cape_embedded"]`` (took part in Step II), ``var["cape_connected"]`` (has an
+    edge) and ``uns["cape"]["hyperbolic_embedding"]``, whose ``fraction_at_origin`` is the share of the used genes
+    within 1e-3 of the origin. These keys are fixed: Steps III and the models read them.
 
     Returns
     -------
-    ``None``, or the copy when ``copy=True``. Sets ``varm["cape_lorentz"]``, ``varm["cape_poincare"]``,
-    ``var["cape_generality"]``, ``var["cape_embedded"]`` (took part in Step II), ``var["cape_connected"]`` (has an
-    edge) and ``uns["cape"]["hyperbolic_embedding"]``, whose ``fraction_at_origin`` is the share of the used genes
-    within 1e-3 of the origin.
+    ``None``, or the copy when ``copy=True``.
     """
-
+    config = with_options(EmbeddingConfig, config, options, "hyperbolic_embedding")
     adata = adata.copy() if copy else adata
     matrix, source = _adjacency_from(adata, adjacency, dag_key)
     used = None
@@ -122,25 +97,8 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
         if outside.nnz and not (used[outside.row].all() and used[outside.col].all()):
             logger.warning("%s has edges on genes outside var['cape_used']; embedding them anyway", source)
     seed = resolve_seed(seed)
-    result = embed_dag(matrix, dim=dim, k_hop=k_hop, lambda_g=lambda_g, restart=restart, epochs=epochs,
-                       lr=lr, optimizer=optimizer, geometry=geometry, negatives=negatives,
-                       max_radius=max_radius, device=device, seed=seed, names=list(adata.var_names),
-                       isolated=isolated, nodes=used,
-                       **({} if temperature is None else {"temperature": temperature}))
-    generality = result.generality
-    if used is not None:
-        # π of genes outside the causal graph is not a generality; renormalise over the genes that took part.
-        generality = np.where(used, generality, 0.0)
-        generality = generality / generality.sum() if generality.sum() > 0 else generality
-    if geometry == "hyperbolic":
-        adata.varm["cape_lorentz"] = result.points
-    else:
-        adata.varm.pop("cape_lorentz", None)
-        adata.varm["cape_euclidean"] = result.points
-    adata.varm["cape_poincare"] = result.poincare
-    adata.var["cape_generality"] = generality
-    adata.var["cape_embedded"] = result.embedded
-    adata.var["cape_connected"] = result.connected
+    result = embed_dag(matrix, config, device=device, seed=seed, names=list(adata.var_names), nodes=used)
+    _write(adata, result, used)
     at_origin = result.fraction_at_origin(used)
     losses = result.losses
     record_step(adata, "hyperbolic_embedding", {
@@ -156,6 +114,24 @@ def hyperbolic_embedding(adata: ad.AnnData, dim: int = 32, k_hop: int = 2, lambd
     })
     logger.info("Step II: embedded %d genes (%d with an edge, %d positive pairs) in %s space, d=%d, %.1f s; "
                 "%.1f%% of the genes within 1e-3 of the origin", int(result.embedded.sum()),
-                int(result.connected.sum()), result.n_positive_pairs, geometry, dim, result.seconds,
+                int(result.connected.sum()), result.n_positive_pairs, config.geometry, config.dim, result.seconds,
                 100 * at_origin)
     return adata if copy else None
+
+
+def _write(adata: ad.AnnData, result: EmbeddingResult, used: np.ndarray | None) -> None:
+    """The points, Poincaré positions, generality and node flags of ``result`` into ``adata``."""
+    generality = result.generality
+    if used is not None:
+        # π of genes outside the causal graph is not a generality; renormalise over the genes that took part.
+        generality = np.where(used, generality, 0.0)
+        generality = generality / generality.sum() if generality.sum() > 0 else generality
+    if result.geometry == "hyperbolic":
+        adata.varm["cape_lorentz"] = result.points
+    else:
+        adata.varm.pop("cape_lorentz", None)
+        adata.varm["cape_euclidean"] = result.points
+    adata.varm["cape_poincare"] = result.poincare
+    adata.var["cape_generality"] = generality
+    adata.var["cape_embedded"] = result.embedded
+    adata.var["cape_connected"] = result.connected

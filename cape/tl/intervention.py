@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from .._errors import CapeInputError
 from ..causal.equivalence import MAX_PARENT_SETS, TooManyParentSets, intervene_equivalence_class
 from ..causal.intervention import MODES, StructuralEquations, intervene, linear_equations
-from ._uns import h5ad_safe
+from ._uns import DAG_KEY, h5ad_safe, step_record
 
 __all__ = ["EQUATIONS", "intervention_values", "load_equations", "predict_intervention"]
 
@@ -32,9 +32,15 @@ _NO_MODEL = ("AnnData has no Step I model (uns['cape']['causal_graph']['equation
              "(`cape causal`) first")
 
 
-def load_equations(adata: ad.AnnData) -> dict:
-    """Step I's stored equations record (see :func:`cape.tl.causal_graph`), or a one-line error naming the step."""
-    record = adata.uns.get("cape", {}).get("causal_graph") if isinstance(adata.uns.get("cape"), Mapping) else None
+def load_equations(adata: ad.AnnData, graph: str | None = None) -> dict:
+    """Step I's stored equations record (see :func:`cape.tl.causal_graph`), or a one-line error naming the step.
+
+    ``graph``: the ``varp`` key Step I wrote (``key_added``); its own record when it has one, else the default
+    graph's (``uns["cape"]["causal_graph"]``), e.g. for a graph that did not come from Step I.
+    """
+    record = step_record(adata, "causal_graph", graph or DAG_KEY, DAG_KEY)
+    if not isinstance(record, Mapping):
+        record = step_record(adata, "causal_graph", DAG_KEY, DAG_KEY)
     if not isinstance(record, Mapping) or not isinstance(record.get("equations"), Mapping):
         if isinstance(record, Mapping):
             raise CapeInputError(_NO_MODEL.replace("first", "again (this graph was learnt by a cape without "
@@ -226,7 +232,7 @@ def predict_intervention(
     if n_cells is not None and (isinstance(n_cells, bool) or not isinstance(n_cells, (int, np.integer))
                                 or n_cells < 1):
         raise CapeInputError(f"n_cells must be a positive integer or None, got {n_cells!r}")
-    record = load_equations(adata)
+    record = load_equations(adata, graph)
     genes = [str(g) for g in np.asarray(record["genes"])]
     missing = [g for g in genes if g not in adata.var_names]
     if missing:

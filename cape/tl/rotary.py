@@ -13,11 +13,14 @@ import torch
 
 from .._errors import CapeInputError
 from ..encodings.cape import DEFAULT_BAND_TOP, band_frequencies, cape_angles
-from ._uns import record_step
+from ._uns import record_step, step_key
+
+#: ``varm`` key of Step III's angles (``key_added`` of :func:`rotary_encoding`).
+ANGLES_KEY = "cape_angles"
 
 
 def rotary_encoding(adata: ad.AnnData, scale: float = math.pi / 4, *, bands: int = 1,
-                    band_top: float = DEFAULT_BAND_TOP, key: str = "cape_poincare", key_added: str = "cape_angles",
+                    band_top: float = DEFAULT_BAND_TOP, key: str = "cape_poincare", key_added: str = ANGLES_KEY,
                     copy: bool = False) -> ad.AnnData | None:
     """Rotary angles of every gene (CAPE Step III, Sec. 3.5, Eq. 26): φ_v = c·e_v, or B bands of it.
 
@@ -43,13 +46,14 @@ def rotary_encoding(adata: ad.AnnData, scale: float = math.pi / 4, *, bands: int
 
     Writes
     ------
-    ``varm["cape_angles"]`` (``key_added``), ``uns["cape"]["rotary_encoding"]`` (``params``: scale, bands,
+    ``varm["cape_angles"]`` (``key_added``), ``uns["cape"]["rotary_encoding"]`` (``uns["cape"][key_added]`` for
+    another than the default key; ``params``: scale, bands,
     band_top, keys; the band multipliers; the largest angle of the low band and of all bands). Encodings read
     the params with the angles, so a model applies exactly this map unless it is given another.
 
     Returns
     -------
-    ``None`` or the copy. Sets ``varm[key_added]`` (n_vars, d·B) and ``uns["cape"]["rotary_encoding"]``.
+    ``None`` or the copy. Sets ``varm[key_added]`` (n_vars, d·B) and its record.
     """
 
     if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
@@ -68,5 +72,6 @@ def rotary_encoding(adata: ad.AnnData, scale: float = math.pi / 4, *, bands: int
                    "key_added": key_added},
         "band_multipliers": omega.numpy(),
         "max_abs_angle_low_band": float(np.abs(low).max()) if low.size else 0.0,
-        "max_abs_angle": float(np.abs(angles).max()) if angles.size else 0.0})
+        "max_abs_angle": float(np.abs(angles).max()) if angles.size else 0.0},
+        key=step_key("rotary_encoding", key_added, ANGLES_KEY))
     return adata if copy else None

@@ -36,12 +36,14 @@ from ..tasks.clustering import clustering_metrics, kmeans_clusters
 from ..tasks.labels import checked_labels
 from ..tasks.perturbation import PerturbationTask
 from ..tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+from ._uns import step_key
 
 logger = logging.getLogger("cape")
 
 
-def _record(adata: ad.AnnData, step: str, entry: dict) -> None:
-    adata.uns.setdefault("cape", {})[step] = entry
+def _record(adata: ad.AnnData, step: str, entry: dict, key_added: str, default: str) -> None:
+    """``entry`` into ``uns["cape"][step]``, or ``uns["cape"][key_added]`` for another than the default key."""
+    adata.uns.setdefault("cape", {})[step_key(step, key_added, default)] = entry
 
 
 def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", encoding: str = "cape",
@@ -114,7 +116,8 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
                                            "fine_tune_fraction": float(fine_tune_fraction),
                                            "pretrain_epochs": int(pretrain_epochs), "epochs": int(epochs),
                                            "key_added": key_added},
-                                "seed": int(seed), "metrics": metrics, "seconds": time.perf_counter() - start})
+                                "seed": int(seed), "metrics": metrics, "seconds": time.perf_counter() - start},
+            key_added, "cape_prediction")
     logger.info("annotation: accuracy %.3f, macro-F1 %.3f on %d test cells", metrics["accuracy"],
                 metrics["macro_f1"], metrics["n_test"])
     return adata if copy else None
@@ -175,7 +178,8 @@ def cluster(adata: ad.AnnData, label_key: str | None = None, *, obsm_key: str = 
         rows = adata.obs_names.get_indexer(labels.index)
         metrics |= clustering_metrics(emb[rows], labels.to_numpy(), clusters[rows])
     _record(adata, "cluster", {"params": {"obsm_key": obsm_key, "label_key": label_key or "none",
-                                          "key_added": key_added}, "seed": int(seed), "metrics": metrics})
+                                          "key_added": key_added}, "seed": int(seed), "metrics": metrics},
+            key_added, "cape_cluster")
     return adata if copy else None
 
 
@@ -227,5 +231,5 @@ def predict_perturbation(adata: ad.AnnData, *, gene_embedding_key: str = "cape_g
     _record(adata, "predict_perturbation", {
         "params": {"gene_embedding_key": gene_embedding_key, "condition_key": condition_key, "control": control,
                    "split_seed": int(split_seed), "n_de": int(n_de), "key_added": key_added},
-        "seed": int(seed), "metrics": metrics})
+        "seed": int(seed), "metrics": metrics}, key_added, "cape_perturbation")
     return adata if copy else None

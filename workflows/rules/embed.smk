@@ -24,6 +24,7 @@ rule embed:
         " --restart {params.opts[restart]} --epochs {params.opts[epochs]}"
         " --optimizer {params.opts[optimizer]} --geometry {params.opts[geometry]}"
         " --negatives {params.opts[negatives]} --max-radius {params.opts[max_radius]}"
+        " --init-scale {params.opts[init_scale]}"
         " --temperature {params.opts[temperature]} --isolated {params.opts[isolated]} {params.lr}"
         " > {log:q} 2>&1"
 

@@ -1,0 +1,230 @@
+"""Options of Step I, grouped as the models group theirs (:class:`~cape.models.NetworkConfig`, ``TrainingPlan``).
+
+:class:`CausalConfig` is Step I as a user sets it — in :func:`cape.tl.causal_graph`, ``cape causal`` and the
+workflow's ``causal:`` section (whose keys are its fields plus the data selection ``use_genes``, ``layer`` and
+``interventions``). :class:`NotearsConfig` is the optimiser of :func:`~cape.causal.fit_variational_notears` in full,
+the options a benchmark may change; :meth:`CausalConfig.notears_options` resolves the first into the second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+from .._errors import CapeInputError
+
+__all__ = ["DENSE_MAX_GENES", "LAMBDA_DENSE", "LAMBDA_LOW_RANK", "LOW_RANK", "MODELS", "SCREENS", "STANDARDIZE",
+           "CausalConfig", "NotearsConfig", "check_tau"]
+
+#: Step I models: the paper's variational NOTEARS (low-rank, scales to whole transcriptomes), the nonlinear-parents
+#: SEM (:mod:`cape.causal.parents_mlp`; gene panels) and the paper's settings exactly (rank 40, λs 1).
+MODELS = ("variational", "parents_mlp", "paper")
+#: ``screen`` values: candidate parents from partial correlations (dense A), or none.
+SCREENS = ("partial_correlation", "none")
+#: ``standardize`` values of :class:`NotearsConfig` (``True``/``False`` stand for ``"gene"``/``"none"``).
+STANDARDIZE = ("gene", "none")
+#: ``rank="auto"``: a dense A up to this many genes, A = UVᵀ of rank :data:`LOW_RANK` above. One epoch of 2,000 cells on
+#: one CPU thread took, dense vs rank 40: 0.6 vs 0.4 s at 200 genes, 1.0 vs 0.9 s at 500, 2.1 vs 1.5 s at 1,000 and
+#: 8.3 vs 2.5 s at 2,000 (docs/benchmarks/step1_counts.md).
+DENSE_MAX_GENES = 1000
+LOW_RANK = 40
+#: ``lambda_sparse=None``: λs for a dense A (measured on count data, see the docs page) and for A = UVᵀ (the paper's).
+LAMBDA_DENSE = 0.3
+LAMBDA_LOW_RANK = 1.0
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_tau(tau) -> float | str:
+    """``tau`` as ``"budget"``, ``"auto"`` or a float in [0, 1); anything else raises :class:`~cape.CapeInputError`."""
+    if isinstance(tau, str) and tau.strip().lower() in ("auto", "budget"):
+        return tau.strip().lower()
+    if _is_number(tau) and 0.0 <= tau < 1.0:
+        return float(tau)
+    raise CapeInputError(f"tau must be a number in [0, 1), 'budget' or 'auto', got {tau!r}")
+
+
+@dataclass(frozen=True)
+class CausalConfig:
+    """Step I's options: the model, its size and sparsity, the threshold and the training.
+
+    Attributes
+    ----------
+    model
+        ``"variational"`` (default): the paper's variational NOTEARS, linear in a learnt per-gene feature space, for
+        any number of genes. ``"parents_mlp"``: each gene an MLP of all its candidate parents, fitted in SDCD's two
+        stages (:mod:`cape.causal.parents_mlp`; gene panels with at least 10·(genes − 1) cells); ``rank``,
+        ``epochs``, ``batch_size``, ``lr`` and ``h_every`` do not apply to it, and ``lambda_sparse`` multiplies its L1
+        prices. ``"paper"``: the paper's Step I exactly (rank 40 and λs = 1 unless given; set ``tau=0.2`` for its
+        threshold).
+    rank
+        Rank r of A = UVᵀ. ``"auto"`` (default): a dense A up to :data:`DENSE_MAX_GENES` genes, rank :data:`LOW_RANK`
+        above (``model="paper"``: always 40). ``None``, or r ≥ the number of genes, uses a dense A.
+    tau
+        Edge threshold τ ∈ [0, 1): ``|A_ij| ≤ τ`` is dropped (the paper uses 0.2), or a rule. ``"budget"`` (default):
+        keep as many edges as the data support, the number K of gene pairs whose partial correlation given all other
+        genes is significant (Fisher's z, Benjamini–Hochberg at 10 %, :func:`cape.causal.edge_budget`): τ is just
+        below the K-th largest ``|A_ij|``, never at or below the noise floor 0.01. The test needs at least genes + 10
+        cells (and at most 5,000 genes); otherwise the ``"auto"`` rule is used, and so it is when no pair is
+        significant (with a warning); the record says so. Under the budget the ``min_positioned`` check only warns.
+        ``"auto"``: the paper's 0.2 where it already gives an edge to at least ``min_positioned`` of the genes, else
+        the largest τ that does, but not below the noise floor.
+    min_positioned
+        Share of the genes that must get an edge: below it ``tau="auto"`` stops with the reason and a fixed τ warns;
+        0 turns the check off (and the collapse check with it).
+    lambda_sparse
+        λs of the L1 penalty (see :func:`~cape.causal.fit_variational_notears`). ``None``: :data:`LAMBDA_DENSE` for a
+        dense A, :data:`LAMBDA_LOW_RANK` (the paper's) for A = UVᵀ and for ``model="parents_mlp"``.
+    epochs, batch_size, lr
+        AdamW training (paper: 100, 128, 3e-3); training stops earlier once h has converged.
+    h_every
+        Steps between exact evaluations of the acyclicity penalty, linearised in between; ``None``: automatic (exact
+        while the exponential is small, else every 10 steps); 1: always exact.
+    screen
+        ``"partial_correlation"`` (default): the candidate parents of a dense A are both directions of the gene pairs
+        whose partial correlation is significant at 20 % FDR (SDCD-style); ``"none"``: every pair.
+    """
+
+    model: str = "variational"
+    rank: int | str | None = "auto"
+    tau: float | str = "budget"
+    min_positioned: float = 0.5
+    lambda_sparse: float | None = None
+    epochs: int = 100
+    batch_size: int = 128
+    lr: float = 3e-3
+    h_every: int | None = None
+    screen: str = "partial_correlation"
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise CapeInputError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if not (self.rank is None or self.rank == "auto" or (_is_int(self.rank) and self.rank >= 1)):
+            raise CapeInputError(f"rank must be a positive integer, None (dense) or 'auto', got {self.rank!r}")
+        object.__setattr__(self, "tau", check_tau(self.tau))
+        if not (_is_number(self.min_positioned) and 0.0 <= self.min_positioned <= 1.0):
+            raise CapeInputError(f"min_positioned must be a fraction in [0, 1], got {self.min_positioned!r}")
+        if self.lambda_sparse is not None and not (_is_number(self.lambda_sparse) and self.lambda_sparse >= 0):
+            raise CapeInputError(f"lambda_sparse must be ≥ 0, got {self.lambda_sparse!r}")
+        if not (_is_int(self.epochs) and self.epochs >= 1):
+            raise CapeInputError(f"epochs must be a positive integer, got {self.epochs!r}")
+        if not (_is_int(self.batch_size) and self.batch_size >= 1):
+            raise CapeInputError(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if not (_is_number(self.lr) and self.lr > 0):
+            raise CapeInputError(f"lr must be > 0, got {self.lr!r}")
+        if self.h_every is not None and not (_is_int(self.h_every) and self.h_every >= 1):
+            raise CapeInputError(f"h_every must be a positive integer or None (automatic), got {self.h_every!r}")
+        if self.screen not in SCREENS:
+            raise CapeInputError(f"screen must be one of {', '.join(SCREENS)}, got {self.screen!r}")
+
+    def rank_for(self, n_genes: int) -> int | None:
+        """The rank used on ``n_genes`` genes (``None``: dense A)."""
+        if self.model == "parents_mlp" or self.rank is None:
+            return None
+        if self.rank == "auto":
+            rank = LOW_RANK if self.model == "paper" or n_genes > DENSE_MAX_GENES else None
+            return None if rank is not None and rank >= n_genes else rank
+        return None if self.rank >= n_genes else int(self.rank)
+
+    def lambda_for(self, rank: int | None) -> float:
+        """λs used with ``rank`` (see ``lambda_sparse``)."""
+        if self.lambda_sparse is not None:
+            return float(self.lambda_sparse)
+        return LAMBDA_DENSE if rank is None and self.model == "variational" else LAMBDA_LOW_RANK
+
+    def notears_options(self, n_genes: int) -> dict:
+        """The :class:`NotearsConfig` fields this config sets for a variational fit on ``n_genes`` genes (``rank`` and
+        λs resolved), as keywords of :func:`~cape.causal.fit_variational_notears`."""
+        rank = self.rank_for(n_genes)
+        return {"rank": rank, "lambda_sparse": self.lambda_for(rank), "epochs": self.epochs,
+                "batch_size": self.batch_size, "lr": self.lr, "h_every": self.h_every}
+
+
+@dataclass(frozen=True)
+class NotearsConfig:
+    """Options of :func:`~cape.causal.fit_variational_notears`: the SEM, AdamW and the augmented Lagrangian.
+
+    Attributes
+    ----------
+    rank
+        Rank of A = UVᵀ, or ``None`` for a dense A.
+    lambda_sparse
+        λs of the L1 penalty, which is ``L1_UNIT``·λs·‖A‖₁ (``L1_UNIT`` = 0.1, NOTEARS' customary λ1 for its
+        least-squares loss on standardised data, so λs = 1, the paper's value, is the NOTEARS default).
+    epochs, batch_size, lr, weight_decay
+        AdamW (weight decay on the MLPs only); training stops earlier once h ≤ ``h_tol`` and the epoch loss changed by
+        less than ``loss_tol`` (relative), but not before ``min_epochs``.
+    hidden
+        Width of the element-wise MLPs f and g (0: the linear SEM).
+    rho_init, rho_max
+        First and largest ρ of the augmented Lagrangian; ``rho_max=None``: 1e8 for a dense A, 1e4 for A = UVᵀ
+        (see :mod:`cape.causal.trainer`).
+    h_tol, loss_tol, min_epochs
+        The stop rule.
+    h_every
+        Steps between exact acyclicity evaluations, linearised in between; ``None``: automatic.
+    dual_every, dual_steps
+        An inner solve lasts at least ``dual_every`` epochs and at least ``dual_steps`` Adam steps.
+    compile_mlp
+        Run the per-gene MLPs through ``torch.compile``; ``None``: on CPU at scale.
+    recon_fraction
+        Share of each batch's cells the reconstruction term sees, in (0, 1]; ``None``: 1, or 0.25 at scale.
+    sample_latent, feature_norm
+        Passed to :class:`~cape.causal.VariationalNotears` (``feature_norm``: ``"gene"`` or ``"data"``).
+    standardize
+        ``"gene"`` (default: z-score each gene) or ``"none"`` (the matrix as given; ``True``/``False`` are accepted
+        for these two).
+    """
+
+    rank: int | None = LOW_RANK
+    lambda_sparse: float = 1.0
+    epochs: int = 100
+    batch_size: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 1e-2
+    hidden: int = 64
+    rho_init: float = 1.0
+    rho_max: float | None = None
+    h_tol: float = 1e-8
+    loss_tol: float = 1e-3
+    min_epochs: int = 10
+    h_every: int | None = None
+    dual_every: int = 5
+    dual_steps: int = 200
+    compile_mlp: bool | None = None
+    recon_fraction: float | None = None
+    sample_latent: bool = False
+    feature_norm: str = "gene"
+    standardize: str | bool = "gene"
+
+    def __post_init__(self) -> None:
+        if self.rank is not None and not (_is_int(self.rank) and self.rank >= 1):
+            raise CapeInputError(f"rank must be a positive integer or None (dense), got {self.rank!r}")
+        if not (_is_number(self.lambda_sparse) and self.lambda_sparse >= 0):
+            raise CapeInputError(f"lambda_sparse must be ≥ 0, got {self.lambda_sparse!r}")
+        for name in ("epochs", "batch_size"):
+            if not (_is_int(getattr(self, name)) and getattr(self, name) >= 1):
+                raise CapeInputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not (_is_int(self.hidden) and self.hidden >= 0):
+            raise CapeInputError(f"hidden must be a whole number ≥ 0, got {self.hidden!r}")
+        if not (_is_number(self.lr) and self.lr > 0):
+            raise CapeInputError(f"lr must be > 0, got {self.lr!r}")
+        if self.rho_max is not None and not (_is_number(self.rho_max) and self.rho_max > 0):
+            raise CapeInputError(f"rho_max must be a finite number > 0 (or None: automatic), got {self.rho_max}")
+        if self.h_every is not None and not (_is_number(self.h_every) and int(self.h_every) == self.h_every
+                                             and self.h_every >= 1):
+            raise CapeInputError(f"h_every must be a whole number of steps ≥ 1 (or None: automatic), "
+                                 f"got {self.h_every}")
+        if self.recon_fraction is not None and not (_is_number(self.recon_fraction) and 0 < self.recon_fraction <= 1):
+            raise CapeInputError(f"recon_fraction must be in (0, 1], got {self.recon_fraction}")
+        if self.feature_norm not in ("gene", "data"):
+            raise CapeInputError(f"feature_norm must be 'gene' or 'data', got {self.feature_norm!r}")
+        if self.standardize not in (*STANDARDIZE, True, False):
+            raise CapeInputError(f"standardize must be 'gene' or 'none', got {self.standardize!r}")
