@@ -74,6 +74,73 @@ def _technical_counts(x: np.ndarray, abundance: np.ndarray, depth: float, disper
     return counts.astype(np.float32), library
 
 
+def _check_grn_sizes(n_genes: int, n_control: int, n_cell_types: int, n_programs: int, n_single: int,
+                     n_double: int, n_cells_per_perturbation: int) -> None:
+    """One-line errors for sizes :func:`simulate_grn_cells` cannot honour."""
+    if n_genes < 2 or n_control < n_cell_types or n_cell_types < 1:
+        raise CapeInputError(f"need n_genes ≥ 2 and n_control ≥ n_cell_types ≥ 1, got {n_genes}, {n_control}, "
+                             f"{n_cell_types}")
+    if not 1 <= n_programs <= n_genes:
+        raise CapeInputError(f"n_programs must be in [1, n_genes = {n_genes}], got {n_programs}")
+    if n_single < 0 or n_double < 0 or n_single > n_genes:
+        raise CapeInputError(f"n_single must be in [0, {n_genes}] and n_double ≥ 0, got {n_single}, {n_double}")
+    if n_double > n_single * (n_single - 1) // 2:
+        raise CapeInputError(f"n_double ({n_double}) exceeds the {n_single * (n_single - 1) // 2} pairs of "
+                             f"{n_single} single-perturbed genes")
+    if (n_single or n_double) and n_cells_per_perturbation < 2:
+        raise CapeInputError(f"n_cells_per_perturbation must be at least 2, got {n_cells_per_perturbation}")
+
+
+def _knockouts(w: np.ndarray, n_single: int, n_double: int,
+               rng: np.random.Generator) -> tuple[list[int], list[tuple[int, int]]]:
+    """Single knock-outs (genes with children first, so a knock-out has an effect) and doubles among their pairs."""
+    has_children = (w != 0).any(axis=1)
+    ranked = sorted(rng.permutation(w.shape[0]), key=lambda g: not has_children[g])
+    singles = sorted(int(g) for g in ranked[:n_single])
+    pairs = list(combinations(singles, 2))
+    doubles = [pairs[i] for i in sorted(rng.choice(len(pairs), size=n_double, replace=False))] if n_double else []
+    return singles, doubles
+
+
+def _sample_conditions(w: np.ndarray, basal_by_type: np.ndarray, topo: list, names: list[str], n_control: int,
+                       n_cell_types: int, knockouts: list[tuple[int, ...]], n_cells_per_perturbation: int,
+                       noise: float, hill: tuple[float, float], rng: np.random.Generator,
+                       ) -> tuple[np.ndarray, np.ndarray, list[str], list[int]]:
+    """Log-scale levels of the controls, then of each knock-out's cells: (x, cell types, conditions, n_perturbed)."""
+    control_types = np.arange(n_control) % n_cell_types
+    # every knock-out's cell types are drawn before any cell is sampled (the order the seeded data depend on)
+    plan = [((), control_types)] + [(k, rng.integers(0, n_cell_types, size=n_cells_per_perturbation))
+                                    for k in knockouts]
+    blocks, types, conditions, n_perturbed = [], [], [], []
+    for knocked, cell_types in plan:
+        blocks.append(sem_sample(w, basal_by_type[cell_types], topo, len(cell_types), knocked, noise, rng, hill=hill))
+        types.append(cell_types)
+        conditions += [gears_condition(tuple(names[g] for g in knocked))] * len(cell_types)
+        n_perturbed += [len(knocked)] * len(cell_types)
+    return np.vstack(blocks), np.concatenate(types), conditions, n_perturbed
+
+
+def _grn_anndata(counts: np.ndarray, library: np.ndarray, types: np.ndarray, conditions: list[str],
+                 n_perturbed: list[int], names: list[str], programs: np.ndarray, n_control: int,
+                 n_cell_types: int) -> ad.AnnData:
+    """The cells as AnnData: sparse counts in ``layers["counts"]``, log1p of counts per 10,000 in X, obs and var."""
+    order = [CONTROL, *dict.fromkeys(conditions[n_control:])]
+    obs = pd.DataFrame({"cell_type": pd.Categorical([f"type{t}" for t in types],
+                                                    categories=[f"type{t}" for t in range(n_cell_types)]),
+                        "condition": pd.Categorical(conditions, categories=order),
+                        "n_perturbed": np.asarray(n_perturbed, dtype=int), "library_size": library},
+                       index=[f"cell{i}" for i in range(len(conditions))])
+    program = np.full(len(names), -1)
+    program[programs] = np.arange(len(programs))
+    adata = ad.AnnData(X=sp.csr_matrix(counts), obs=obs,
+                       var=pd.DataFrame({"gene_name": names, "program": program}, index=names))
+    adata.layers["counts"] = adata.X.copy()
+    sc.pp.normalize_total(adata, target_sum=1e4)
+    sc.pp.log1p(adata)
+    adata.X = adata.X.astype(np.float32)
+    return adata
+
+
 def simulate_grn_cells(
     n_genes: int = 200,
     n_edges: int = 300,
@@ -136,18 +203,7 @@ def simulate_grn_cells(
     regulator drives, else -1), ``varp["true_dag"]`` (weighted, ``A[i, j] != 0``: i → j) and
     ``uns["simulation"]`` (parameters, programs and the cell types' codes).
     """
-    if n_genes < 2 or n_control < n_cell_types or n_cell_types < 1:
-        raise CapeInputError(f"need n_genes ≥ 2 and n_control ≥ n_cell_types ≥ 1, got {n_genes}, {n_control}, "
-                             f"{n_cell_types}")
-    if not 1 <= n_programs <= n_genes:
-        raise CapeInputError(f"n_programs must be in [1, n_genes = {n_genes}], got {n_programs}")
-    if n_single < 0 or n_double < 0 or n_single > n_genes:
-        raise CapeInputError(f"n_single must be in [0, {n_genes}] and n_double ≥ 0, got {n_single}, {n_double}")
-    if n_double > n_single * (n_single - 1) // 2:
-        raise CapeInputError(f"n_double ({n_double}) exceeds the {n_single * (n_single - 1) // 2} pairs of "
-                             f"{n_single} single-perturbed genes")
-    if (n_single or n_double) and n_cells_per_perturbation < 2:
-        raise CapeInputError(f"n_cells_per_perturbation must be at least 2, got {n_cells_per_perturbation}")
+    _check_grn_sizes(n_genes, n_control, n_cell_types, n_programs, n_single, n_double, n_cells_per_perturbation)
     rng = np.random.default_rng(seed)
     w = random_dag(n_genes, n_edges, weight_range=(0.5, 2.0), rng=rng)
     topo = list(nx.topological_sort(nx.from_numpy_array(w != 0, create_using=nx.DiGraph)))
@@ -156,42 +212,17 @@ def simulate_grn_cells(
     basal = rng.uniform(0.5, 2.0, size=n_genes)
     basal_by_type = np.tile(basal, (n_cell_types, 1))
     basal_by_type[:, programs] = np.where(codes, _PROGRAM_ON, _PROGRAM_OFF)
-
-    has_children = (w != 0).any(axis=1)
-    ranked = sorted(rng.permutation(n_genes), key=lambda g: not has_children[g])
-    singles = sorted(int(g) for g in ranked[:n_single])
-    pairs = list(combinations(singles, 2))
-    doubles = [pairs[i] for i in sorted(rng.choice(len(pairs), size=n_double, replace=False))] if n_double else []
+    singles, doubles = _knockouts(w, n_single, n_double, rng)
 
     names = [f"G{i}" for i in range(n_genes)]
-    control_types = np.arange(n_control) % n_cell_types
-    blocks, types, conditions, n_perturbed = [], [], [], []
-    for knocked, cell_types in [((), control_types)] + [
-            (k, rng.integers(0, n_cell_types, size=n_cells_per_perturbation))
-            for k in [(g,) for g in singles] + doubles]:
-        blocks.append(sem_sample(w, basal_by_type[cell_types], topo, len(cell_types), knocked, noise, rng, hill=hill))
-        types.append(cell_types)
-        conditions += [gears_condition(tuple(names[g] for g in knocked))] * len(cell_types)
-        n_perturbed += [len(knocked)] * len(cell_types)
-    x = np.vstack(blocks)
+    x, types, conditions, n_perturbed = _sample_conditions(
+        w, basal_by_type, topo, names, n_control, n_cell_types, [(g,) for g in singles] + doubles,
+        n_cells_per_perturbation, noise, hill, rng)
     abundance = np.exp(rng.normal(0.0, 1.0, size=n_genes))
     # x is log-scale: transcripts ∝ e^x − 1, so a knocked-out gene (x = 0) has none
     counts, library = _technical_counts(np.expm1(x), abundance, depth, dispersion, dropout_midpoint, rng)
 
-    order = [CONTROL, *dict.fromkeys(conditions[n_control:])]
-    obs = pd.DataFrame({"cell_type": pd.Categorical([f"type{t}" for t in np.concatenate(types)],
-                                                    categories=[f"type{t}" for t in range(n_cell_types)]),
-                        "condition": pd.Categorical(conditions, categories=order),
-                        "n_perturbed": np.asarray(n_perturbed, dtype=int), "library_size": library},
-                       index=[f"cell{i}" for i in range(len(conditions))])
-    program = np.full(n_genes, -1)
-    program[programs] = np.arange(n_programs)
-    adata = ad.AnnData(X=sp.csr_matrix(counts), obs=obs,
-                       var=pd.DataFrame({"gene_name": names, "program": program}, index=names))
-    adata.layers["counts"] = adata.X.copy()
-    sc.pp.normalize_total(adata, target_sum=1e4)
-    sc.pp.log1p(adata)
-    adata.X = adata.X.astype(np.float32)
+    adata = _grn_anndata(counts, library, types, conditions, n_perturbed, names, programs, n_control, n_cell_types)
     adata.varp["true_dag"] = sp.csr_matrix(w)
     adata.uns["simulation"] = {
         "simulator": "cape.data.simulate_grn_cells",
@@ -205,3 +236,4 @@ def simulate_grn_cells(
         "dropout_midpoint": dropout_midpoint, "seed": seed,
     }
     return adata
+
