@@ -127,6 +127,20 @@ def preprocess(
     }
 
     start = time.perf_counter()
+    _filter(adata, min_genes, min_cells, record["n_obs_in"])
+    record["input_scale"], record["normalised"] = _normalise(adata, target_sum, log1p)
+    _mark_used_genes(adata, n_top_genes, hvg_flavor)
+    record.update(n_obs=adata.n_obs, n_vars=adata.n_vars, n_used=int(adata.var["cape_used"].sum()),
+                  seconds=time.perf_counter() - start)
+    adata.uns.setdefault("cape", {})["preprocess"] = record
+    logger.info("preprocessed: %d cells × %d genes, %d genes used for the causal graph",
+                adata.n_obs, adata.n_vars, record["n_used"])
+    return adata if copy else None
+
+
+def _filter(adata: ad.AnnData, min_genes: int, min_cells: int, n_obs_in: int) -> None:
+    """QC in place: drop cells with fewer than ``min_genes`` detected genes (sets ``obs["n_genes"]``) and genes
+    detected in fewer than ``min_cells`` cells; too few cells left for Step I is an error here, not there."""
     if min_genes > 0:
         n_genes = np.asarray((adata.X > 0).sum(axis=1)).ravel()
         keep = n_genes >= min_genes
@@ -144,28 +158,33 @@ def preprocess(
             raise CapeInputError(f"no gene is detected in at least min_cells={min_cells} cells")
 
     if adata.n_obs < STEP1_MIN_CELLS:
-        qc = adata.n_obs < record["n_obs_in"]
+        qc = adata.n_obs < n_obs_in
         where = f"{adata.n_obs} cells remain after QC (min_genes={min_genes})" if qc else \
             f"the input has {adata.n_obs} cells"
         raise CapeInputError(f"{where}; cape needs at least {STEP1_MIN_CELLS} cells (Step I's minimum, "
                              "cape.tl.causal_graph.MIN_CELLS)" + ("; lower min_genes" if qc else ""))
 
+
+def _normalise(adata: ad.AnnData, target_sum: float, log1p: bool) -> tuple[str, bool]:
+    """Library-size normalisation and log1p in place unless X is log-scale already (counts kept in
+    ``layers["counts"]``): (the input's scale, whether it was normalised)."""
     scale = detect_scale(adata)
-    record["input_scale"] = scale
     if scale == "log":
         logger.info("input looks log-normalised already; skipping normalisation and log1p")
-        record["normalised"] = False
+        return scale, False
+    if scale == "counts":
+        adata.layers["counts"] = adata.X.copy()
     else:
-        if scale == "counts":
-            adata.layers["counts"] = adata.X.copy()
-        else:
-            logger.warning("input is not integer counts (max %.4g); normalising it as expression values, "
-                           "no layers['counts'] kept", float(_values(adata.X).max()))
-        sc.pp.normalize_total(adata, target_sum=target_sum)
-        if log1p:
-            sc.pp.log1p(adata)
-        record["normalised"] = True
+        logger.warning("input is not integer counts (max %.4g); normalising it as expression values, "
+                       "no layers['counts'] kept", float(_values(adata.X).max()))
+    sc.pp.normalize_total(adata, target_sum=target_sum)
+    if log1p:
+        sc.pp.log1p(adata)
+    return scale, True
 
+
+def _mark_used_genes(adata: ad.AnnData, n_top_genes: int, hvg_flavor: str) -> None:
+    """``var["highly_variable"]`` (scanpy's HVG, or every varying gene) and ``var["cape_used"]``, in place."""
     varying = _varying_genes(adata.X)
     n_varying = int(varying.sum())
     if n_varying == 0:
@@ -186,12 +205,6 @@ def preprocess(
     if not adata.var["cape_used"].any():
         raise CapeInputError(f"every highly variable gene is constant across the {adata.n_obs} cells; "
                              "check the input or raise n_top_genes")
-    record.update(n_obs=adata.n_obs, n_vars=adata.n_vars, n_used=int(adata.var["cape_used"].sum()),
-                  seconds=time.perf_counter() - start)
-    adata.uns.setdefault("cape", {})["preprocess"] = record
-    logger.info("preprocessed: %d cells × %d genes, %d genes used for the causal graph",
-                adata.n_obs, adata.n_vars, record["n_used"])
-    return adata if copy else None
 
 
 def _varying_genes(x) -> np.ndarray:
