@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -145,6 +146,102 @@ def profiled_gaussian_nll(predicted: torch.Tensor, x: torch.Tensor, keep: torch.
     return 0.5 * torch.where(n > 0, torch.log(mean.clamp_min(1e-8)), torch.zeros_like(mean)).sum()
 
 
+def _check_size(n_cells: int, n_genes: int, hidden: int) -> None:
+    """One-line errors for panels :func:`fit_parents_mlp` cannot fit (too many or too few genes, too few cells)."""
+    if n_genes > MAX_GENES:
+        raise ValueError(f"model='parents_mlp' fits at most {MAX_GENES} genes (M²·hidden first-layer weights), "
+                         f"got {n_genes}; select fewer genes or use the default model")
+    if n_genes < 2:
+        raise ValueError(f"a causal graph needs at least 2 genes, got {n_genes}")
+    if n_cells < min_cells(n_genes, hidden):
+        raise ValueError(f"model='parents_mlp' needs at least {min_cells(n_genes, hidden)} cells for {n_genes} genes "
+                         f"(one per weight of a gene's MLP), got {n_cells}; use fewer genes or the default model")
+
+
+def _minibatches(Xrows, Irows, mean: np.ndarray, std: np.ndarray, batch: int, rng: np.random.Generator,
+                 dev: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor | None]]:
+    """A draw of ``batch`` cells with replacement, standardised, and its ``keep`` mask (None without interventions)."""
+    n_cells = Xrows.shape[0]
+    mean_t = torch.as_tensor(mean, dtype=torch.float32, device=dev)
+    inv_std_t = torch.as_tensor(1.0 / std, dtype=torch.float32, device=dev)
+
+    def minibatch() -> tuple[torch.Tensor, torch.Tensor | None]:
+        idx = rng.integers(0, n_cells, size=batch)
+        rows = Xrows[idx]
+        rows = rows.toarray() if sp.issparse(rows) else rows
+        x = (torch.as_tensor(np.asarray(rows), dtype=torch.float32, device=dev) - mean_t) * inv_std_t
+        keep = None if Irows is None else 1.0 - torch.as_tensor(Irows[idx].toarray(), dtype=torch.float32,
+                                                                  device=dev)
+        return x, keep
+
+    return minibatch
+
+
+def _train(model: ParentsMLP, minibatch: Callable[[], tuple[torch.Tensor, torch.Tensor | None]], *,
+           screen_steps: int, steps: int, screen_lr: float, lr: float, lambda_screen: float, lambda_sparse: float,
+           l2: float, gamma_step: float, screen_fraction: float,
+           progress_desc: str) -> tuple[dict[str, list[float]], float]:
+    """SDCD's two stages on ``model`` in place (screening, then restricted to the candidates with γ·h(A) growing):
+    the history every 100 steps and the last h(A) (NaN without a constrained step)."""
+    history: dict[str, list[float]] = {k: [] for k in ("step", "stage", "loss", "nll", "h", "gamma",
+                                                        "edges_candidate", "max_weight")}
+    bar = progress(range(screen_steps + steps), desc=progress_desc, total=screen_steps + steps)
+    gamma = 0.0
+    h_value = float("nan")
+    optimiser = torch.optim.Adam(model.parameters(), lr=screen_lr)
+    for t in bar:
+        stage = 1 if t < screen_steps else 2
+        if t == screen_steps:
+            with torch.no_grad():
+                A = model.adjacency()
+                model.restrict(A > screen_fraction * A.max())
+            logger.info("%s: %d candidate edges after screening", progress_desc, int(model.mask.sum()))
+            optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+        x, keep = minibatch()
+        A = model.adjacency()
+        nll = profiled_gaussian_nll(model(x), x, keep)
+        loss = nll + (lambda_screen if stage == 1 else lambda_sparse) * A.sum()
+        loss = loss + l2 * sum(p.pow(2).sum() for p in model.parameters())
+        if stage == 2:
+            h = acyclicity_dense(A)
+            loss = loss + gamma * bounded_acyclicity(h).to(loss.dtype)
+            h_value = float(h.detach())
+            gamma += gamma_step
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+        if not np.isfinite(float(loss.detach())):
+            raise FloatingPointError(f"parents-MLP training diverged in stage {stage} at step {t + 1}")
+        if (t + 1) % 100 == 0 or t + 1 in (screen_steps, screen_steps + steps):
+            for key, value in (("step", t + 1), ("stage", stage), ("loss", loss), ("nll", nll), ("h", h_value),
+                               ("gamma", gamma), ("edges_candidate", model.mask.sum()),
+                               ("max_weight", A.detach().max())):
+                history[key].append(float(value.detach() if isinstance(value, torch.Tensor) else value))
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(stage=stage, nll=f"{float(nll.detach()):.4g}", h=f"{h_value:.2e}")
+    return history, h_value
+
+
+def _final_adjacency(model: ParentsMLP, Xrows, rng: np.random.Generator, h_value: float, lambda_screen: float,
+                     lambda_sparse: float) -> tuple[np.ndarray, str]:
+    """The fitted A (diagonal zeroed) and why it counts as collapsed (``""`` if it does not; logged as a warning)."""
+    model.eval()
+    with torch.no_grad():
+        A = model.adjacency().detach().float().cpu().numpy().copy()
+    np.fill_diagonal(A, 0.0)
+    # The first layer starts at |A_ij| ≈ 0.3, so the peak says nothing here: only the data's correlations count.
+    correlation, n_rows = 0.0, None
+    if h_value <= 1e-8 and near_empty(A):  # what its stop rule would call converged
+        rows = Xrows[np.sort(rng.permutation(Xrows.shape[0])[:COLLAPSE_CHECK_CELLS])]
+        correlation, n_rows = max_correlation(rows.toarray() if sp.issparse(rows) else rows), rows.shape[0]
+    remedy = (f"lower the L1 prices (lambda_screen {lambda_screen:g}, lambda_sparse {lambda_sparse:g}; "
+              "cape.tl.causal_graph's lambda_sparse scales both) or give it more cells")
+    message = collapse_reason(A, 0.0, correlation, None, remedy, n_rows)
+    if message:
+        logger.warning(message)
+    return A, message
+
+
 @_flushing_denormals
 def fit_parents_mlp(
     X,
@@ -198,14 +295,7 @@ def fit_parents_mlp(
     100 steps: ``step``, ``stage``, ``loss``, ``nll``, ``h``, ``gamma``, ``edges_candidate``, ``max_weight``.
     """
     n_cells, n_genes = X.shape
-    if n_genes > MAX_GENES:
-        raise ValueError(f"model='parents_mlp' fits at most {MAX_GENES} genes (M²·hidden first-layer weights), "
-                         f"got {n_genes}; select fewer genes or use the default model")
-    if n_genes < 2:
-        raise ValueError(f"a causal graph needs at least 2 genes, got {n_genes}")
-    if n_cells < min_cells(n_genes, hidden):
-        raise ValueError(f"model='parents_mlp' needs at least {min_cells(n_genes, hidden)} cells for {n_genes} genes "
-                         f"(one per weight of a gene's MLP), got {n_cells}; use fewer genes or the default model")
+    _check_size(n_cells, n_genes, hidden)
     start = time.perf_counter()
     dev = resolve_device(device) if not isinstance(device, torch.device) else device
     generator = torch.Generator().manual_seed(int(seed))
@@ -214,71 +304,13 @@ def fit_parents_mlp(
     std = np.where(std > 0, std, 1.0)
     Xrows = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
     Irows = intervention_rows(intervened, n_cells, n_genes)
-    mean_t = torch.as_tensor(mean, dtype=torch.float32, device=dev)
-    inv_std_t = torch.as_tensor(1.0 / std, dtype=torch.float32, device=dev)
     model = ParentsMLP(n_genes, hidden=hidden, generator=generator).to(dev)
-    batch = min(int(batch_size), n_cells)
-
-    def minibatch() -> tuple[torch.Tensor, torch.Tensor | None]:
-        idx = rng.integers(0, n_cells, size=batch)
-        rows = Xrows[idx]
-        rows = rows.toarray() if sp.issparse(rows) else rows
-        x = (torch.as_tensor(np.asarray(rows), dtype=torch.float32, device=dev) - mean_t) * inv_std_t
-        keep = None if Irows is None else 1.0 - torch.as_tensor(Irows[idx].toarray(), dtype=torch.float32,
-                                                                  device=dev)
-        return x, keep
-
-    history: dict[str, list[float]] = {k: [] for k in ("step", "stage", "loss", "nll", "h", "gamma",
-                                                        "edges_candidate", "max_weight")}
-    bar = progress(range(screen_steps + steps), desc=progress_desc, total=screen_steps + steps)
-    gamma = 0.0
-    h_value = float("nan")
-    optimiser = torch.optim.Adam(model.parameters(), lr=screen_lr)
-    for t in bar:
-        stage = 1 if t < screen_steps else 2
-        if t == screen_steps:
-            with torch.no_grad():
-                A = model.adjacency()
-                model.restrict(A > screen_fraction * A.max())
-            logger.info("%s: %d candidate edges after screening", progress_desc, int(model.mask.sum()))
-            optimiser = torch.optim.Adam(model.parameters(), lr=lr)
-        x, keep = minibatch()
-        A = model.adjacency()
-        nll = profiled_gaussian_nll(model(x), x, keep)
-        loss = nll + (lambda_screen if stage == 1 else lambda_sparse) * A.sum()
-        loss = loss + l2 * sum(p.pow(2).sum() for p in model.parameters())
-        if stage == 2:
-            h = acyclicity_dense(A)
-            loss = loss + gamma * bounded_acyclicity(h).to(loss.dtype)
-            h_value = float(h.detach())
-            gamma += gamma_step
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        optimiser.step()
-        if not np.isfinite(float(loss.detach())):
-            raise FloatingPointError(f"parents-MLP training diverged in stage {stage} at step {t + 1}")
-        if (t + 1) % 100 == 0 or t + 1 in (screen_steps, screen_steps + steps):
-            for key, value in (("step", t + 1), ("stage", stage), ("loss", loss), ("nll", nll), ("h", h_value),
-                               ("gamma", gamma), ("edges_candidate", model.mask.sum()),
-                               ("max_weight", A.detach().max())):
-                history[key].append(float(value.detach() if isinstance(value, torch.Tensor) else value))
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(stage=stage, nll=f"{float(nll.detach()):.4g}", h=f"{h_value:.2e}")
-    model.eval()
-    with torch.no_grad():
-        A = model.adjacency().detach().float().cpu().numpy().copy()
-    np.fill_diagonal(A, 0.0)
-    # The first layer starts at |A_ij| ≈ 0.3, so the peak says nothing here: only the data's correlations count.
-    correlation, n_rows = 0.0, None
-    if h_value <= 1e-8 and near_empty(A):  # what its stop rule would call converged
-        rows = Xrows[np.sort(rng.permutation(n_cells)[:COLLAPSE_CHECK_CELLS])]
-        correlation, n_rows = max_correlation(rows.toarray() if sp.issparse(rows) else rows), rows.shape[0]
+    draw = _minibatches(Xrows, Irows, mean, std, min(int(batch_size), n_cells), rng, dev)
+    history, h_value = _train(model, draw, screen_steps=screen_steps, steps=steps, screen_lr=screen_lr, lr=lr,
+                              lambda_screen=lambda_screen, lambda_sparse=lambda_sparse, l2=l2,
+                              gamma_step=gamma_step, screen_fraction=screen_fraction, progress_desc=progress_desc)
+    A, message = _final_adjacency(model, Xrows, rng, h_value, lambda_screen, lambda_sparse)
     peak = max(history["max_weight"], default=0.0)
-    remedy = (f"lower the L1 prices (lambda_screen {lambda_screen:g}, lambda_sparse {lambda_sparse:g}; "
-              "cape.tl.causal_graph's lambda_sparse scales both) or give it more cells")
-    message = collapse_reason(A, 0.0, correlation, None, remedy, n_rows)
-    if message:
-        logger.warning(message)
     return CausalFit(adjacency=A, history=history, epochs_run=screen_steps + steps,
                      converged=h_value <= 1e-8 and not message, wall_time=time.perf_counter() - start,
                      device=str(dev), rank=None, h_every=1, model=model, mean=np.asarray(mean, dtype=np.float64),
