@@ -225,6 +225,22 @@ def predict_intervention(
         Values outside the observed range and interventions on genes without descendants (prediction equal to
         the no-change baseline) only warn.
     """
+    _check_options(mode, equations, n_cells)
+    record = load_equations(adata, graph)
+    genes, cols, matrix, X = _fitted_matrix(adata, record)
+    obs_mean, obs_min, obs_max = (np.asarray(record[k], dtype=np.float64) for k in ("obs_mean", "obs_min", "obs_max"))
+    # called here, not in a helper, so that its out-of-range warning points at the caller (stacklevel=3)
+    do = intervention_values(intervention, genes, obs_mean, obs_min, obs_max)
+    predicted, reference, reached, no_effect, extra = _predict(adata, record, X, genes, cols, do, equations=equations,
+                                                               graph=graph, mode=mode, n_cells=n_cells, seed=seed)
+    shift, summary = _summarise(adata, genes, cols, do, predicted, reference, reached, no_effect, extra, mode=mode,
+                                equations=equations, graph=graph, seed=seed)
+    return _write_results(adata, matrix, genes, cols, predicted, reference, shift, summary, mode=mode,
+                          key_added=key_added, copy=copy)
+
+
+def _check_options(mode: str, equations: str, n_cells: int | None) -> None:
+    """One-line errors for :func:`predict_intervention`'s options."""
     if mode not in MODES:
         raise CapeInputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if equations not in EQUATIONS:
@@ -232,7 +248,11 @@ def predict_intervention(
     if n_cells is not None and (isinstance(n_cells, bool) or not isinstance(n_cells, (int, np.integer))
                                 or n_cells < 1):
         raise CapeInputError(f"n_cells must be a positive integer or None, got {n_cells!r}")
-    record = load_equations(adata, graph)
+
+
+def _fitted_matrix(adata: ad.AnnData, record: Mapping) -> tuple[list[str], np.ndarray, object, np.ndarray]:
+    """The graph's genes, their columns in ``adata``, the matrix Step I was fitted on (X or its layer) and its
+    graph columns as dense float64 (for abduction)."""
     genes = [str(g) for g in np.asarray(record["genes"])]
     missing = [g for g in genes if g not in adata.var_names]
     if missing:
@@ -245,15 +265,19 @@ def predict_intervention(
     matrix = adata.X if layer == "X" else adata.layers[layer]
     X = matrix[:, cols]
     X = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float64)
-    obs_mean, obs_min, obs_max = (np.asarray(record[k], dtype=np.float64) for k in ("obs_mean", "obs_min", "obs_max"))
-    do = intervention_values(intervention, genes, obs_mean, obs_min, obs_max)
+    return genes, cols, matrix, X
 
-    names = [genes[i] for i in do]
+
+def _predict(adata: ad.AnnData, record: Mapping, X: np.ndarray, genes: list[str], cols: np.ndarray,
+             do: dict[int, float], *, equations: str, graph: str | None, mode: str, n_cells: int | None,
+             seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], dict]:
+    """(predicted, reference, reached genes, intervened genes without descendants, uns extras); warns when an
+    intervened gene reaches nothing."""
     extra: dict = {}
     if equations == "equivalence_class":
         predicted, reference, reached, extra = _equivalence_class(adata, X, genes, cols, do, graph, mode, n_cells,
                                                                   seed)
-        no_effect = [] if reached.any() else names
+        no_effect = [] if reached.any() else [genes[i] for i in do]
     else:
         eq = StructuralEquations.from_dict(record) if equations == "learned" else _linear(adata, X, cols, graph)
         reached = eq.descendants(list(do))
@@ -261,9 +285,17 @@ def predict_intervention(
     if no_effect:
         message = (f"{', '.join(no_effect)} ha{'s' if len(no_effect) == 1 else 've'} no descendants in the graph: "
                    "the prediction for every other gene is the no-change baseline")
-        warnings.warn(message, UserWarning, stacklevel=2)
+        warnings.warn(message, UserWarning, stacklevel=3)  # at predict_intervention's caller
     if equations != "equivalence_class":
         predicted, reference = intervene(eq, X, do, mode=mode, n_cells=n_cells, seed=seed)
+    return predicted, reference, reached, no_effect, extra
+
+
+def _summarise(adata: ad.AnnData, genes: list[str], cols: np.ndarray, do: dict[int, float], predicted: np.ndarray,
+               reference: np.ndarray, reached: np.ndarray, no_effect: list[str], extra: dict, *, mode: str,
+               equations: str, graph: str | None, seed: int) -> tuple[np.ndarray, dict]:
+    """The mean shift per gene (over ``var_names``, 0 outside the graph) and the ``uns`` record; logs the largest."""
+    names = [genes[i] for i in do]
     shift = np.zeros(adata.n_vars)
     shift[cols] = predicted.mean(0) - reference.mean(0)
     summary = h5ad_safe({
@@ -277,7 +309,14 @@ def predict_intervention(
                 "possible " if equations == "equivalence_class" else "",
                 ", ".join(f"{adata.var_names[i]} {shift[i]:+.3g}" for i in np.argsort(-np.abs(shift))[:5]
                           if adata.var_names[i] not in names and shift[i] != 0) or "none")
+    return shift, summary
 
+
+def _write_results(adata: ad.AnnData, matrix, genes: list[str], cols: np.ndarray, predicted: np.ndarray,
+                   reference: np.ndarray, shift: np.ndarray, summary: dict, *, mode: str, key_added: str,
+                   copy: bool) -> ad.AnnData | None:
+    """Counterfactual over all cells: into ``adata`` (or its copy, returned). Otherwise a new AnnData of the
+    predicted cells; the shift and the record go to ``adata`` (unless ``copy``) and to it."""
     target = adata.copy() if copy else adata
     new_cells = mode == "interventional" or predicted.shape[0] != adata.n_obs
     if not new_cells:
