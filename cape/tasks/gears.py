@@ -182,13 +182,7 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
 
     conditions = validate_perturbation_data(adata, condition_key=condition_key, control=control)
     genes = [str(g) for g in adata.var_names]
-    if gene_embeddings is not None:
-        gene_embeddings = np.asarray(gene_embeddings, dtype=np.float64)
-        if gene_embeddings.ndim != 2 or gene_embeddings.shape[0] != adata.n_vars:
-            raise CapeInputError(f"gene embeddings must be genes × d with {adata.n_vars} rows, got shape "
-                                 f"{gene_embeddings.shape}")
-        if not np.isfinite(gene_embeddings).all():
-            raise CapeInputError("gene embeddings contain NaN or infinite values")
+    gene_embeddings = _checked_embeddings(gene_embeddings, adata.n_vars)
     if epochs < 1 or hidden_size < 1 or batch_size < 1:
         raise CapeInputError("epochs, hidden_size and batch_size must be positive")
     gears = _import_gears()
@@ -199,18 +193,8 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="cape_gears_"))
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        gene2go, edges, go_note = _read_go_graph(go_graph, adata, dag_key, workdir, allow_download,
-                                                 num_similar_genes)
-        perturbed = sorted({g for c in conditions for g in condition_genes(c)})
-        absent = [g for g in perturbed if g not in gene2go]
-        if absent:
-            raise CapeInputError(f"{len(absent)} perturbed gene(s) are not in the GO graph, so GEARS cannot embed "
-                                 f"their perturbation: {', '.join(absent[:20])}")
-        if edges is None:
-            edges = go_edge_list(gene2go, sorted(gene2go), k=num_similar_genes)
-        if go_note.startswith("dag"):
-            edges.to_csv(workdir / "go_dag.csv", index=False)  # the replacement graph, in GEARS' go.csv format
-            logger.debug("GEARS: %s", DAG_GO_NOTE)
+        gene2go, edges, go_note = _gears_graph(go_graph, adata, conditions, dag_key, workdir, allow_download,
+                                               num_similar_genes)
         with (_gears_side_effects_contained(), _torch_threads(num_threads), _gears_output_to_log() as log,
               warnings.catch_warnings()):
             warnings.simplefilter("ignore")  # GEARS' deprecated torch_geometric / pandas idioms
@@ -222,16 +206,10 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
         train_log = log.getvalue()
     split = out["split"]
     predicted = out["predicted"].rename(index={"ctrl": control})
-    cape_split = simulation_split(conditions, seed=split_seed)
-    matches = (sorted(cape_split.test) == sorted(split.test) and cape_split.subgroup == split.subgroup
-               and sorted(cape_split.train + cape_split.val) == sorted(split.train + split.val))
-    de = top_de_genes(adata, split.test, condition_key=condition_key, control=control, n_genes=n_de)
-    truth = condition_means(adata, split.test, condition_key=condition_key)
-    task = PerturbationTask(adata, split, de, truth, split.train + split.val, condition_key, control)
-    _, per_condition, metrics = task.evaluate(_FixedPredictions(predicted))
-    metrics["mse_overall_excl_targets"] = mse_excluding_targets(predicted, task)
+    per_condition, metrics = _score_predictions(adata, predicted, split, condition_key, control, n_de)
     return {"predicted": predicted, "per_condition": per_condition, "metrics": metrics, "split": split,
-            "split_matches_cape": bool(matches), "go_graph": go_note, "n_go_edges": len(edges),
+            "split_matches_cape": _same_split(split, simulation_split(conditions, seed=split_seed)),
+            "go_graph": go_note, "n_go_edges": len(edges),
             "embedding_rows": out["embedding_rows"], "best_val_top20_de_mse": _best_val(train_log),
             "model": out["model"],
             "seconds": time.perf_counter() - start,
@@ -240,6 +218,54 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
                        "trainable_embeddings": trainable_embeddings, "num_similar_genes": num_similar_genes,
                        "device": dev, "seed": seed, "gene_embeddings": None if gene_embeddings is None
                        else list(gene_embeddings.shape), "gears_version": _gears_version()}}
+
+
+def _checked_embeddings(gene_embeddings, n_vars: int) -> np.ndarray | None:
+    """``gene_embeddings`` as float64 genes × d, refused in one line when misshaped or not finite."""
+    if gene_embeddings is None:
+        return None
+    gene_embeddings = np.asarray(gene_embeddings, dtype=np.float64)
+    if gene_embeddings.ndim != 2 or gene_embeddings.shape[0] != n_vars:
+        raise CapeInputError(f"gene embeddings must be genes × d with {n_vars} rows, got shape "
+                             f"{gene_embeddings.shape}")
+    if not np.isfinite(gene_embeddings).all():
+        raise CapeInputError("gene embeddings contain NaN or infinite values")
+    return gene_embeddings
+
+
+def _gears_graph(go_graph, adata: ad.AnnData, conditions, dag_key: str, workdir: Path, allow_download: bool,
+                 k: int) -> tuple[dict, pd.DataFrame, str]:
+    """GEARS' gene → GO map, its k-nearest GO edge list and a note on where they came from; every perturbed gene
+    must be in the map (GEARS embeds a perturbation through it)."""
+    gene2go, edges, go_note = _read_go_graph(go_graph, adata, dag_key, workdir, allow_download, k)
+    perturbed = sorted({g for c in conditions for g in condition_genes(c)})
+    absent = [g for g in perturbed if g not in gene2go]
+    if absent:
+        raise CapeInputError(f"{len(absent)} perturbed gene(s) are not in the GO graph, so GEARS cannot embed "
+                             f"their perturbation: {', '.join(absent[:20])}")
+    if edges is None:
+        edges = go_edge_list(gene2go, sorted(gene2go), k=k)
+    if go_note.startswith("dag"):
+        edges.to_csv(workdir / "go_dag.csv", index=False)  # the replacement graph, in GEARS' go.csv format
+        logger.debug("GEARS: %s", DAG_GO_NOTE)
+    return gene2go, edges, go_note
+
+
+def _score_predictions(adata: ad.AnnData, predicted: pd.DataFrame, split, condition_key: str, control: str,
+                       n_de: int) -> tuple[pd.DataFrame, dict]:
+    """Top-``n_de``-DE scores of GEARS' test predictions, as ``cape-bench encodings`` scores its predictors."""
+    de = top_de_genes(adata, split.test, condition_key=condition_key, control=control, n_genes=n_de)
+    truth = condition_means(adata, split.test, condition_key=condition_key)
+    task = PerturbationTask(adata, split, de, truth, split.train + split.val, condition_key, control)
+    _, per_condition, metrics = task.evaluate(_FixedPredictions(predicted))
+    metrics["mse_overall_excl_targets"] = mse_excluding_targets(predicted, task)
+    return per_condition, metrics
+
+
+def _same_split(split, reference) -> bool:
+    """Whether GEARS' split equals cape's :func:`~cape.tasks.perturbation.simulation_split`."""
+    return bool(sorted(reference.test) == sorted(split.test) and reference.subgroup == split.subgroup
+                and sorted(reference.train + reference.val) == sorted(split.train + split.val))
 
 
 def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFrame, embeddings, genes, *,
