@@ -37,7 +37,8 @@ def _option(value: str) -> tuple[str, object]:
 
 
 def register(commands) -> None:
-    train = commands.add_parser("train", help="pretrain (masked values) and fine-tune a transformer; embed cells")
+    train = commands.add_parser("train", help="pretrain (masked values + cell profiles) and fine-tune a transformer; "
+                                              "embed cells")
     train.add_argument("--input", "-i", required=True, help="input .h5ad (log-normalised; CAPE keys for 'cape')")
     train.add_argument("--output", "-o", required=True, help="output .h5ad with obsm['X_cape'] (and predictions)")
     train.add_argument("--model-dir", default=None, help="model folder (default: <output without .h5ad>_model)")
