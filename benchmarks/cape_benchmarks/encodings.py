@@ -61,6 +61,7 @@ from cape._errors import CapeInputError
 from cape._io import write_json, write_text
 from cape._progress import progress
 from cape._settings import settings as cape_settings
+from cape.models.backbone import INTEGRATIONS
 from cape.tasks.annotation import annotation_split, logistic_regression_pca, validation_part
 from cape.tasks.clustering import clustering_metrics, kmeans_clusters, pca_embedding
 from cape.tasks.labels import checked_labels
@@ -77,7 +78,6 @@ from cape.tasks.perturbation_predictors import (
 from .encodings_controls import apply_control
 from .encodings_models import (
     BACKBONES,
-    INTEGRATIONS,
     METRICS,
     NO_TRUE_DAG,
     TASKS,

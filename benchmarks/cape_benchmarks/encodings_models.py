@@ -39,10 +39,6 @@ BACKBONES = ("scgpt", "scbert")
 DEFAULT_ENCODING = {"scgpt": "trainable_absolute", "scbert": "static_absolute"}
 
 
-#: How an encoding meets the backbone's gene-identity embedding (:mod:`cape.models.backbone`).
-INTEGRATIONS = ("complement", "replace")
-
-
 # ablation name -> (registry encoding, position set[, control]); position sets are built by :func:`position_sets`,
 # controls (:mod:`cape_benchmarks.encodings_controls`) are drawn from a set with the model's seed.
 ABLATIONS = {

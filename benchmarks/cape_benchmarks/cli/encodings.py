@@ -9,9 +9,10 @@ import logging
 from cape._errors import CapeInputError
 from cape._settings import settings as cape_settings
 from cape.cli._io import max_len_value, tau_value
+from cape.models.backbone import INTEGRATIONS
 
 from ..encodings import run_encodings_benchmark
-from ..encodings_models import BACKBONES, INTEGRATIONS, TASKS, BenchSettings, variants
+from ..encodings_models import BACKBONES, TASKS, BenchSettings, variants
 from ._data import add_run_options, dataset_keys, dataset_name, load_dataset, perturbation_data
 
 
