@@ -15,9 +15,9 @@ from cape import CapeInputError
 from cape.causal import CausalFit, VariationalNotears, fit_parents_mlp, fit_variational_notears
 from cape.causal.parents_mlp import profiled_gaussian_nll
 from cape.causal.trainer import COLLAPSE_FLOOR, collapse_reason, max_correlation, near_empty
-from cape.tl.causal_graph import _intervention_mask, causal_graph
+from cape.tl.causal import _intervention_mask, causal_graph
 
-causal_graph_module = importlib.import_module("cape.tl.causal_graph")  # cape.tl.causal_graph is also the function
+causal_graph_module = importlib.import_module("cape.tl.causal")
 
 
 # --- the likelihood left out for intervened genes ---------------------------------------------------------------

@@ -286,7 +286,7 @@ def test_preprocess_uses_only_varying_genes(tmp_path, capsys):
 
 
 def test_causal_refuses_fewer_cells_than_step1_minimum(tmp_path, capsys):
-    from cape.tl.causal_graph import MIN_CELLS
+    from cape.tl.causal import MIN_CELLS
 
     out = tmp_path / "c.h5ad"
     proc = run(capsys, "causal", "-i", _write(tmp_path, cape_adata(n_cells=MIN_CELLS - 1), "in.h5ad"),

@@ -18,7 +18,7 @@ import cape
 from cape import CapeInputError
 from cape.causal import CausalConfig, NotearsConfig, fit_variational_notears
 from cape.hyperbolic import EmbeddingConfig, embed_dag
-from cape.tl.causal_graph import DATA_KEYS
+from cape.tl.causal import DATA_KEYS
 
 SCHEMA = yaml.safe_load((REPO / "configs" / "schema.yaml").read_text())["properties"]
 

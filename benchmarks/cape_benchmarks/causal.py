@@ -61,7 +61,7 @@ from cape.data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
 from cape.data.perturbation import sachs_interventions
 from cape.data.simulate import simulate_sem
 from cape.pp import preprocess
-from cape.tl.causal_graph import DENSE_MAX_GENES, LAMBDA_DENSE, LAMBDA_LOW_RANK, LOW_RANK, _intervention_mask
+from cape.tl.causal import DENSE_MAX_GENES, LAMBDA_DENSE, LAMBDA_LOW_RANK, LOW_RANK, _intervention_mask
 
 from .peers import PEERS, run_peer
 

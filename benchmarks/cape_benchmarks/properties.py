@@ -40,7 +40,7 @@ from cape.encodings.rotary import apply_rotary
 from cape.hyperbolic import khop_positives
 from cape.hyperbolic.poincare import poincare_distance
 from cape.pl.poincare import generality, poincare
-from cape.tl.causal_graph import causal_graph
+from cape.tl.causal import causal_graph
 from cape.tl.hyperbolic import hyperbolic_embedding
 
 logger = logging.getLogger("cape")

@@ -8,7 +8,7 @@ from .._errors import CapeInputError
 from .._io import write_h5ad
 from ..causal.config import MODELS, SCREENS, CausalConfig
 from ..pp.preprocess import detect_scale
-from ..tl.causal_graph import causal_graph
+from ..tl.causal import causal_graph
 from ._io import check_output, positive_int, read_input, tau_value
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..causal.config import CausalConfig  # Step I's options
 from ..hyperbolic.config import EmbeddingConfig  # Step II's options
-from .causal_graph import causal_graph  # Step I
+from .causal import causal_graph  # Step I
 from .hyperbolic import hyperbolic_embedding  # Step II
 from .intervention import predict_intervention  # do() on Step I's equations
 from .pipeline import cape  # Steps I-III

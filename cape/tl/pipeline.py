@@ -10,7 +10,7 @@ import anndata as ad
 from .._settings import resolve_seed
 from ..causal.config import CausalConfig
 from ..hyperbolic.config import EmbeddingConfig
-from .causal_graph import causal_graph
+from .causal import causal_graph
 from .hyperbolic import hyperbolic_embedding
 from .rotary import rotary_encoding
 
