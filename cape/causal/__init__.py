@@ -26,7 +26,7 @@ from .intervention import (
     topological_order,
 )
 from .model import ElementwiseMLP, VariationalNotears
-from .parents_mlp import ParentsMLP, fit_parents_mlp
+from .parents_mlp import ParentsMLP, ParentsMLPConfig, fit_parents_mlp
 from .postprocess import (
     edge_budget,
     is_dag,
@@ -48,6 +48,7 @@ __all__ = [
     "LinearisedAcyclicity",
     "NotearsConfig",
     "ParentsMLP",
+    "ParentsMLPConfig",
     "StructuralEquations",
     "VariationalNotears",
     "acyclicity",

@@ -33,14 +33,19 @@ low-rank model is the one that scales to whole transcriptomes.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 from torch import nn
 
+from .._errors import CapeInputError
+from .._options import with_options
 from .._progress import progress
 from .._settings import resolve_device
 from .acyclicity import acyclicity_dense
@@ -55,7 +60,8 @@ from .trainer import (
     near_empty,
 )
 
-__all__ = ["H_LINEAR_MAX", "LAMBDA_SCREEN", "LAMBDA_SPARSE", "MAX_GENES", "ParentsMLP", "bounded_acyclicity",
+__all__ = ["H_LINEAR_MAX", "LAMBDA_SCREEN", "LAMBDA_SPARSE", "MAX_GENES", "ParentsMLP", "ParentsMLPConfig",
+           "bounded_acyclicity",
            "fit_parents_mlp", "min_cells", "profiled_gaussian_nll"]
 
 logger = logging.getLogger("cape")
@@ -67,6 +73,63 @@ H_LINEAR_MAX = 1e6
 #: Default L1 prices of the screening and the constrained stage (per unit of A on standardised genes).
 LAMBDA_SCREEN = 1e-3
 LAMBDA_SPARSE = 1e-3
+
+
+@dataclass(frozen=True)
+class ParentsMLPConfig:
+    """Options of :func:`fit_parents_mlp`: the network, the two stages' L1 prices, Adam and the screening.
+
+    Attributes
+    ----------
+    hidden
+        Hidden units per gene's MLP.
+    lambda_screen, lambda_sparse
+        L1 price of ‖A‖₁ in the screening stage and in the constrained stage.
+    l2
+        β of the squared-weight penalty on every weight (both stages).
+    screen_steps, steps
+        Adam steps of the screening stage and of the constrained stage (each a minibatch of ``batch_size``
+        cells drawn with replacement, so the cost does not grow with the number of cells).
+    screen_lr, lr
+        Adam learning rates of the two stages; at lower rates the fixed step budget leaves the fit short of
+        convergence (docs/benchmarks/step1_sdcd.md).
+    batch_size
+        Cells per step (at most the number of cells).
+    screen_fraction
+        A candidate parent needs A_ij > ``screen_fraction`` · max A after screening.
+    gamma_step
+        Growth of the acyclicity penalty's coefficient γ per constrained step (γ starts at 0).
+    """
+
+    hidden: int = 10
+    lambda_screen: float = LAMBDA_SCREEN
+    lambda_sparse: float = LAMBDA_SPARSE
+    l2: float = 5e-3
+    screen_steps: int = 3000
+    steps: int = 6000
+    screen_lr: float = 1.5e-2
+    lr: float = 6e-3
+    batch_size: int = 512
+    screen_fraction: float = 0.2
+    gamma_step: float = 5e-3
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "batch_size"):
+            value = getattr(self, name)
+            if not (isinstance(value, Integral) and not isinstance(value, bool) and value >= 1):
+                raise CapeInputError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("screen_steps", "steps"):
+            value = getattr(self, name)
+            if not (isinstance(value, Integral) and not isinstance(value, bool) and value >= 0):
+                raise CapeInputError(f"{name} must be a whole number ≥ 0, got {value!r}")
+        for name in ("lambda_screen", "lambda_sparse", "l2", "gamma_step", "screen_fraction"):
+            value = getattr(self, name)
+            if not (isinstance(value, Real) and math.isfinite(value) and value >= 0):
+                raise CapeInputError(f"{name} must be a finite number ≥ 0, got {value!r}")
+        for name in ("screen_lr", "lr"):
+            value = getattr(self, name)
+            if not (isinstance(value, Real) and math.isfinite(value) and value > 0):
+                raise CapeInputError(f"{name} must be > 0, got {value!r}")
 
 
 def min_cells(n_genes: int, hidden: int = 10) -> int:
@@ -177,31 +240,30 @@ def _minibatches(Xrows, Irows, mean: np.ndarray, std: np.ndarray, batch: int, rn
     return minibatch
 
 
-def _train(model: ParentsMLP, minibatch: Callable[[], tuple[torch.Tensor, torch.Tensor | None]], *,
-           screen_steps: int, steps: int, screen_lr: float, lr: float, lambda_screen: float, lambda_sparse: float,
-           l2: float, gamma_step: float, screen_fraction: float,
-           progress_desc: str) -> tuple[dict[str, list[float]], float]:
+def _train(model: ParentsMLP, minibatch: Callable[[], tuple[torch.Tensor, torch.Tensor | None]],
+           config: ParentsMLPConfig, progress_desc: str) -> tuple[dict[str, list[float]], float]:
     """SDCD's two stages on ``model`` in place (screening, then restricted to the candidates with γ·h(A) growing):
     the history every 100 steps and the last h(A) (NaN without a constrained step)."""
+    screen_steps, steps, gamma_step = config.screen_steps, config.steps, config.gamma_step
     history: dict[str, list[float]] = {k: [] for k in ("step", "stage", "loss", "nll", "h", "gamma",
                                                         "edges_candidate", "max_weight")}
     bar = progress(range(screen_steps + steps), desc=progress_desc, total=screen_steps + steps)
     gamma = 0.0
     h_value = float("nan")
-    optimiser = torch.optim.Adam(model.parameters(), lr=screen_lr)
+    optimiser = torch.optim.Adam(model.parameters(), lr=config.screen_lr)
     for t in bar:
         stage = 1 if t < screen_steps else 2
         if t == screen_steps:
             with torch.no_grad():
                 A = model.adjacency()
-                model.restrict(A > screen_fraction * A.max())
+                model.restrict(A > config.screen_fraction * A.max())
             logger.info("%s: %d candidate edges after screening", progress_desc, int(model.mask.sum()))
-            optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+            optimiser = torch.optim.Adam(model.parameters(), lr=config.lr)
         x, keep = minibatch()
         A = model.adjacency()
         nll = profiled_gaussian_nll(model(x), x, keep)
-        loss = nll + (lambda_screen if stage == 1 else lambda_sparse) * A.sum()
-        loss = loss + l2 * sum(p.pow(2).sum() for p in model.parameters())
+        loss = nll + (config.lambda_screen if stage == 1 else config.lambda_sparse) * A.sum()
+        loss = loss + config.l2 * sum(p.pow(2).sum() for p in model.parameters())
         if stage == 2:
             h = acyclicity_dense(A)
             loss = loss + gamma * bounded_acyclicity(h).to(loss.dtype)
@@ -222,8 +284,8 @@ def _train(model: ParentsMLP, minibatch: Callable[[], tuple[torch.Tensor, torch.
     return history, h_value
 
 
-def _final_adjacency(model: ParentsMLP, Xrows, rng: np.random.Generator, h_value: float, lambda_screen: float,
-                     lambda_sparse: float) -> tuple[np.ndarray, str]:
+def _final_adjacency(model: ParentsMLP, Xrows, rng: np.random.Generator, h_value: float,
+                     config: ParentsMLPConfig) -> tuple[np.ndarray, str]:
     """The fitted A (diagonal zeroed) and why it counts as collapsed (``""`` if it does not; logged as a warning)."""
     model.eval()
     with torch.no_grad():
@@ -234,7 +296,7 @@ def _final_adjacency(model: ParentsMLP, Xrows, rng: np.random.Generator, h_value
     if h_value <= 1e-8 and near_empty(A):  # what its stop rule would call converged
         rows = Xrows[np.sort(rng.permutation(Xrows.shape[0])[:COLLAPSE_CHECK_CELLS])]
         correlation, n_rows = max_correlation(rows.toarray() if sp.issparse(rows) else rows), rows.shape[0]
-    remedy = (f"lower the L1 prices (lambda_screen {lambda_screen:g}, lambda_sparse {lambda_sparse:g}; "
+    remedy = (f"lower the L1 prices (lambda_screen {config.lambda_screen:g}, lambda_sparse {config.lambda_sparse:g}; "
               "cape.tl.causal_graph's lambda_sparse scales both) or give it more cells")
     message = collapse_reason(A, 0.0, correlation, None, remedy, n_rows)
     if message:
@@ -243,25 +305,8 @@ def _final_adjacency(model: ParentsMLP, Xrows, rng: np.random.Generator, h_value
 
 
 @_flushing_denormals
-def fit_parents_mlp(
-    X,
-    *,
-    hidden: int = 10,
-    lambda_screen: float = LAMBDA_SCREEN,
-    lambda_sparse: float = LAMBDA_SPARSE,
-    l2: float = 5e-3,
-    screen_steps: int = 3000,
-    steps: int = 6000,
-    screen_lr: float = 1.5e-2,
-    lr: float = 6e-3,
-    batch_size: int = 512,
-    screen_fraction: float = 0.2,
-    gamma_step: float = 5e-3,
-    device: str | torch.device = "auto",
-    seed: int = 0,
-    intervened=None,
-    progress_desc: str = "causal graph (parents MLP)",
-) -> CausalFit:
+def fit_parents_mlp(X, config: ParentsMLPConfig | None = None, *, device: str | torch.device = "auto", seed: int = 0,
+                    intervened=None, progress_desc: str = "causal graph (parents MLP)", **options) -> CausalFit:
     """Fit :class:`ParentsMLP` structural equations to X (cells × genes); see the module docstring.
 
     Parameters
@@ -269,33 +314,23 @@ def fit_parents_mlp(
     X
         Cells × genes, NumPy array or SciPy sparse matrix, finite, no constant columns (checked by the
         caller); each gene is standardised before fitting.
-    hidden
-        Hidden units per gene's MLP.
-    lambda_screen, lambda_sparse
-        L1 price of ‖A‖₁ in the screening stage and in the constrained stage.
-    l2
-        β of the squared-weight penalty on every weight (both stages).
-    screen_steps, steps
-        Adam steps of the screening stage and of the constrained stage (each a minibatch of ``batch_size``
-        cells drawn with replacement, so the cost does not grow with the number of cells).
-    screen_lr, lr
-        Adam learning rates of the two stages; at lower rates the fixed step budget leaves the fit short of
-        convergence (measurements: docs/benchmarks/step1_sdcd.md).
-    screen_fraction
-        A candidate parent needs A_ij > ``screen_fraction`` · max A after screening.
-    gamma_step
-        Growth of the acyclicity penalty's coefficient γ per constrained step (γ starts at 0).
+    config
+        The network's and the two stages' options (:class:`ParentsMLPConfig`; default: its defaults).
     device, seed, intervened, progress_desc
         As for :func:`cape.causal.fit_variational_notears` (``intervened``: each gene's equation is left out of the
         likelihood for the cells where it was intervened on).
+    **options
+        Fields of :class:`ParentsMLPConfig` by name (e.g. ``steps=300``), replacing those of ``config``; another
+        name raises :class:`~cape.CapeInputError`.
 
     Returns
     -------
     :class:`~cape.causal.CausalFit` with ``model`` the fitted :class:`ParentsMLP` and ``history`` every
     100 steps: ``step``, ``stage``, ``loss``, ``nll``, ``h``, ``gamma``, ``edges_candidate``, ``max_weight``.
     """
+    config = with_options(ParentsMLPConfig, config, options, "fit_parents_mlp")
     n_cells, n_genes = X.shape
-    _check_size(n_cells, n_genes, hidden)
+    _check_size(n_cells, n_genes, config.hidden)
     start = time.perf_counter()
     dev = resolve_device(device) if not isinstance(device, torch.device) else device
     generator = torch.Generator().manual_seed(int(seed))
@@ -304,14 +339,12 @@ def fit_parents_mlp(
     std = np.where(std > 0, std, 1.0)
     Xrows = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
     Irows = intervention_rows(intervened, n_cells, n_genes)
-    model = ParentsMLP(n_genes, hidden=hidden, generator=generator).to(dev)
-    draw = _minibatches(Xrows, Irows, mean, std, min(int(batch_size), n_cells), rng, dev)
-    history, h_value = _train(model, draw, screen_steps=screen_steps, steps=steps, screen_lr=screen_lr, lr=lr,
-                              lambda_screen=lambda_screen, lambda_sparse=lambda_sparse, l2=l2,
-                              gamma_step=gamma_step, screen_fraction=screen_fraction, progress_desc=progress_desc)
-    A, message = _final_adjacency(model, Xrows, rng, h_value, lambda_screen, lambda_sparse)
+    model = ParentsMLP(n_genes, hidden=config.hidden, generator=generator).to(dev)
+    draw = _minibatches(Xrows, Irows, mean, std, min(int(config.batch_size), n_cells), rng, dev)
+    history, h_value = _train(model, draw, config, progress_desc)
+    A, message = _final_adjacency(model, Xrows, rng, h_value, config)
     peak = max(history["max_weight"], default=0.0)
-    return CausalFit(adjacency=A, history=history, epochs_run=screen_steps + steps,
+    return CausalFit(adjacency=A, history=history, epochs_run=config.screen_steps + config.steps,
                      converged=h_value <= 1e-8 and not message, wall_time=time.perf_counter() - start,
                      device=str(dev), rank=None, h_every=1, model=model, mean=np.asarray(mean, dtype=np.float64),
                      std=np.asarray(std, dtype=np.float64), collapsed=bool(message), collapse_message=message,
