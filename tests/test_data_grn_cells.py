@@ -9,7 +9,7 @@ import pytest
 import scanpy as sc
 
 from cape import CapeInputError
-from cape.data import simulate_grn_cells
+from cape.data import CountNoise, simulate_grn_cells
 
 SMALL = dict(n_genes=40, n_edges=70, n_control=300, n_cell_types=3, n_programs=3, n_single=6, n_double=4,
              n_cells_per_perturbation=10)
@@ -112,3 +112,14 @@ def test_true_edges_are_visible_through_the_technical_noise():
     edges = sim.varp["true_dag"].toarray() != 0
     unrelated = ~(edges | edges.T | np.eye(60, dtype=bool))
     assert np.abs(corr[edges]).mean() > 3.0 * np.abs(corr[unrelated]).mean()  # 2.2 with x/(1+x), noise 0.3
+
+
+def test_count_noise_is_validated_and_changes_only_the_counts():
+    with pytest.raises(CapeInputError, match="dispersion > 0"):
+        CountNoise(dispersion=0.0)
+    base = simulate_grn_cells(**SMALL, seed=4)
+    deep = simulate_grn_cells(**SMALL, seed=4, counts=CountNoise(depth=20_000.0, dropout_midpoint=0.0))
+    np.testing.assert_array_equal(base.varp["true_dag"].toarray(), deep.varp["true_dag"].toarray())
+    assert deep.uns["simulation"]["depth"] == 20_000.0
+    # deeper sequencing without dropout: fewer zeros than the default's shallow, dropping counts
+    assert (deep.layers["counts"].toarray() == 0).mean() < (base.layers["counts"].toarray() == 0).mean()

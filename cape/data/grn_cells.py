@@ -14,6 +14,7 @@ Why not SERGIO (``sergio-scsim`` on PyPI, which installs offline): its v2 releas
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import combinations
 
 import anndata as ad
@@ -27,7 +28,7 @@ from .._errors import CapeInputError
 from .expression import negative_binomial_counts
 from .perturbation import CONTROL, gears_condition, random_dag, sem_sample
 
-__all__ = ["GRN_SIMULATIONS", "simulate_grn_cells"]
+__all__ = ["GRN_SIMULATIONS", "CountNoise", "simulate_grn_cells"]
 
 #: The oracle experiment's data (``--dataset simulated_grn``): ``"quick"`` for the powered quick runs, ``"full"``
 #: for the full-size tables.
@@ -37,6 +38,33 @@ GRN_SIMULATIONS = {
     "full": dict(n_genes=500, n_edges=800, n_control=5000, n_cell_types=8, n_programs=5, n_single=60, n_double=60,
                  n_cells_per_perturbation=60, seed=0),
 }
+
+
+
+@dataclass(frozen=True)
+class CountNoise:
+    """The technical noise of droplet scRNA-seq that :func:`simulate_grn_cells` puts on the transcripts.
+
+    Attributes
+    ----------
+    depth
+        Median library size (UMIs per cell over the simulated genes; log-normal around it, σ 0.4).
+    dispersion
+        Negative-binomial shape θ (variance μ + μ²/θ).
+    dropout_midpoint
+        UMIs at which half the molecules drop out (probability ``1 / (1 + μ / dropout_midpoint)``); 0: no dropout
+        beyond sampling zeros.
+    """
+
+    depth: float = 1_000.0
+    dispersion: float = 5.0
+    dropout_midpoint: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (self.depth > 0 and self.dispersion > 0 and self.dropout_midpoint >= 0):
+            raise CapeInputError(f"need depth > 0, dispersion > 0 and dropout_midpoint ≥ 0, got {self.depth}, "
+                                 f"{self.dispersion}, {self.dropout_midpoint}")
+
 
 # A program regulator's basal drive when its program is on / off (softplus output ≈ 3.0 / 0.13).
 _PROGRAM_ON, _PROGRAM_OFF = 3.0, -2.0
@@ -60,16 +88,16 @@ def _program_regulators(w: np.ndarray, n_programs: int, rng: np.random.Generator
     return np.sort(order[:n_programs])
 
 
-def _technical_counts(x: np.ndarray, abundance: np.ndarray, depth: float, dispersion: float,
-                      dropout_midpoint: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _technical_counts(x: np.ndarray, abundance: np.ndarray, noise: CountNoise,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """UMI counts from biological levels ``x`` (cells × genes): capture ∝ a log-normal library size, NB sampling,
     then dropout with probability ``1 / (1 + μ / midpoint)`` (half the molecules lost at μ = midpoint)."""
-    library = depth * np.exp(rng.normal(0.0, 0.4, size=x.shape[0]))
+    library = noise.depth * np.exp(rng.normal(0.0, 0.4, size=x.shape[0]))
     rate = x * abundance
     mu = rate / np.maximum(rate.sum(axis=1, keepdims=True), 1e-12) * library[:, None]
-    counts = negative_binomial_counts(mu, dispersion, rng)
-    if dropout_midpoint > 0:
-        kept = rng.random(mu.shape) >= dropout_midpoint / (dropout_midpoint + mu)
+    counts = negative_binomial_counts(mu, noise.dispersion, rng)
+    if noise.dropout_midpoint > 0:
+        kept = rng.random(mu.shape) >= noise.dropout_midpoint / (noise.dropout_midpoint + mu)
         counts = counts * kept
     return counts.astype(np.float32), library
 
@@ -153,9 +181,7 @@ def simulate_grn_cells(
     *,
     noise: float = 1.0,
     hill: tuple[float, float] = (2.0, 2.0),
-    depth: float = 1_000.0,
-    dispersion: float = 5.0,
-    dropout_midpoint: float = 0.5,
+    counts: CountNoise | None = None,
     seed: int = 0,
 ) -> ad.AnnData:
     """Cells of several types and single/double knock-outs, from a known gene DAG, as counts and log expression.
@@ -168,8 +194,8 @@ def simulate_grn_cells(
     controls.
 
     Technique: gene ``j``'s transcripts in cell ``c`` are ``(e^x_cj − 1) · a_j`` (``a_j`` a log-normal gene
-    abundance), captured in proportion to a log-normal library size around ``depth``, sampled
-    negative-binomially (shape ``dispersion``) and dropped out with probability ``1 / (1 + μ / dropout_midpoint)``.
+    abundance), captured in proportion to a log-normal library size, sampled negative-binomially and dropped out
+    (:class:`CountNoise`).
 
     Parameters
     ----------
@@ -189,9 +215,9 @@ def simulate_grn_cells(
         ``(K, n)`` of the regulation: the defaults respond around the genes' typical levels, so a parent's
         variation reaches its children through the counts' technical noise (with ``x / (1 + x)`` and noise 0.3,
         parent–child correlations in the counts are no larger than between unrelated genes).
-    depth, dispersion, dropout_midpoint
-        Median library size (UMIs per cell over these genes), negative-binomial shape, dropout midpoint in UMIs
-        (0: no dropout beyond sampling zeros).
+    counts
+        Library size, negative-binomial shape and dropout of the counts (:class:`CountNoise`; default: its
+        defaults).
     seed
         Seeds everything.
 
@@ -203,6 +229,7 @@ def simulate_grn_cells(
     regulator drives, else -1), ``varp["true_dag"]`` (weighted, ``A[i, j] != 0``: i → j) and
     ``uns["simulation"]`` (parameters, programs and the cell types' codes).
     """
+    counts = CountNoise() if counts is None else counts
     _check_grn_sizes(n_genes, n_control, n_cell_types, n_programs, n_single, n_double, n_cells_per_perturbation)
     rng = np.random.default_rng(seed)
     w = random_dag(n_genes, n_edges, weight_range=(0.5, 2.0), rng=rng)
@@ -220,9 +247,9 @@ def simulate_grn_cells(
         n_cells_per_perturbation, noise, hill, rng)
     abundance = np.exp(rng.normal(0.0, 1.0, size=n_genes))
     # x is log-scale: transcripts ∝ e^x − 1, so a knocked-out gene (x = 0) has none
-    counts, library = _technical_counts(np.expm1(x), abundance, depth, dispersion, dropout_midpoint, rng)
+    umis, library = _technical_counts(np.expm1(x), abundance, counts, rng)
 
-    adata = _grn_anndata(counts, library, types, conditions, n_perturbed, names, programs, n_control, n_cell_types)
+    adata = _grn_anndata(umis, library, types, conditions, n_perturbed, names, programs, n_control, n_cell_types)
     adata.varp["true_dag"] = sp.csr_matrix(w)
     adata.uns["simulation"] = {
         "simulator": "cape.data.simulate_grn_cells",
@@ -232,8 +259,8 @@ def simulate_grn_cells(
         "n_programs": n_programs, "program_genes": [names[g] for g in programs],
         "codes": {f"type{t}": codes[t].astype(int).tolist() for t in range(n_cell_types)},
         "n_single": n_single, "n_double": n_double, "n_cells_per_perturbation": n_cells_per_perturbation,
-        "noise": noise, "hill": list(hill), "depth": depth, "dispersion": dispersion,
-        "dropout_midpoint": dropout_midpoint, "seed": seed,
+        "noise": noise, "hill": list(hill), "depth": counts.depth, "dispersion": counts.dispersion,
+        "dropout_midpoint": counts.dropout_midpoint, "seed": seed,
     }
     return adata
 
