@@ -128,6 +128,10 @@ def test_go_inputs_validated(tiny_perturbation, tmp_path):
         run_gears(tiny_perturbation, go_graph="dag", dag_key="nope", epochs=1, workdir=tmp_path)
     with pytest.raises(CapeInputError, match="rows"):
         run_gears(tiny_perturbation, np.zeros((3, 4)), go_graph="dag", epochs=1, workdir=tmp_path)
+    with pytest.raises(CapeInputError, match="epochs must be a positive integer"):
+        run_gears(tiny_perturbation, go_graph="dag", epochs=0, workdir=tmp_path)
+    with pytest.raises(CapeInputError, match="unknown option 'epoch'.*did you mean 'epochs'"):
+        run_gears(tiny_perturbation, go_graph="dag", epoch=1, workdir=tmp_path)
 
 
 def test_go_csv_and_gene2go_pickle_inputs(tiny_perturbation, tmp_path):

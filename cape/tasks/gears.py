@@ -50,6 +50,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -60,6 +61,7 @@ import scipy.sparse as sp
 import torch
 
 from .._errors import CapeInputError
+from .._options import with_options
 from .._settings import resolve_device
 from .gears_inputs import (
     DAG_GO_NOTE,
@@ -91,6 +93,44 @@ logger = logging.getLogger("cape")
 
 
 GEARS_DIR = "cape_gears"  # GEARS' data_path inside workdir (rebuilt by every run)
+
+
+@dataclass(frozen=True)
+class GearsConfig:
+    """GEARS' split, network and training in :func:`run_gears` (defaults: GEARS' own), and cape's score.
+
+    Attributes
+    ----------
+    split_seed
+        Seed of GEARS' "simulation" split (1, as in GEARS and the paper).
+    epochs, hidden_size, batch_size, lr, weight_decay
+        GEARS' training (20 epochs, width 64, lr 1e-3 halved every epoch, weight decay 5e-4; the best epoch by
+        validation top-20-DE MSE is kept, as GEARS does).
+    trainable_embeddings
+        ``False`` (default): given embeddings stay fixed; ``True``: GEARS fine-tunes them.
+    num_similar_genes
+        k of GEARS' GO and co-expression graphs (20).
+    n_de
+        Differentially expressed genes per condition in cape's top-DE MSE (20).
+    """
+
+    split_seed: int = 1
+    epochs: int = 20
+    hidden_size: int = 64
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 5e-4
+    trainable_embeddings: bool = False
+    num_similar_genes: int = 20
+    n_de: int = 20
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "hidden_size", "batch_size", "num_similar_genes", "n_de"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CapeInputError(f"GEARS' {name} must be a positive integer, got {value!r}")
+        if not (self.lr > 0 and self.weight_decay >= 0):
+            raise CapeInputError(f"GEARS' lr must be > 0 and weight_decay ≥ 0, got {self.lr}, {self.weight_decay}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -126,13 +166,10 @@ def _gears_input(adata: ad.AnnData, conditions: Sequence[str], condition_key: st
     return ad.AnnData(X=x, obs=obs, var=pd.DataFrame({"gene_name": names.to_numpy()}, index=names))
 
 
-def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, go_graph=None,
-              dag_key: str = "cape_dag", split_seed: int = 1, epochs: int = 20, hidden_size: int = 64,
-              batch_size: int = 32, lr: float = 1e-3, weight_decay: float = 5e-4,
-              trainable_embeddings: bool = False, num_similar_genes: int = 20, device: str | None = "auto",
-              seed: int = 0, workdir: str | Path | None = None, allow_download: bool = False,
-              condition_key: str = "condition", control: str = CONTROL, n_de: int = 20,
-              num_threads: int | None = 1) -> dict:
+def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, config: GearsConfig | None = None, *,
+              go_graph=None, dag_key: str = "cape_dag", device: str | None = "auto", seed: int = 0,
+              workdir: str | Path | None = None, allow_download: bool = False, condition_key: str = "condition",
+              control: str = CONTROL, num_threads: int | None = 1, **options) -> dict:
     """Train GEARS on GEARS-format ``adata`` (optionally with given gene embeddings) and score its test predictions.
 
     Parameters
@@ -148,15 +185,8 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
         ``varp[dag_key]``) or a genes × genes adjacency — the last two replace GO. ``None``: ``workdir`` must hold
         ``gene2go_all.pkl`` or ``allow_download`` must be set, else a :class:`cape.CapeInputError` says what to
         provide.
-    split_seed
-        Seed of GEARS' "simulation" split (1, as in GEARS and the paper).
-    epochs, hidden_size, batch_size, lr, weight_decay
-        GEARS' training (defaults: GEARS' 20 epochs, width 64, lr 1e-3 halved every epoch, weight decay 5e-4;
-        the best epoch by validation top-20-DE MSE is kept, as GEARS does).
-    trainable_embeddings
-        ``False`` (default): given embeddings stay fixed; ``True``: GEARS fine-tunes them.
-    num_similar_genes
-        k of GEARS' GO and co-expression graphs (20).
+    config
+        GEARS' split, network and training and the score's ``n_de`` (:class:`GearsConfig`; default: GEARS' own).
     device, seed
         ``"auto"`` = CUDA when present. ``seed`` seeds GEARS' control-cell pairing, initialisation and batches.
     workdir
@@ -165,6 +195,8 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
         later calls reuse. A temporary folder by default.
     num_threads
         torch intra-op threads during the run (1; ``None`` leaves torch's setting).
+    **options
+        Fields of :class:`GearsConfig` by name (e.g. ``epochs=5``), replacing those of ``config``.
 
     Returns
     -------
@@ -179,12 +211,10 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
     ``gears.GEARS`` object; its files in ``workdir`` are gone when ``workdir`` was temporary), ``seconds`` and
     ``params``.
     """
-
+    config = with_options(GearsConfig, config, options, "run_gears")
     conditions = validate_perturbation_data(adata, condition_key=condition_key, control=control)
     genes = [str(g) for g in adata.var_names]
     gene_embeddings = _checked_embeddings(gene_embeddings, adata.n_vars)
-    if epochs < 1 or hidden_size < 1 or batch_size < 1:
-        raise CapeInputError("epochs, hidden_size and batch_size must be positive")
     gears = _import_gears()
     dev = str(resolve_device(device))
     start = time.perf_counter()
@@ -194,28 +224,24 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, *, g
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         gene2go, edges, go_note = _gears_graph(go_graph, adata, conditions, dag_key, workdir, allow_download,
-                                               num_similar_genes)
+                                               config.num_similar_genes)
         with (_gears_side_effects_contained(), _torch_threads(num_threads), _gears_output_to_log() as log,
               warnings.catch_warnings()):
             warnings.simplefilter("ignore")  # GEARS' deprecated torch_geometric / pandas idioms
             out = _train_and_predict(gears, _gears_input(adata, conditions, condition_key, control), gene2go,
-                                     edges, gene_embeddings, genes, workdir=workdir, split_seed=split_seed,
-                                     epochs=epochs, hidden_size=hidden_size, batch_size=batch_size, lr=lr,
-                                     weight_decay=weight_decay, trainable=trainable_embeddings,
-                                     k=num_similar_genes, device=dev, seed=seed)
+                                     edges, gene_embeddings, genes, config, workdir=workdir, device=dev,
+                                     seed=seed)
         train_log = log.getvalue()
     split = out["split"]
     predicted = out["predicted"].rename(index={"ctrl": control})
-    per_condition, metrics = _score_predictions(adata, predicted, split, condition_key, control, n_de)
+    per_condition, metrics = _score_predictions(adata, predicted, split, condition_key, control, config.n_de)
     return {"predicted": predicted, "per_condition": per_condition, "metrics": metrics, "split": split,
-            "split_matches_cape": _same_split(split, simulation_split(conditions, seed=split_seed)),
+            "split_matches_cape": _same_split(split, simulation_split(conditions, seed=config.split_seed)),
             "go_graph": go_note, "n_go_edges": len(edges),
             "embedding_rows": out["embedding_rows"], "best_val_top20_de_mse": _best_val(train_log),
             "model": out["model"],
             "seconds": time.perf_counter() - start,
-            "params": {"split": "simulation", "split_seed": split_seed, "epochs": epochs,
-                       "hidden_size": hidden_size, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay,
-                       "trainable_embeddings": trainable_embeddings, "num_similar_genes": num_similar_genes,
+            "params": {"split": "simulation", **{k: v for k, v in asdict(config).items() if k != "n_de"},
                        "device": dev, "seed": seed, "gene_embeddings": None if gene_embeddings is None
                        else list(gene_embeddings.shape), "gears_version": _gears_version()}}
 
@@ -268,9 +294,8 @@ def _same_split(split, reference) -> bool:
                 and sorted(reference.train + reference.val) == sorted(split.train + split.val))
 
 
-def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFrame, embeddings, genes, *,
-                       workdir: Path, split_seed: int, epochs: int, hidden_size: int, batch_size: int, lr: float,
-                       weight_decay: float, trainable: bool, k: int, device: str, seed: int) -> dict:
+def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFrame, embeddings, genes,
+                       config: GearsConfig, *, workdir: Path, device: str, seed: int) -> dict:
     from gears.inference import evaluate  # optional dependency (extra `gears`)
     from gears.utils import GeneSimNetwork, get_similarity_network  # optional dependency (extra `gears`)
 
@@ -287,12 +312,13 @@ def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFr
     torch.manual_seed(seed)
     pert_data = gears.PertData(str(gears_dir), default_pert_graph=False)
     pert_data.new_data_process("cape", adata=gdata)
-    pert_data.prepare_split(split="simulation", seed=split_seed)
+    pert_data.prepare_split(split="simulation", seed=config.split_seed)
     sets = pert_data.set2conditions
     if not sets.get("val") or not sets.get("test"):
         raise CapeInputError("GEARS' simulation split left no validation or no test perturbation; more "
                              "perturbations are needed")
-    pert_data.get_dataloader(batch_size=batch_size, test_batch_size=max(batch_size, 128))
+    k, hidden_size = config.num_similar_genes, config.hidden_size
+    pert_data.get_dataloader(batch_size=config.batch_size, test_batch_size=max(config.batch_size, 128))
     coexpress = get_similarity_network(network_type="co-express", adata=pert_data.adata, threshold=0.4, k=k,
                                        data_path=str(gears_dir), data_name=pert_data.dataset_name,
                                        split=pert_data.split, seed=pert_data.seed,
@@ -319,15 +345,15 @@ def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFr
             net.gene_emb.weight.copy_(torch.as_tensor(gene_table, dtype=net.gene_emb.weight.dtype))
             net.pert_emb.weight[torch.as_tensor(has)] = torch.as_tensor(pert_table[has],
                                                                          dtype=net.pert_emb.weight.dtype)
-        net.gene_emb.weight.requires_grad_(trainable)
-        net.pert_emb.weight.requires_grad_(trainable)
+        net.gene_emb.weight.requires_grad_(config.trainable_embeddings)
+        net.pert_emb.weight.requires_grad_(config.trainable_embeddings)
         rows = {"gene_emb": len(gene_table), "pert_emb": int(has.sum())}
     # GEARS.train tests on its test loader after training (and runs analyses that need its own metric); without
     # the loader it stops after keeping the best-validation model, and cape scores the test set itself
     test_loader = model.dataloader.pop("test_loader")
     torch.manual_seed(seed)
     try:
-        model.train(epochs=epochs, lr=lr, weight_decay=weight_decay)
+        model.train(epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay)
     finally:
         model.dataloader["test_loader"] = test_loader
     res = evaluate(test_loader, model.best_model, False, device)
@@ -338,7 +364,7 @@ def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFr
     subgroup = {c: g for g, conds in pert_data.subgroup["test_subgroup"].items() for c in conds}
     split = PerturbationSplit(train=[c for c in sets["train"] if c != "ctrl"], val=list(sets["val"]),
                               test=[c for c in sets["test"]], subgroup=subgroup,
-                              params={"split": "simulation (GEARS' DataSplitter)", "seed": split_seed})
+                              params={"split": "simulation (GEARS' DataSplitter)", "seed": config.split_seed})
     return {"predicted": predicted, "split": split, "embedding_rows": rows, "model": model}
 
 
