@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
-from cape.data.perturbation import simulate_perturbation
+from cape.data.perturbation_data import simulate_perturbation
 from cape.tasks.labels import SPLIT_KEY
 
 

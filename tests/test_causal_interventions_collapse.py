@@ -15,9 +15,9 @@ from cape import CapeInputError
 from cape.causal import CausalFit, VariationalNotears, fit_parents_mlp, fit_variational_notears
 from cape.causal.parents_mlp import profiled_gaussian_nll
 from cape.causal.trainer import COLLAPSE_FLOOR, collapse_reason, max_correlation, near_empty
-from cape.tl.causal import _intervention_mask, causal_graph
+from cape.tl import causal_graph, intervention_mask
 
-causal_graph_module = importlib.import_module("cape.tl.causal")
+causal_graph_module = importlib.import_module("cape.tl._causal_graph")
 
 
 # --- the likelihood left out for intervened genes ---------------------------------------------------------------
@@ -86,7 +86,7 @@ def test_knockout_labels_orient_the_edge_from_parent_to_knocked_child(seed: int)
 def test_parents_mlp_takes_the_same_labels() -> None:
     a = _knockout_data(0, n=400, knocked=150)
     X = np.asarray(a.X)
-    mask = _intervention_mask(a, "condition", np.asarray(a.var_names))[0]
+    mask = intervention_mask(a, "condition", np.asarray(a.var_names))[0]
     fit = fit_parents_mlp(X, screen_steps=300, steps=300, batch_size=128, device="cpu", seed=0, intervened=mask)
     assert fit.n_intervened == 150 and fit.adjacency.shape == (3, 3)
     with pytest.raises(ValueError, match="cells × genes"):
@@ -97,7 +97,7 @@ def test_intervention_mask_reads_gears_labels_and_double_knockouts(caplog) -> No
     a = ad.AnnData(np.zeros((5, 4), dtype=np.float32), var=pd.DataFrame(index=["A", "B", "C", "D"]))
     a.obs["perturbation"] = ["ctrl", "A+ctrl", "A+B", "ctrl+C", "D+ctrl"]
     with caplog.at_level(logging.WARNING, logger="cape"):
-        mask, record = _intervention_mask(a, "perturbation", np.array(["A", "B", "C"]))
+        mask, record = intervention_mask(a, "perturbation", np.array(["A", "B", "C"]))
     assert mask.toarray().astype(int).tolist() == [[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 0, 1], [0, 0, 0]]
     assert record["n_intervened_cells"] == 3 and record["n_entries_left_out"] == 4
     assert record["targets_outside_graph"] == ["D"] and "not in the causal graph" in caplog.text
@@ -115,7 +115,7 @@ def test_bad_intervention_labels_get_one_line_errors(labels, match) -> None:
     if labels is not None:
         a.obs["condition"] = labels
     with pytest.raises(CapeInputError, match=match) as err:
-        _intervention_mask(a, "condition", np.array(["A", "B", "C"]))
+        intervention_mask(a, "condition", np.array(["A", "B", "C"]))
     assert "\n" not in str(err.value)
 
 

@@ -21,8 +21,8 @@ from cape.causal import (
     learned_equations,
     make_dag,
 )
-from cape.causal.intervention import _generate
 from cape.causal.parents_mlp import bounded_acyclicity, min_cells, profiled_gaussian_nll
+from cape.causal.structural_equations import _generate
 
 FAST = {"screen_steps": 1000, "steps": 1000, "batch_size": 256}
 
@@ -131,7 +131,7 @@ def test_counterfactual_on_the_fitted_equations_is_exact(chain_fit):
 
 
 def test_tl_causal_graph_with_the_parents_mlp_model(monkeypatch, tmp_path):
-    monkeypatch.setattr(importlib.import_module("cape.tl.causal"), "fit_parents_mlp",
+    monkeypatch.setattr(importlib.import_module("cape.tl._causal_graph"), "fit_parents_mlp",
                         functools.partial(fit_parents_mlp, **FAST))
     adata = ad.AnnData(_nonlinear_chain().astype(np.float32))
     adata.var_names = ["A", "B", "C"]

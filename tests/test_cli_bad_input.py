@@ -94,7 +94,7 @@ def test_train_model_dir_equal_to_input_is_refused(tmp_path, capsys):
 
 
 def test_check_output_paths(tmp_path):
-    from cape.cli._io import check_output
+    from cape.cli._command_io import check_output
 
     (tmp_path / "a.h5ad").write_text("x")
     assert check_output(str(tmp_path / "b.h5ad"), str(tmp_path / "a.h5ad"), None, "dataset:krumsiek11") == \
@@ -286,7 +286,7 @@ def test_preprocess_uses_only_varying_genes(tmp_path, capsys):
 
 
 def test_causal_refuses_fewer_cells_than_step1_minimum(tmp_path, capsys):
-    from cape.tl.causal import MIN_CELLS
+    from cape.causal import MIN_CELLS
 
     out = tmp_path / "c.h5ad"
     proc = run(capsys, "causal", "-i", _write(tmp_path, cape_adata(n_cells=MIN_CELLS - 1), "in.h5ad"),

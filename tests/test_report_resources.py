@@ -4,6 +4,9 @@ import json
 
 import pytest
 
+from cape.report.findings import (
+    resources_finding,
+)
 from cape.report.resources import (
     STAGES,
     own_resources,
@@ -12,9 +15,6 @@ from cape.report.resources import (
     resources_from_records,
     resources_table,
     stage_resources,
-)
-from cape.report.verdict import (
-    resources_finding,
 )
 
 

@@ -18,7 +18,7 @@ import cape
 from cape import CapeInputError
 from cape.causal import CausalConfig, NotearsConfig, fit_variational_notears
 from cape.hyperbolic import EmbeddingConfig, embed_dag
-from cape.tl.causal import DATA_KEYS
+from cape.tl._causal_graph import DATA_KEYS
 
 SCHEMA = yaml.safe_load((REPO / "configs" / "schema.yaml").read_text())["properties"]
 
@@ -44,7 +44,7 @@ def test_cli_defaults_build_the_default_config(command, cls):
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
     args = sub.parse_args(["--input", "in.h5ad", "--output", "out.h5ad"])
-    module = __import__(f"cape.cli.{command}", fromlist=["config_from_args"])
+    module = __import__(f"cape.cli.{command}_command", fromlist=["config_from_args"])
     assert module.config_from_args(args) == cls()
 
 
@@ -149,7 +149,7 @@ def test_records_follow_key_added():
 
 
 def test_learned_equations_are_read_for_the_graph_asked_for():
-    from cape.tl.intervention import load_equations
+    from cape.tl._predict_intervention import load_equations
 
     adata = _adata()
     cape.tl.causal_graph(adata, use_genes=None, rank=None, **QUICK)

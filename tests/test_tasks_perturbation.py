@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from cape import CapeInputError
-from cape.data.perturbation import simulate_perturbation
+from cape.data.perturbation_data import simulate_perturbation
 from cape.tasks.perturbation import (
     SUBGROUPS,
     PerturbationTask,

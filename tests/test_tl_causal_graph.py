@@ -13,9 +13,9 @@ import torch
 
 from cape import CapeInputError
 from cape.causal import is_dag
-from cape.causal.metrics import dag_metrics
+from cape.causal.structure_recovery import dag_metrics
 from cape.data.simulate import simulate_sem
-from cape.tl.causal import MIN_CELLS, causal_graph
+from cape.tl._causal_graph import MIN_CELLS, causal_graph
 
 FAST = {"epochs": 2, "batch_size": 32, "device": "cpu"}
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import cape.causal
 from cape import CapeInputError
 from cape.causal import CausalFit, is_dag, positioned_genes, tau_positioning
-from cape.config import coerce_config, validate_config
-from cape.tl.causal import AUTO_TAU_FLOOR, AUTO_TAU_MAX, SCAN_TAUS, causal_graph
+from cape.tl._causal_graph import AUTO_TAU_FLOOR, AUTO_TAU_MAX, SCAN_TAUS, causal_graph
+from cape.workflow_config import coerce_config, validate_config
 
 SCHEMA = Path(__file__).resolve().parent.parent / "configs" / "schema.yaml"
 FAST = {"epochs": 2, "batch_size": 32, "device": "cpu"}
@@ -46,7 +46,7 @@ def fitted(monkeypatch):
     def fake_fit(X, **kwargs):
         return CausalFit(adjacency=holder["A"].copy(), history={"loss": [1.0]}, epochs_run=1)
 
-    step1 = importlib.import_module("cape.tl.causal")
+    step1 = importlib.import_module("cape.tl._causal_graph")
     monkeypatch.setattr(step1, "fit_variational_notears", fake_fit)  # where Step I looks it up
     return holder
 
@@ -292,7 +292,7 @@ def test_rank_and_lambda_defaults_follow_the_model_and_gene_count(monkeypatch, m
         seen.update(kwargs)
         return CausalFit(adjacency=_weights(m=X.shape[1], top=0.9), history={"loss": [1.0]}, epochs_run=1)
 
-    monkeypatch.setattr(importlib.import_module("cape.tl.causal"), "fit_variational_notears", fake_fit)
+    monkeypatch.setattr(importlib.import_module("cape.tl._causal_graph"), "fit_variational_notears", fake_fit)
     a = _adata(n=200, m=m)
     causal_graph(a, model=model, rank=rank, lambda_sparse=lam, tau=0.2, **FAST)
     record = a.uns["cape"]["causal_graph"]
@@ -320,7 +320,7 @@ def test_dense_fit_is_restricted_to_the_screened_candidates(monkeypatch) -> None
         seen.update(kwargs)
         return CausalFit(adjacency=_weights(m=X.shape[1], top=0.9), history={"loss": [1.0]}, epochs_run=1)
 
-    monkeypatch.setattr(importlib.import_module("cape.tl.causal"), "fit_variational_notears", fake_fit)
+    monkeypatch.setattr(importlib.import_module("cape.tl._causal_graph"), "fit_variational_notears", fake_fit)
     a = ad.AnnData(_chain_data().astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(12)]))
     causal_graph(a, tau=0.2, **FAST)
     record = a.uns["cape"]["causal_graph"]

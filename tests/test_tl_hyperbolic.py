@@ -160,7 +160,7 @@ def test_cape_runs_steps_one_to_three_in_order(monkeypatch):
     # Step I itself is tested with its own module; here a fast stand-in records the call and writes a DAG.
     import importlib
 
-    pipeline = importlib.import_module("cape.tl.pipeline")  # where cape.tl.cape looks Step I up
+    pipeline = importlib.import_module("cape.tl._pipeline")  # where cape.tl.cape looks Step I up
 
     calls = {}
 

@@ -191,7 +191,7 @@ def test_equivalence_class_averages_the_orientations_of_the_graph(fitted, tmp_pa
         cape.tl.predict_intervention(a.copy(), {"MYB": 1.0}, equations="equivalence_class", graph="chain")
     a.varp["complete"] = np.triu(np.ones((6, 6)), 1)  # SPI1's class allows 2^5 parent sets
     with monkeypatch.context() as m:
-        m.setattr("cape.tl.intervention.MAX_PARENT_SETS", 8)
+        m.setattr("cape.tl._predict_intervention.MAX_PARENT_SETS", 8)
         with pytest.raises(CapeInputError, match="SPI1 has more than 8 possible parent sets"):
             cape.tl.predict_intervention(a.copy(), {"SPI1": 3.0}, equations="equivalence_class", graph="complete")
     src, dst = tmp_path / "c.h5ad", tmp_path / "p.h5ad"

@@ -10,7 +10,7 @@ from _models_data import one_thread  # noqa: F401  (fixture)
 
 import cape
 from cape import CapeInputError
-from cape.data.perturbation import simulate_perturbation
+from cape.data.perturbation_data import simulate_perturbation
 from cape.tasks.clustering import clustering_metrics
 from cape.tasks.perturbation_predictors import pca_gene_embeddings
 

@@ -119,7 +119,7 @@ def test_misspelled_nested_key_names_it(workdir, override, words):
 def test_nested_config_errors_name_the_key(section, value, words):
     """What common.smk runs on the config (strings as from `--config`), in-process."""
     from cape import CapeInputError
-    from cape.config import coerce_config, validate_config
+    from cape.workflow_config import coerce_config, validate_config
 
     config = {**CONFIG, section: {**CONFIG[section], **value}}
     with pytest.raises(CapeInputError, match="^" + re.escape(words)):
@@ -130,7 +130,7 @@ def test_nested_config_errors_name_the_key(section, value, words):
 
 
 def test_bands_that_fit_the_model_pass_the_config_check():
-    from cape.config import validate_config
+    from cape.workflow_config import validate_config
 
     validate_config({**CONFIG, "embed": {**CONFIG["embed"], "dim": 8}, "encode": {**CONFIG["encode"], "bands": 4}},
                     SCHEMA)

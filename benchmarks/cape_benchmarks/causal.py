@@ -43,7 +43,6 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
-import networkx as nx
 import numpy as np
 import pandas as pd
 import torch
@@ -54,18 +53,19 @@ from cape._arrays import zscore_columns
 from cape._errors import CapeInputError
 from cape._io import save_figure, write_json, write_text
 from cape._tables import mean_sd_table
-from cape.causal import fit_parents_mlp, fit_variational_notears, make_dag
-from cape.causal.metrics import dag_metrics
-from cape.causal.postprocess import choose_tau, edge_budget, partial_correlations, screen_candidates
+from cape.causal import CausalConfig, fit_parents_mlp, fit_variational_notears, is_dag, make_dag
+from cape.causal.causal_config import LOW_RANK
+from cape.causal.postprocess import AUTO_TAU_MAX, choose_tau, edge_budget, partial_correlations, screen_candidates
+from cape.causal.structure_recovery import dag_metrics
 from cape.data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
-from cape.data.perturbation import sachs_interventions
+from cape.data.perturbation_data import sachs_interventions
 from cape.data.simulate import simulate_sem
 from cape.pp import preprocess
-from cape.tl.causal import DENSE_MAX_GENES, LAMBDA_DENSE, LAMBDA_LOW_RANK, LOW_RANK, _intervention_mask
+from cape.tl import intervention_mask
 
 from .peers import PEERS, run_peer
 
-__all__ = ["CAPE_METHODS", "DIAGNOSE", "INPUTS", "SETTINGS", "is_acyclic", "run_causal_benchmark", "standardized"]
+__all__ = ["CAPE_METHODS", "DIAGNOSE", "INPUTS", "SETTINGS", "run_causal_benchmark", "standardized"]
 
 logger = logging.getLogger("cape")
 
@@ -109,7 +109,7 @@ CAPE_METHODS = {
     "cape_default_nolabels": {"rank": "auto", "tau": "budget", "labels": False},
     "cape_default_noscreen": {"rank": "auto", "tau": "budget", "labels": True, "screen": False},
     # The paper's Step I: rank 40, λs 1, τ 0.2.
-    "cape_paper": {"rank": LOW_RANK, "lambda_sparse": 1.0, "tau": 0.2},
+    "cape_paper": {"rank": LOW_RANK, "lambda_sparse": 1.0, "tau": AUTO_TAU_MAX},
 }
 #: False discovery rate of the undirected peers' pairs (the usual 5 %; cape's budget uses its own, BUDGET_FDR).
 PEER_FDR = 0.05
@@ -140,7 +140,7 @@ def _grn_dataset(cells: str, seed: int):
     X = np.asarray(X, dtype=np.float64)
     keep = X.std(0) > 0
     a = a[:, keep].copy()
-    mask = None if cells == "control" else _intervention_mask(a, "condition", np.asarray(a.var_names))[0]
+    mask = None if cells == "control" else intervention_mask(a, "condition", np.asarray(a.var_names))[0]
     return X[:, keep], a.varp["true_dag"].toarray(), mask
 
 
@@ -159,7 +159,7 @@ def _dataset(setting: str, seed: int, n_samples: int | None):
     a = data.load("sachs2005")
     if spec["cells"] == "conditions":  # GEARS labels: ctrl and the 6 conditions that target a measured protein
         b = sachs_interventions(a)  # log1p already
-        mask = _intervention_mask(b, "condition", np.asarray(b.var_names))[0]
+        mask = intervention_mask(b, "condition", np.asarray(b.var_names))[0]
         return np.asarray(b.X, dtype=np.float64), b.varp["true_graph"].toarray(), mask
     if spec["cells"] == "observational":
         a = a[a.obs["condition"].astype(str) == "cd3cd28"]
@@ -199,12 +199,6 @@ def _run_undirected(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, 
     return chosen, scores, time.perf_counter() - start
 
 
-def is_acyclic(W: np.ndarray) -> bool:
-    """Whether the graph with an edge i → j wherever W[i, j] ≠ 0 (self-loops included) is a DAG."""
-    return bool(nx.is_directed_acyclic_graph(nx.from_numpy_array((np.asarray(W) != 0).astype(int),
-                                                                 create_using=nx.DiGraph)))
-
-
 def standardized(X: np.ndarray) -> np.ndarray:
     """Each column centred and divided by its standard deviation (constant columns become 0)."""
     return zscore_columns(X)[0]
@@ -214,10 +208,10 @@ def standardized(X: np.ndarray) -> np.ndarray:
 DIAGNOSE = {"methods": ["cape", "cape_lambda0.3", "cape_lambda3", "cape_linear", "cape_batch1000",
                         "cape_epochs300", "cape_parents_mlp", "sdcd"],
             "taus": [0.05, 0.1, 0.2, 0.3, "auto"]}
-#: Step I's default threshold τ (the paper's).
-DEFAULT_TAU = 0.2
+#: τ of the cape rows without a rule of their own: the paper's 0.2 (where ``tau="auto"`` starts).
+PAPER_TAU = AUTO_TAU_MAX
 #: ``tau="auto"``'s share of genes that must keep an edge (:func:`cape.tl.causal_graph`'s default).
-AUTO_MIN_POSITIONED = 0.5
+AUTO_MIN_POSITIONED = CausalConfig().min_positioned
 
 
 def _run_cape(method: str, X: np.ndarray, seed: int, intervened=None) -> tuple[np.ndarray, float]:
@@ -227,9 +221,10 @@ def _run_cape(method: str, X: np.ndarray, seed: int, intervened=None) -> tuple[n
     screen = options.pop("screen", True)
     if options.pop("labels", False) and intervened is not None:
         options["intervened"] = intervened
-    if options["rank"] == "auto":  # what cape.tl.causal_graph does with rank="auto", lambda_sparse=None
-        options["rank"] = None if X.shape[1] <= DENSE_MAX_GENES else LOW_RANK
-        options.setdefault("lambda_sparse", LAMBDA_DENSE if options["rank"] is None else LAMBDA_LOW_RANK)
+    if options["rank"] == "auto":  # resolved as cape.tl.causal_graph resolves rank="auto"
+        step1 = CausalConfig(rank="auto", lambda_sparse=options.get("lambda_sparse"))
+        options["rank"] = step1.rank_for(X.shape[1])
+        options["lambda_sparse"] = step1.lambda_for(options["rank"])
         if options["rank"] is None and screen:  # screen="partial_correlation"
             options["candidates"] = screen_candidates(X)
     if options.pop("model", None) == "parents_mlp":
@@ -254,7 +249,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
     ``inputs``: any of :data:`INPUTS` (default ``["raw"]``); ``seed_offset``: first seed; ``taus``: extra
     thresholds each cape fit is also scored at (records of method ``"<method>@τ<t>"``, same fit and time;
     ``"auto"``: :func:`cape.tl.causal_graph`'s default rule, genes positioned ≥ :data:`AUTO_MIN_POSITIONED`);
-    cape's own rows use :data:`DEFAULT_TAU`.
+    cape's own rows use :data:`PAPER_TAU`.
     """
 
     settings = settings or (QUICK["settings"] if quick else list(SETTINGS))
@@ -289,7 +284,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                     if method in CAPE_METHODS:
                         weights, seconds = _run_cape(method, X, seed, intervened)
                         status = "ok"
-                        rule = CAPE_METHODS[method].get("tau", DEFAULT_TAU)
+                        rule = CAPE_METHODS[method].get("tau", PAPER_TAU)
                         k = edge_budget(X) if rule == "budget" else None
                         graphs[method] = make_dag(weights, choose_tau(weights, rule, AUTO_MIN_POSITIONED, k)[0])[0]
                         graphs.update({f"{method}@τ{t if t in ('auto', 'budget') else f'{t:g}'}":
@@ -307,7 +302,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                         row = {**base, "method": name}
                         records.append({**row, "metric": "seconds", "value": float(seconds), "status": status})
                         if W is not None:
-                            records.append({**row, "metric": "acyclic", "value": float(is_acyclic(W)),
+                            records.append({**row, "metric": "acyclic", "value": float(is_dag(W)),
                                             "status": status})
                         scores = dag_metrics(truth, W) if W is not None else dict.fromkeys(METRICS, float("nan"))
                         if W is not None:

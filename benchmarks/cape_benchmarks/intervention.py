@@ -48,9 +48,9 @@ from cape.causal import (
     make_dag,
 )
 from cape.causal.equivalence import intervene_equivalence_class
-from cape.causal.intervention import descendants
 from cape.causal.postprocess import choose_tau
-from cape.data.perturbation import CONTROL, sachs_interventions
+from cape.causal.structural_equations import descendants
+from cape.data.perturbation_data import CONTROL, sachs_interventions
 from cape.tasks.perturbation import condition_genes
 
 from .peers import PEERS, run_peer

@@ -1,5 +1,5 @@
 """``cape encodings relativity``: per-layer non-relativity of models trained with each encoding, before and after
-masked-value pretraining (the measurement itself is :func:`cape.tasks.attention.layer_non_relativity`)."""
+masked-value pretraining (the measurement itself is :func:`cape.tasks.attention_diagnostic.layer_non_relativity`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from cape._errors import CapeInputError
 from cape._io import save_figure, write_json, write_text
 from cape._tables import mean_sd_table
 from cape.models import CellTransformer
-from cape.tasks.attention import layer_non_relativity
+from cape.tasks.attention_diagnostic import layer_non_relativity
 
 logger = logging.getLogger("cape")
 

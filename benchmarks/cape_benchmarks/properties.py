@@ -39,9 +39,8 @@ from cape.encodings.cape import DEFAULT_BAND_TOP, band_frequencies, cape_angles
 from cape.encodings.rotary import apply_rotary
 from cape.hyperbolic import khop_positives
 from cape.hyperbolic.poincare import poincare_distance
-from cape.pl.poincare import generality, poincare
-from cape.tl.causal import causal_graph
-from cape.tl.hyperbolic import hyperbolic_embedding
+from cape.pl import generality, poincare
+from cape.tl import causal_graph, hyperbolic_embedding
 
 logger = logging.getLogger("cape")
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import cape
 from cape import CapeInputError
-from cape.data.perturbation import simulate_perturbation
+from cape.data.perturbation_data import simulate_perturbation
 from cape_benchmarks import encodings as be
 from cape_benchmarks import encodings_models as bm
 from cape_benchmarks import encodings_report as br

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import cape
 from cape import CapeInputError
-from cape.data.perturbation import simulate_perturbation
+from cape.data.perturbation_data import simulate_perturbation
 from cape.encodings.ordering import topological_positions
 from cape_benchmarks import encodings as be
 from cape_benchmarks import encodings_controls as bc

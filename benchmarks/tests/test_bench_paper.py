@@ -16,8 +16,8 @@ from _workflow import REPO, snakemake
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cape.config import validate_config
-from cape.data.perturbation import simulate_perturbation
+from cape.data.perturbation_data import simulate_perturbation
+from cape.workflow_config import validate_config
 from cape_benchmarks import encodings_models as bm
 from cape_benchmarks import paper_runtime as pr
 from cape_benchmarks.cli import main
@@ -102,7 +102,7 @@ def test_gears_and_encodings_options_do_not_mix(tmp_path):
 
 
 def test_encodings_cli_passes_the_new_sizes_to_the_settings(monkeypatch, tmp_path):
-    from cape_benchmarks.cli import encodings as cli_encodings
+    from cape_benchmarks.cli import encodings_command as cli_encodings
 
     seen = {}
 
@@ -119,7 +119,7 @@ def test_encodings_cli_passes_the_new_sizes_to_the_settings(monkeypatch, tmp_pat
 
 
 def test_gears_cli_passes_steps_settings(monkeypatch, tmp_path):
-    from cape_benchmarks.cli import gears as cli_gears
+    from cape_benchmarks.cli import gears_command as cli_gears
 
     seen = {}
 

@@ -5,7 +5,7 @@ Torch cores only (no AnnData); :func:`cape.tl.causal_graph` is the AnnData-facin
 
 from __future__ import annotations
 
-from .acyclicity import (
+from .acyclicity_penalty import (
     LinearisedAcyclicity,
     acyclicity,
     acyclicity_dense,
@@ -15,16 +15,8 @@ from .acyclicity import (
     hadamard_square_factors,
     trace_expm,
 )
-from .config import CausalConfig, NotearsConfig
+from .causal_config import CausalConfig, NotearsConfig
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
-from .intervention import (
-    StructuralEquations,
-    descendants,
-    intervene,
-    learned_equations,
-    linear_equations,
-    topological_order,
-)
 from .model import ElementwiseMLP, VariationalNotears
 from .parents_mlp import ParentsMLP, ParentsMLPConfig, fit_parents_mlp
 from .postprocess import (
@@ -37,6 +29,14 @@ from .postprocess import (
     tau_for_edges,
     tau_positioning,
     threshold,
+)
+from .structural_equations import (
+    StructuralEquations,
+    descendants,
+    intervene,
+    learned_equations,
+    linear_equations,
+    topological_order,
 )
 from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
 

@@ -32,7 +32,7 @@ import math
 import torch
 from torch import nn
 
-from .acyclicity import acyclicity
+from .acyclicity_penalty import acyclicity
 
 __all__ = ["ElementwiseMLP", "VariationalNotears"]
 

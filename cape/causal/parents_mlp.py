@@ -48,7 +48,7 @@ from .._errors import CapeInputError
 from .._options import with_options
 from .._progress import progress
 from .._settings import resolve_device
-from .acyclicity import acyclicity_dense
+from .acyclicity_penalty import acyclicity_dense
 from .trainer import (
     COLLAPSE_CHECK_CELLS,
     CausalFit,

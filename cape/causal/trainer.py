@@ -29,7 +29,7 @@ with statistics computed without densifying X, so memory stays O(batch × genes)
 The exact acyclicity term needs an exponential of size min(M, k) (k = r(r+1)/2) every step: at k = 820
 (r = 40) that costs more than the rest of the step. With ``h_every`` = K > 1 the exact h
 and its gradient are computed every K steps only, and the steps in between use h's first-order model in
-A∘A at that point, :class:`~cape.causal.acyclicity.LinearisedAcyclicity`: h(A₀) + Σ W_ij (A_ij² − A₀_ij²)
+A∘A at that point, :class:`~cape.causal.acyclicity_penalty.LinearisedAcyclicity`: h(A₀) + Σ W_ij (A_ij² − A₀_ij²)
 with W = exp(A₀∘A₀)ᵀ, evaluated at the current A in O(M²). Its gradient 2W∘A pulls every weight towards
 zero and fades as the weight does. Reusing the old gradient instead is not safe for A = UVᵀ, where one
 Adam step moves every entry of A through all r components: a low-rank fit with a stale gradient collapses,
@@ -37,7 +37,7 @@ while the linearised penalty keeps the graph of exact steps. ``h_every=None``
 picks exact steps while min(M, k) ≤ :data:`EXACT_ACYCLICITY_MAX` and :data:`AUTO_H_EVERY` above
 (:data:`AUTO_H_EVERY_LARGE` beyond :data:`AUTO_H_EVERY_LARGE_M` genes). Between exact steps the low-rank L1
 and linearised penalties share one UVᵀ and one backward pass
-(:meth:`~cape.causal.acyclicity.LinearisedAcyclicity.low_rank_l1_and_h`).
+(:meth:`~cape.causal.acyclicity_penalty.LinearisedAcyclicity.low_rank_l1_and_h`).
 
 The per-gene MLPs dominate the cost at large M; on CPU they are run through ``torch.compile`` there
 (``compile_mlp``), falling back to eager kernels with a warning where compiling fails, and the decoder, which
@@ -63,8 +63,8 @@ import torch
 from .._options import with_options
 from .._progress import progress
 from .._settings import resolve_device
-from .acyclicity import LinearisedAcyclicity
-from .config import NotearsConfig
+from .acyclicity_penalty import LinearisedAcyclicity
+from .causal_config import NotearsConfig
 from .model import VariationalNotears
 
 __all__ = ["COLLAPSE_FLOOR", "COLLAPSE_SIGNAL", "MIN_CELLS", "CausalFit", "NotearsConfig", "collapse_reason",
@@ -104,7 +104,7 @@ class CausalFit:
         :func:`cape.causal.fit_parents_mlp`).
     model
         The fitted :class:`VariationalNotears` (eval mode): its encoder and decoder are the structural
-        equations that :func:`cape.causal.intervention.learned_equations` reads.
+        equations that :func:`cape.causal.structural_equations.learned_equations` reads.
     mean, std
         The per-gene standardisation applied to X before the model saw it (float64).
     collapsed, collapse_message

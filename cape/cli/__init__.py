@@ -1,9 +1,10 @@
 """The ``cape`` command line: one subcommand per workflow stage (the benchmarks have their own ``cape-bench``).
 
-One module per command, named after it (``cape train`` → :mod:`cape.cli.train`); each exposes ``register(commands)``
-adding its parser with ``set_defaults(func=run)``; ``func(args)`` returns an exit code (or ``None`` for 0). User
-mistakes raise :class:`cape.CapeInputError`, which ``main`` prints as one line on stderr with exit code 2, never a
-traceback. :func:`add_global_options` and :func:`run_command` are shared with the ``cape-bench`` command line.
+One module per command, named after it (``cape train`` → :mod:`cape.cli.train_command`); each exposes
+``register(commands)`` adding its parser with ``set_defaults(func=run)``; ``func(args)`` returns an exit code (or
+``None`` for 0). User mistakes raise :class:`cape.CapeInputError`, which ``main`` prints as one line on stderr with
+exit code 2, never a traceback. :func:`add_global_options` and :func:`run_command` are shared with the ``cape-bench``
+command line.
 """
 
 from __future__ import annotations
@@ -17,11 +18,22 @@ from collections.abc import Sequence
 from .. import __version__
 from .._errors import CapeInputError
 from .._settings import default_threads, resolve_device, settings
-from . import causal, data, embed, encode, encodings, evaluate, predict, preprocess, train
-from ._io import positive_int
+from . import (
+    causal_command,
+    data_command,
+    embed_command,
+    encode_command,
+    encodings_command,
+    evaluate_command,
+    predict_command,
+    preprocess_command,
+    train_command,
+)
+from ._command_io import positive_int
 
 #: In the order ``cape --help`` lists them.
-COMMAND_MODULES = (data, preprocess, encodings, causal, predict, train, embed, encode, evaluate)
+COMMAND_MODULES = (data_command, preprocess_command, encodings_command, causal_command, predict_command, train_command,
+                   embed_command, encode_command, evaluate_command)
 
 
 class _Parser(argparse.ArgumentParser):

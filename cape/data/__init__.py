@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from .download import cache_dir
 from .expression import simulate_expression  # 10x-shaped UMI or TPM matrices
-from .fetch import cache_dir
 from .grn_cells import CountNoise, simulate_grn_cells  # cell types and knock-outs on a known gene DAG, as counts
 from .manifest import Manifest, get_manifest, manifest_dir, manifests, read_manifest
-from .perturbation import sachs_interventions, simulate_perturbation  # GEARS-format perturbation data
-from .read import read, validate_adata
+from .perturbation_data import sachs_interventions, simulate_perturbation  # GEARS-format perturbation data
 from .registry import available, fetch, load
 from .simulate import simulate_sem  # gcastle SEM simulator; castle.datasets imported on call, quietly
+from .user_files import read, validate_adata
 
 __all__ = [
     "CountNoise",

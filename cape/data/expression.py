@@ -14,7 +14,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
-from .perturbation import random_dag
+from .perturbation_data import random_dag
 
 __all__ = ["simulate_expression"]
 

@@ -26,7 +26,7 @@ import scipy.sparse as sp
 
 from .._errors import CapeInputError
 from .expression import negative_binomial_counts
-from .perturbation import CONTROL, gears_condition, random_dag, sem_sample
+from .perturbation_data import CONTROL, gears_condition, random_dag, sem_sample
 
 __all__ = ["GRN_SIMULATIONS", "CountNoise", "simulate_grn_cells"]
 

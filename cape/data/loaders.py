@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from .._errors import CapeInputError
 from .manifest import Manifest
-from .read import validate_adata
+from .user_files import validate_adata
 
 Loader = Callable[[dict[str, Path], Manifest], ad.AnnData]
 LOADERS: dict[str, Loader] = {}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import anndata as ad
 
-from . import fetch as _fetch
+from . import download
 from .loaders import build
 from .manifest import get_manifest, manifests
 
@@ -18,7 +18,7 @@ def available() -> list[str]:
 
 def fetch(name: str) -> dict[str, Path]:
     """Download (or locate) and verify the files of dataset ``name``; return ``{role: path}``."""
-    return _fetch.fetch(get_manifest(name))
+    return download.fetch(get_manifest(name))
 
 
 def load(name: str) -> ad.AnnData:
@@ -35,6 +35,6 @@ def load(name: str) -> ad.AnnData:
     10
     """
     manifest = get_manifest(name)
-    adata = build(_fetch.fetch(manifest), manifest)
+    adata = build(download.fetch(manifest), manifest)
     adata.uns.setdefault("cape", {})["dataset"] = manifest.as_record()
     return adata

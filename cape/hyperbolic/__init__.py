@@ -10,8 +10,8 @@
 from __future__ import annotations
 
 from .adjacency import as_sparse_adjacency, check_dag
-from .config import EmbeddingConfig
 from .embedding import EmbeddingResult, embed_dag
+from .embedding_config import EmbeddingConfig
 from .generality import pagerank_generality
 from .geometry import EuclideanGeometry, LorentzGeometry
 from .poincare import (

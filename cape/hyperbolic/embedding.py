@@ -41,8 +41,8 @@ from .._options import with_options
 from .._progress import progress
 from .._settings import resolve_device
 from .adjacency import as_sparse_adjacency, check_dag
-from .config import DEFAULT_TEMPERATURE as DEFAULT_TEMPERATURE
-from .config import EmbeddingConfig
+from .embedding_config import DEFAULT_TEMPERATURE as DEFAULT_TEMPERATURE
+from .embedding_config import EmbeddingConfig
 from .generality import pagerank_generality
 from .geometry import GEOMETRIES
 from .loss import (

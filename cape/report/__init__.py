@@ -5,8 +5,8 @@ verdict (:mod:`.verdict`, with :mod:`.statistics` and :mod:`.resources`) and the
 from __future__ import annotations
 
 from .document import FIGURES, figures_dir, read_metrics, write_figures, write_metrics, write_report
+from .findings import Finding, headline, verdict
 from .metrics import attention_records, evaluate_run
-from .verdict import Finding, headline, verdict
 
 __all__ = [
     "FIGURES",

@@ -15,9 +15,9 @@ from sklearn.decomposition import PCA
 from .. import pl
 from .._io import save_figure, write_json, write_text
 from .._tables import html_page, html_table, markdown_table, mean_sd_table, parse_markdown_table
+from .findings import verdict, verdict_html, verdict_markdown
 from .resources import resources_from_records
 from .statistics import N_BOOTSTRAP
-from .verdict import verdict, verdict_html, verdict_markdown
 
 #: Tasks the verdict shows itself, left out of the metrics tables.
 _VERDICT_TASKS = ("resources",)

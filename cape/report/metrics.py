@@ -12,7 +12,7 @@ import numpy as np
 from .._errors import CapeInputError
 from ..models import CellTransformer
 from ..tasks.annotation import AnnotationSplit, annotation_metrics, logistic_regression_pca
-from ..tasks.attention import layer_non_relativity
+from ..tasks.attention_diagnostic import layer_non_relativity
 from ..tasks.clustering import BASELINES, clustering_metrics, expression_matrix, kmeans_clusters, knn_impute
 from ..tasks.labels import SPLIT_KEY, checked_labels
 from .statistics import accuracy, adjusted_rand, bootstrap_difference, comparison_records
@@ -121,7 +121,7 @@ def attention_records(adata: ad.AnnData, model_dir: str | os.PathLike, *, datase
     """Behind-RoPE non-relativity of every attention layer of the trained model in ``model_dir``.
 
     Measured against the model's own gene positions and, when the AnnData has them, against the Poincaré
-    positions of Step II (see :func:`cape.tasks.attention.layer_non_relativity`). A key that does not apply
+    positions of Step II (see :func:`cape.tasks.attention_diagnostic.layer_non_relativity`). A key that does not apply
     (e.g. an encoding without positions) is skipped with a log line.
     """
     model = CellTransformer.load(model_dir, adata, device="cpu")

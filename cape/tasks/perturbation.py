@@ -1,6 +1,7 @@
 """Perturbation-prediction benchmark in the GEARS setting (Roohani et al. 2023; CAPE Sec. 5.2, Supp. E.1).
 
-* Input: GEARS format, ``obs["condition"]`` ``"ctrl"`` / ``"A+ctrl"`` / ``"A+B"`` (see :mod:`cape.data.perturbation`).
+* Input: GEARS format, ``obs["condition"]`` ``"ctrl"`` / ``"A+ctrl"`` / ``"A+B"``
+  (see :mod:`cape.data.perturbation_data`).
 * Split: GEARS' "simulation" split, reimplemented from its description (:func:`simulation_split`).
 * Metrics: per test perturbation, over its top-20 differentially expressed genes (scanpy ``rank_genes_groups``
   against control, ``rankby_abs=True``): the MSE between the mean predicted and the mean true expression, and

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ..causal.config import CausalConfig  # Step I's options
-from ..hyperbolic.config import EmbeddingConfig  # Step II's options
-from .causal import causal_graph  # Step I
-from .hyperbolic import hyperbolic_embedding  # Step II
-from .intervention import predict_intervention  # do() on Step I's equations
-from .pipeline import cape  # Steps I-III
-from .rotary import rotary_encoding  # Step III
-from .tasks import annotate, cluster, predict_perturbation  # downstream tasks
+from ..causal.causal_config import CausalConfig  # Step I's options
+from ..hyperbolic.embedding_config import EmbeddingConfig  # Step II's options
+from ._causal_graph import causal_graph, intervention_mask  # Step I (and its per-cell interventions)
+from ._hyperbolic_embedding import hyperbolic_embedding  # Step II
+from ._pipeline import cape  # Steps I-III
+from ._predict_intervention import predict_intervention  # do() on Step I's equations
+from ._rotary_encoding import rotary_encoding  # Step III
+from ._tasks import annotate, cluster, predict_perturbation  # downstream tasks
 
 __all__ = [
     "CausalConfig",
@@ -19,6 +19,7 @@ __all__ = [
     "causal_graph",
     "cluster",
     "hyperbolic_embedding",
+    "intervention_mask",
     "predict_intervention",
     "predict_perturbation",
     "rotary_encoding",

@@ -8,7 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from cape import CapeInputError
-from cape.config import coerce_config, validate_config
+from cape.workflow_config import coerce_config, validate_config
 
 # cape's check first: one line naming the offending key; then Snakemake's, which fills in the schema defaults.
 # Nested --config overrides arrive as strings; coerce them to the schema's types first.

@@ -1,9 +1,9 @@
 """The ``cape-bench`` command line (also ``python -m cape_benchmarks``): ``cape-bench <name>`` per benchmark.
 
-One module per benchmark command, each with ``register(bench)`` adding its parser (with ``set_defaults(func=run)``)
-to the ``cape-bench`` group. The global options (``--seed``, ``--device``, ``--quiet``, ``--threads``) and the
-one-line errors are ``cape``'s own (:func:`cape.cli.add_global_options`, :func:`cape.cli.run_command`). The
-benchmarks themselves live in :mod:`cape_benchmarks`."""
+One module per benchmark command (``<name>_command``), each with ``register(bench)`` adding its parser (with
+``set_defaults(func=run)``) to the ``cape-bench`` group. The global options (``--seed``, ``--device``, ``--quiet``,
+``--threads``) and the one-line errors are ``cape``'s own (:func:`cape.cli.add_global_options`,
+:func:`cape.cli.run_command`). The benchmarks themselves live in :mod:`cape_benchmarks`."""
 
 from __future__ import annotations
 
@@ -13,24 +13,25 @@ from collections.abc import Sequence
 from cape.cli import _Parser, add_global_options, run_command
 
 from . import (
-    attention,
-    baselines,
-    causal,
-    causal_scale,
-    embedding,
-    encodings,
-    gears,
-    intervention,
-    non_relativity,
-    paper_runtime,
-    pretrain,
-    properties,
-    recipe,
+    attention_command,
+    baselines_command,
+    causal_command,
+    causal_scale_command,
+    embedding_command,
+    encodings_command,
+    gears_command,
+    intervention_command,
+    non_relativity_command,
+    paper_runtime_command,
+    pretrain_command,
+    properties_command,
+    recipe_command,
 )
 
 #: In the order ``cape-bench --help`` lists them.
-BENCH_MODULES = (attention, non_relativity, causal, causal_scale, intervention, pretrain, embedding, properties,
-                 baselines, recipe, encodings, gears, paper_runtime)
+BENCH_MODULES = (attention_command, non_relativity_command, causal_command, causal_scale_command,
+                 intervention_command, pretrain_command, embedding_command, properties_command, baselines_command,
+                 recipe_command, encodings_command, gears_command, paper_runtime_command)
 
 
 PROG = "cape-bench"

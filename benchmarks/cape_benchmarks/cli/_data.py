@@ -11,7 +11,7 @@ import anndata as ad
 from cape import data
 from cape._errors import CapeInputError
 from cape.data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
-from cape.data.perturbation import BENCHMARK_SIMULATIONS, CONTROL, sachs_interventions, simulate_perturbation
+from cape.data.perturbation_data import BENCHMARK_SIMULATIONS, CONTROL, sachs_interventions, simulate_perturbation
 from cape.tasks.labels import manifest_key
 
 #: Where every benchmark writes ``<name>.{json,md,png}`` unless ``--out`` says otherwise.

@@ -8,11 +8,11 @@ import time
 import anndata as ad
 
 from .._settings import resolve_seed
-from ..causal.config import CausalConfig
-from ..hyperbolic.config import EmbeddingConfig
-from .causal import causal_graph
-from .hyperbolic import hyperbolic_embedding
-from .rotary import rotary_encoding
+from ..causal.causal_config import CausalConfig
+from ..hyperbolic.embedding_config import EmbeddingConfig
+from ._causal_graph import causal_graph
+from ._hyperbolic_embedding import hyperbolic_embedding
+from ._rotary_encoding import rotary_encoding
 
 
 def cape(adata: ad.AnnData, causal: CausalConfig | None = None, embedding: EmbeddingConfig | None = None, *,

@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from .._errors import CapeInputError
 from ..causal.equivalence import MAX_PARENT_SETS, TooManyParentSets, intervene_equivalence_class
-from ..causal.intervention import MODES, StructuralEquations, intervene, linear_equations
+from ..causal.structural_equations import MODES, StructuralEquations, intervene, linear_equations
 from ._uns import DAG_KEY, h5ad_safe, step_record
 
 __all__ = ["EQUATIONS", "intervention_values", "load_equations", "predict_intervention"]

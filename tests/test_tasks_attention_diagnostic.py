@@ -12,7 +12,7 @@ from _models_data import cape_adata, one_thread  # noqa: F401  (fixture)
 from cape import CapeInputError
 from cape.models import CellTransformer
 from cape.models.tokenize import CellCollator
-from cape.tasks.attention import _heads, layer_mean_logits, layer_non_relativity
+from cape.tasks.attention_diagnostic import _heads, layer_mean_logits, layer_non_relativity
 
 
 def _constant_qk(model: CellTransformer, seed: int = 0) -> None:
@@ -145,7 +145,7 @@ def test_evaluate_non_relativity_never_builds_an_all_genes_square(tmp_path, monk
     """The evaluate step's attention diagnostics over 3,000 genes (300 used) work on ≤ 300 × 300 tables."""
     import tracemalloc
 
-    import cape.tasks.attention as lr
+    import cape.tasks.attention_diagnostic as lr
     from cape.report import attention_records
 
     adata = _many_genes()

@@ -30,7 +30,7 @@ def test_read_csv_in_chunks_keeps_raw_counts_sparse(tmp_path, monkeypatch):
 
     import scipy.sparse as sp
 
-    reader = importlib.import_module("cape.data.read")  # the module (cape.data.read is also the function)
+    reader = importlib.import_module("cape.data.user_files")  # the module (cape.data.read is also the function)
     rng = np.random.default_rng(0)
     counts = rng.poisson(0.2, size=(7, 40)) * (rng.random((7, 40)) < 0.5)
     lines = [",".join(["", *(f"g{j}" for j in range(40))])]

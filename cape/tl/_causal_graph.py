@@ -26,7 +26,7 @@ from ..causal import (
     tau_positioning,
 )
 from ..causal import parents_mlp as _parents_mlp
-from ..causal.config import (
+from ..causal.causal_config import (
     DENSE_MAX_GENES,
     LAMBDA_DENSE,
     LAMBDA_LOW_RANK,
@@ -50,7 +50,8 @@ from ..tasks.perturbation import CONTROL, condition_genes
 from ._uns import DAG_KEY, step_key
 
 __all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "DATA_KEYS", "DENSE_MAX_GENES", "LAMBDA_DENSE", "LAMBDA_LOW_RANK",
-           "LOW_RANK", "MIN_CELLS", "MODELS", "SCAN_TAUS", "SCREENS", "CausalConfig", "causal_graph"]
+           "LOW_RANK", "MIN_CELLS", "MODELS", "SCAN_TAUS", "SCREENS", "CausalConfig", "causal_graph",
+           "intervention_mask"]
 
 logger = logging.getLogger("cape")
 
@@ -107,12 +108,32 @@ def _format_scan(scan: dict[str, np.ndarray]) -> str:
                      zip(scan["tau"], scan["n_edges"], scan["positioned_fraction"], strict=True))
 
 
-def _intervention_mask(adata: ad.AnnData, key: str, genes: np.ndarray) -> tuple[sp.csr_matrix, dict]:
-    """Cells × graph genes, True where the cell's label in ``obs[key]`` names that gene as intervened on.
+def intervention_mask(adata: ad.AnnData, key: str, genes: np.ndarray) -> tuple[sp.csr_matrix, dict]:
+    """Which cells were intervened on at which genes of a causal graph, from per-cell labels.
 
-    Labels are GEARS conditions (``"ctrl"``, ``"A+ctrl"``, ``"A+B"``). A target that is not a gene of ``adata``
-    is an error; one that is a gene but not in the graph (not selected, or constant) is logged, and its cells
-    keep every equation (nothing to leave out).
+    Parameters
+    ----------
+    adata
+        Cells with GEARS condition labels in ``obs[key]`` (``"ctrl"``, ``"A+ctrl"``, ``"A+B"``).
+    key
+        The ``obs`` column of the labels (``interventions=`` of :func:`causal_graph`).
+    genes
+        The graph's genes, in its order (a subset of ``var_names``).
+
+    Reads
+    -----
+    ``obs[key]`` and ``var_names``.
+
+    Writes
+    ------
+    Nothing: ``adata`` is unchanged (:func:`causal_graph` records the summary).
+
+    Returns
+    -------
+    The cells × ``genes`` boolean matrix (sparse CSR), True where the cell's label names that gene as intervened
+    on (``intervened=`` of :func:`cape.causal.fit_variational_notears`), and a summary for ``uns``. A target that is
+    not a gene of ``adata`` is an error; one that is a gene but not in the graph (not selected, or constant) is
+    logged, and its cells keep every equation (nothing to leave out).
     """
     if key not in adata.obs:
         raise CapeInputError(f"interventions={key!r}: no such column in adata.obs (it should hold per-cell GEARS "
@@ -447,7 +468,7 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     data = _select(adata, use_genes, layer)
     adata = adata.copy() if copy else adata
     intervened, intervention_record = (None, None) if interventions is None else \
-        _intervention_mask(adata, interventions, data.genes)
+        intervention_mask(adata, interventions, data.genes)
     _check_size(config, data)
     tests, candidates, screen_record = _screen(config, config.rank_for(data.n_genes), data.X)
     seed = seed_everything(resolve_seed(seed))

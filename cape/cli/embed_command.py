@@ -11,9 +11,9 @@ import scipy.sparse as sp
 
 from .._errors import CapeInputError
 from .._io import write_h5ad
-from ..hyperbolic.config import DEFAULT_TEMPERATURE, EmbeddingConfig
-from ..tl.hyperbolic import hyperbolic_embedding
-from ._io import check_output, read_input
+from ..hyperbolic.embedding_config import DEFAULT_TEMPERATURE, EmbeddingConfig
+from ..tl._hyperbolic_embedding import hyperbolic_embedding
+from ._command_io import check_output, read_input
 
 
 def _negatives(value: str):

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from cape import CapeInputError
-from cape.data.perturbation import (
+from cape.data.perturbation_data import (
     gears_condition,
     random_dag,
     sachs_interventions,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cape.cli._io import read_input
+from cape.cli._command_io import read_input
 
 from ..layer_relativity import run_benchmark
 from ._data import add_run_options

@@ -7,8 +7,8 @@ import math
 
 from .._io import write_h5ad
 from ..encodings.cape import DEFAULT_BAND_TOP
-from ..tl.rotary import rotary_encoding
-from ._io import check_output, read_input
+from ..tl._rotary_encoding import rotary_encoding
+from ._command_io import check_output, read_input
 
 
 def register(commands) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 from .._io import write_h5ad
 from ..pp import preprocess
-from ._io import check_output, read_input
+from ._command_io import check_output, read_input
 
 
 def register(commands) -> None:

@@ -22,7 +22,7 @@ from ..models.tokenize import MAX_AUTO_LEN
 from ..report.metrics import FINE_TUNED_KEY
 from ..tasks.annotation import fine_tune_cells, record_split, split_roles
 from ..tasks.labels import checked_labels, resolve_label_key
-from ._io import check_output, max_len_value, positive_int, read_input
+from ._command_io import check_output, max_len_value, positive_int, read_input
 
 
 def _option(value: str) -> tuple[str, object]:

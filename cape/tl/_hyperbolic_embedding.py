@@ -16,8 +16,8 @@ from .._errors import CapeInputError
 from .._options import with_options
 from .._settings import resolve_seed
 from ..hyperbolic.adjacency import as_sparse_adjacency
-from ..hyperbolic.config import EmbeddingConfig
 from ..hyperbolic.embedding import EmbeddingResult, embed_dag
+from ..hyperbolic.embedding_config import EmbeddingConfig
 from ._uns import DAG_KEY, record_step
 
 logger = logging.getLogger("cape")

@@ -1,4 +1,4 @@
-"""do() on structural equations: exact properties of cape.causal.intervention."""
+"""do() on structural equations: exact properties of cape.causal.structural_equations."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import logging
 
 from cape._errors import CapeInputError
 from cape._settings import settings as cape_settings
-from cape.cli._io import max_len_value, tau_value
+from cape.cli._command_io import max_len_value, tau_value
 from cape.models.backbone import INTEGRATIONS
 
 from ..encodings import run_encodings_benchmark

@@ -6,10 +6,10 @@ import argparse
 
 from .._errors import CapeInputError
 from .._io import write_h5ad
-from ..causal.config import MODELS, SCREENS, CausalConfig
-from ..pp.preprocess import detect_scale
-from ..tl.causal import causal_graph
-from ._io import check_output, positive_int, read_input, tau_value
+from ..causal.causal_config import MODELS, SCREENS, CausalConfig
+from ..pp._recipe import detect_scale
+from ..tl._causal_graph import causal_graph
+from ._command_io import check_output, positive_int, read_input, tau_value
 
 
 def _rank(value: str) -> int | str | None:

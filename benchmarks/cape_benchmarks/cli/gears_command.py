@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cape._errors import CapeInputError
 from cape._settings import settings as cape_settings
-from cape.cli._io import tau_value
+from cape.cli._command_io import tau_value
 
 from ..gears import ARMS, DEFAULT_ARMS, run_gears_benchmark
 from ._data import add_run_options, dataset_name, perturbation_data

@@ -12,8 +12,8 @@ from .. import pl
 from .._errors import CapeInputError
 from .._io import atomic_path, save_figure, write_h5ad
 from .._settings import resolve_seed
-from ..tl.intervention import EQUATIONS, load_equations, predict_intervention
-from ._io import check_output, positive_int, read_input
+from ..tl._predict_intervention import EQUATIONS, load_equations, predict_intervention
+from ._command_io import check_output, positive_int, read_input
 
 logger = logging.getLogger("cape")
 

@@ -11,7 +11,7 @@ from .._settings import resolve_seed
 from ..report import attention_records, evaluate_run, figures_dir, write_figures, write_metrics, write_report
 from ..report.resources import own_resources, resource_records, stage_resources
 from ..tasks.labels import resolve_label_key
-from ._io import check_output
+from ._command_io import check_output
 
 
 def register(commands) -> None:

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from cape import CapeInputError
-from cape.config import coerce_config, validate_config
+from cape.workflow_config import coerce_config, validate_config
 
 SCHEMA = Path(__file__).resolve().parent.parent / "configs" / "schema.yaml"
 

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 
 from .._errors import CapeInputError
 from ..causal import MIN_CELLS as STEP1_MIN_CELLS
-from ..data.read import validate_adata
+from ..data.user_files import validate_adata
 
 logger = logging.getLogger("cape")
 
@@ -162,7 +162,7 @@ def _filter(adata: ad.AnnData, min_genes: int, min_cells: int, n_obs_in: int) ->
         where = f"{adata.n_obs} cells remain after QC (min_genes={min_genes})" if qc else \
             f"the input has {adata.n_obs} cells"
         raise CapeInputError(f"{where}; cape needs at least {STEP1_MIN_CELLS} cells (Step I's minimum, "
-                             "cape.tl.causal.MIN_CELLS)" + ("; lower min_genes" if qc else ""))
+                             "cape.causal.MIN_CELLS)" + ("; lower min_genes" if qc else ""))
 
 
 def _normalise(adata: ad.AnnData, target_sum: float, log1p: bool) -> tuple[str, bool]:

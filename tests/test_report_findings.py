@@ -7,14 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from cape.report import evaluate_run, write_report
-from cape.report.resources import (
-    stage_resources,
-)
-from cape.report.statistics import (
-    Comparison,
-    comparisons_from_records,
-)
-from cape.report.verdict import (
+from cape.report.findings import (
     NO_OP,
     OK,
     WARNING,
@@ -27,6 +20,13 @@ from cape.report.verdict import (
     positioning_finding,
     training_context,
     verdict,
+)
+from cape.report.resources import (
+    stage_resources,
+)
+from cape.report.statistics import (
+    Comparison,
+    comparisons_from_records,
 )
 from cape.tasks.labels import SPLIT_KEY
 

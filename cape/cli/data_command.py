@@ -8,7 +8,7 @@ import textwrap
 from .. import data
 from .._io import write_h5ad
 from ..data import manifests, simulate_expression
-from ._io import check_output
+from ._command_io import check_output
 
 
 def register(commands) -> None:
