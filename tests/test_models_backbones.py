@@ -132,10 +132,11 @@ def test_unknown_integration_is_refused(adata):
 @pytest.mark.parametrize("backbone_cls", [ScGPTBackbone, ScBERTBackbone])
 def test_no_encoding_is_permutation_equivariant_over_genes(backbone_cls):
     torch.manual_seed(0)
-    kwargs = dict(d_model=16, n_heads=2, n_layers=2, dropout=0.0, encoding="none")
+    network = NetworkConfig(d_model=16, n_heads=2, n_layers=2, dropout=0.0)
     if backbone_cls is ScBERTBackbone:
-        kwargs.update(gene_embedding=True, integration="replace")  # a learnt identity to permute
-    model = backbone_cls(30, 0, **kwargs).eval()
+        network = NetworkConfig(d_model=16, n_heads=2, n_layers=2, dropout=0.0, gene_embedding=True,
+                                integration="replace")  # a learnt identity to permute
+    model = backbone_cls(30, 0, network=network, encoding="none").eval()
     gene_ids = torch.cat([torch.ones(3, 1, dtype=torch.long), torch.randint(2, 30, (3, 9))], dim=1)
     values = torch.cat([torch.zeros(3, 1), torch.randint(0, 6, (3, 9)).float()], dim=1)
     perm = torch.cat([torch.zeros(1, dtype=torch.long), 1 + torch.randperm(9)])
