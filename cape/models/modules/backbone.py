@@ -190,7 +190,7 @@ class Backbone(nn.Module):
         return hidden[:, 0]
 
     def config(self) -> dict[str, Any]:
-        """Constructor arguments other than positions (for :meth:`CellTransformer.save`)."""
+        """The backbone's settings as plain values (shape, encoding, integration, architecture options)."""
         raise NotImplementedError
 
 
