@@ -421,4 +421,4 @@ def test_train_from_checkpoint_writes_model_and_predictions(tmp_path, capsys):
     model = cape.models.CellTransformer.load(tmp_path / "out_model", ad.read_h5ad(out), device="cpu")
     assert model.vocab.tokens[:10] == [f"G{i}" for i in range(10)]  # the checkpoint's vocabulary
     assert model.backbone.encoding_name == "cape"
-    assert set(model.history) == {"pretrain", "fit"}
+    assert set(model.history) == {"pretrain", "train"}

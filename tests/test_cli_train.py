@@ -21,7 +21,7 @@ def test_cape_train_writes_model_and_embeddings(tmp_path):
     result = ad.read_h5ad(out)
     assert result.obsm["X_cape"].shape == (40, 16)
     assert set(result.obs["cape_cell_type_prediction"]) <= {"t", "b", "nk"}
-    assert set(result.uns["cape"]["model"]["history"]) == {"pretrain", "fit"}
+    assert set(result.uns["cape"]["model"]["history"]) == {"pretrain", "train"}
     # fine-tuned on a stratified 30 % of the cells (Supp. F.1.1); the rest are test cells for `cape evaluate`
     split = result.obs["cape_split"].value_counts()
     assert split["fine_tune"] == 12 and split["test"] == 28

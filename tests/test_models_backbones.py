@@ -14,8 +14,8 @@ from _models_data import cape_adata, one_thread  # noqa: F401  (fixture)
 import cape
 import cape.encodings as E
 from cape import CapeInputError
-from cape.models import CellTransformer, GeneVocab, ScBERTBackbone, ScGPTBackbone, gene_positions
-from cape.models.attention import softmax_features
+from cape.models import CellTransformer, GeneVocab, NetworkConfig, ScBERTBackbone, ScGPTBackbone, gene_positions
+from cape.models.modules.self_attention import softmax_features
 from cape.models.tokenize import collate_cells
 
 ENCODINGS = E.available()
@@ -132,10 +132,11 @@ def test_unknown_integration_is_refused(adata):
 @pytest.mark.parametrize("backbone_cls", [ScGPTBackbone, ScBERTBackbone])
 def test_no_encoding_is_permutation_equivariant_over_genes(backbone_cls):
     torch.manual_seed(0)
-    kwargs = dict(d_model=16, n_heads=2, n_layers=2, dropout=0.0, encoding="none")
+    network = NetworkConfig(d_model=16, n_heads=2, n_layers=2, dropout=0.0)
     if backbone_cls is ScBERTBackbone:
-        kwargs.update(gene_embedding=True, integration="replace")  # a learnt identity to permute
-    model = backbone_cls(30, 0, **kwargs).eval()
+        network = NetworkConfig(d_model=16, n_heads=2, n_layers=2, dropout=0.0, gene_embedding=True,
+                                integration="replace")  # a learnt identity to permute
+    model = backbone_cls(30, 0, network=network, encoding="none").eval()
     gene_ids = torch.cat([torch.ones(3, 1, dtype=torch.long), torch.randint(2, 30, (3, 9))], dim=1)
     values = torch.cat([torch.zeros(3, 1), torch.randint(0, 6, (3, 9)).float()], dim=1)
     perm = torch.cat([torch.zeros(1, dtype=torch.long), 1 + torch.randperm(9)])
@@ -146,7 +147,7 @@ def test_no_encoding_is_permutation_equivariant_over_genes(backbone_cls):
 
 
 def test_favor_features_approximate_softmax_attention():
-    from cape.models.attention import orthogonal_gaussian
+    from cape.models.modules.self_attention import orthogonal_gaussian
 
     g = torch.Generator().manual_seed(0)
     q = 0.5 * torch.randn(1, 1, 20, 8, generator=g)
@@ -255,14 +256,15 @@ def test_odd_head_dim_is_refused_for_rotary_encodings(adata):
 
 @pytest.mark.parametrize("encoding", [e for e in ENCODINGS if _needs_logits(e)])
 def test_scbert_runs_logit_encodings_with_exact_softmax(adata, encoding):
-    from cape.models.attention import PerformerSelfAttention, SelfAttention
+    from cape.models.modules.self_attention import PerformerSelfAttention, SelfAttention
 
     vocab = GeneVocab.from_genes(adata.var_names)
-    model = ScBERTBackbone(len(vocab), vocab.pad_id, d_model=16, n_heads=2, encoding=encoding,
-                           integration="replace", positions=gene_positions(adata, vocab, encoding))
+    replace = NetworkConfig(d_model=16, n_heads=2, integration="replace")
+    model = ScBERTBackbone(len(vocab), vocab.pad_id, network=replace, encoding=encoding,
+                           positions=gene_positions(adata, vocab, encoding))
     assert model.attention_kind == "softmax"
     assert all(isinstance(layer.self_attn, SelfAttention) for layer in model.layers)
-    plain = ScBERTBackbone(len(vocab), vocab.pad_id, d_model=16, n_heads=2, encoding="none", integration="replace")
+    plain = ScBERTBackbone(len(vocab), vocab.pad_id, network=replace, encoding="none")
     assert plain.attention_kind == "performer"
     assert all(isinstance(layer.self_attn, PerformerSelfAttention) for layer in plain.layers)
     # Performer itself still refuses a logit bias rather than dropping it silently.
@@ -279,13 +281,14 @@ def test_scaled_expression_is_refused(adata):
 
 
 def test_scgpt_attention_dropout_is_separate_and_saved():
-    plain = ScGPTBackbone(10, 0, d_model=16, n_heads=2, n_layers=1, dropout=0.3)
+    plain = ScGPTBackbone(10, 0, network=NetworkConfig(d_model=16, n_heads=2, n_layers=1, dropout=0.3))
     assert plain.layers[0].self_attn.dropout == 0.0  # fused SDPA kernel stays usable on CPU
     assert plain.config()["attention_dropout"] == 0.0
-    dropped = ScGPTBackbone(10, 0, d_model=16, n_heads=2, n_layers=1, attention_dropout=0.2)
+    small = NetworkConfig(d_model=16, n_heads=2, n_layers=1)
+    dropped = ScGPTBackbone(10, 0, network=small, attention_dropout=0.2)
     assert dropped.layers[0].self_attn.dropout == 0.2 and dropped.config()["attention_dropout"] == 0.2
     with pytest.raises(CapeInputError, match="attention_dropout"):
-        ScGPTBackbone(10, 0, d_model=16, n_heads=2, n_layers=1, attention_dropout=1.0)
+        ScGPTBackbone(10, 0, network=small, attention_dropout=1.0)
 
 
 @pytest.mark.parametrize("architecture", ["scgpt", "scbert"])

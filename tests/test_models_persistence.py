@@ -31,7 +31,7 @@ def test_train_roundtrip_keeps_the_classifier(adata, tmp_path):
     loaded = CellTransformer.load(tmp_path / "m", adata, device="cpu")
     np.testing.assert_array_equal(model.predict(adata, return_probabilities=True),
                                   loaded.predict(adata, return_probabilities=True))
-    assert loaded.labels == model.labels and loaded.history["fit"] == model.history["fit"]
+    assert loaded.labels == model.labels and loaded.history["train"] == model.history["train"]
 
 
 def test_save_refuses_an_existing_directory_unless_overwrite(adata, tmp_path):
@@ -67,7 +67,7 @@ def test_saved_config_keeps_its_keys(adata, tmp_path):
     assert set(cfg) == {"cape_version", "architecture", "backbone", "tokenizer", "layer", "use_raw", "vocabulary",
                         "labels", "label_key", "n_cls_layers", "pooling", "cell_head", "seed", "history",
                         "strict_genes", "value_scale"}
-    assert set(cfg["history"]) == {"fit"} and set(cfg["tokenizer"]) == {"binning", "n_bins", "max_len",
+    assert set(cfg["history"]) == {"train"} and set(cfg["tokenizer"]) == {"binning", "n_bins", "max_len",
                                                                          "include_zero_genes"}
     assert {"d_model", "n_heads", "n_layers", "d_ff", "dropout", "encoding", "encoding_options"} <= set(cfg["backbone"])
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.pt", "positions.pt",

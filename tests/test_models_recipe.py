@@ -19,8 +19,7 @@ from sklearn.metrics import adjusted_rand_score
 from cape import CapeInputError
 from cape.cli import main
 from cape.models import CellTransformer
-from cape.models.config import TrainingRecipe
-from cape.models.objectives import PretrainingTask
+from cape.models.hyperparameters import TrainingRecipe
 from cape.models.tokenize import (
     MAX_AUTO_LEN,
     CellDataset,
@@ -31,6 +30,7 @@ from cape.models.tokenize import (
     quantile_bin,
     truncation_summary,
 )
+from cape.models.training.objectives import PretrainingTask
 from cape.report import evaluate_run
 from cape.tasks.annotation import annotation_split
 from cape.tasks.clustering import kmeans_clusters

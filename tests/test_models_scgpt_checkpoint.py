@@ -16,7 +16,7 @@ from torch import nn
 
 from cape import CapeInputError
 from cape.models import load_scgpt_checkpoint
-from cape.models.scgpt import ContinuousValueEncoder, GeneEncoder
+from cape.models.modules.scgpt import ContinuousValueEncoder, GeneEncoder
 
 D, H, D_HID, LAYERS = 16, 4, 24, 2
 TOKENS = [f"G{i}" for i in range(10)] + ["<pad>", "<cls>", "<eoc>"]

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from cape import CapeInputError
 from cape.models import CellTransformer
-from cape.models.heads import ClsDecoder, pool_cells, pooled_width
-from cape.models.objectives import balanced_class_weights
-from cape.models.training import lr_factor
+from cape.models.modules.heads import ClsDecoder, pool_cells, pooled_width
+from cape.models.training.engine import lr_factor
+from cape.models.training.objectives import balanced_class_weights
 
 SMALL = dict(d_model=32, n_heads=4, n_layers=1, max_len=32, dropout=0.0)
 
@@ -174,6 +174,6 @@ def test_cape_train_passes_the_fine_tuning_options(tmp_path):
     assert result.obsm["X_cape"].shape == (40, 16)                     # the pretrained <cls> state
     record = result.uns["cape"]["model"]
     assert record["pooling"] == "cls+mean" and len(record["history"]["pretrain"]["epoch"]) == 2
-    fit = record["history"]["fit"]
+    fit = record["history"]["train"]
     assert len(fit["epoch"]) == 3 and {"val_accuracy", "val_balanced_accuracy", "lr"} <= set(fit)
     assert fit["lr"][-1] == pytest.approx(0.0, abs=1e-12)              # cosine ends at 0

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cape import CapeInputError
 from cape.models import CellTransformer, NetworkConfig, TokenizerConfig
-from cape.models.training import lr_factor
+from cape.models.training.engine import lr_factor
 
 SMALL = dict(d_model=32, n_heads=4, n_layers=2, max_len=32, dropout=0.0)
 

@@ -29,12 +29,12 @@ def labelled() -> ad.AnnData:
     return adata
 
 
-SMALL = {"d_model": 8, "n_layers": 1, "n_heads": 2, "max_len": 16}
+SMALL = {"d_model": 8, "n_layers": 1, "n_heads": 2, "max_len": 16, "device": "cpu"}
 
 
 def test_annotate_sets_split_predictions_and_metrics(labelled):
     assert cape.tl.annotate(labelled, "cell_type", encoding="trainable_absolute", model_kwargs=SMALL,
-                            pretrain_epochs=1, epochs=1, seed=0, device="cpu") is None  # scanpy style: in place
+                            pretrain_epochs=1, epochs=1, seed=0) is None  # scanpy style: in place
     metrics = labelled.uns["cape"]["annotate"]["metrics"]
     split = labelled.obs["cape_split"].astype(str)
     assert (split == "fine_tune").sum() == 18 and (split == "test").sum() == 42
@@ -48,7 +48,7 @@ def test_annotate_sets_split_predictions_and_metrics(labelled):
 
 def test_annotate_copy_leaves_input_alone(labelled):
     out = cape.tl.annotate(labelled, "cell_type", encoding="none", model_kwargs=SMALL, pretrain_epochs=0, epochs=1,
-                           seed=0, device="cpu", copy=True)
+                           seed=0, copy=True)
     assert "cape_prediction" in out.obs and "cape_prediction" not in labelled.obs
     assert "accuracy" in out.uns["cape"]["annotate"]["metrics"]
 

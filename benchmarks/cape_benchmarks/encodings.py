@@ -20,7 +20,7 @@
   (clustering), no-change and additive predictors (perturbation).
 * **Integration** (``integrations``): every model runs in ``complement`` mode (the backbone keeps its gene-identity
   embedding beside the encoding) and/or ``replace`` mode (the encoding takes its place, CAPE Supp. F.2; there
-  ``cape_null`` has no gene identity at all, the paper's null); see :mod:`cape.models.backbone`.
+  ``cape_null`` has no gene identity at all, the paper's null); see :mod:`cape.models.modules.backbone`.
 * **Maps and controls** (issue 33): ``--bands`` runs Step III with several bands per coordinate (``cape`` rows;
   ``cape_paper`` / ``cape_paper_oracle`` keep the paper's single band on the same e). Beside ``cape_oracle``
   (true DAG), ``cape`` (Step I's DAG) and ``cape_null``, three controls separate causal structure from gene
@@ -61,7 +61,7 @@ from cape._errors import CapeInputError
 from cape._io import write_json, write_text
 from cape._progress import progress
 from cape._settings import settings as cape_settings
-from cape.models.backbone import INTEGRATIONS
+from cape.models.modules.backbone import INTEGRATIONS
 from cape.tasks.annotation import annotation_split, logistic_regression_pca, validation_part
 from cape.tasks.clustering import clustering_metrics, kmeans_clusters, pca_embedding
 from cape.tasks.labels import checked_labels

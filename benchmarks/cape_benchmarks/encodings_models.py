@@ -21,7 +21,7 @@ from cape._arrays import zscore_columns
 from cape._errors import CapeInputError
 from cape.encodings.cape import DEFAULT_BAND_TOP
 from cape.models import CellTransformer
-from cape.models.config import DEFAULT_RECIPE
+from cape.models.hyperparameters import DEFAULT_RECIPE
 from cape.tasks.annotation import annotation_metrics, fine_tune_cells, roles
 from cape.tasks.clustering import cluster_embedding
 from cape.tasks.perturbation import PerturbationTask, condition_genes

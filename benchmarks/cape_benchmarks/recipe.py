@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from cape.models import CellTransformer
-from cape.models.config import DEFAULT_RECIPE, TrainingRecipe
+from cape.models.hyperparameters import DEFAULT_RECIPE, TrainingRecipe
 from cape.tasks.annotation import (
     AnnotationSplit,
     annotation_metrics,
@@ -77,7 +77,7 @@ def recipe_run(adata: ad.AnnData, label_key: str, recipe: TrainingRecipe, split:
     metrics = annotation_metrics(labels.to_numpy()[split.test], predicted)
     # How long each phase ran before early stopping: a pretraining stopped on a plateau leaves <cls> empty.
     metrics["epochs_pretrain"] = len(model.history.get("pretrain", []))
-    metrics["epochs_fine_tune"] = len(model.history.get("fit", []))
+    metrics["epochs_fine_tune"] = len(model.history.get("train", []))
     return metrics, predicted, embedding, kind
 
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from .._errors import CapeInputError
 from .._io import write_h5ad
 from .._settings import resolve_seed
-from ..models import CellTransformer, distributed
-from ..models.config import DEFAULT_RECIPE
+from ..models import CellTransformer, TrainingPlan
+from ..models.hyperparameters import DEFAULT_RECIPE
 from ..models.tokenize import MAX_AUTO_LEN
+from ..models.training import distributed
 from ..report.metrics import FINE_TUNED_KEY
 from ..tasks.annotation import fine_tune_cells, record_split, split_roles
 from ..tasks.labels import checked_labels, resolve_label_key
@@ -132,18 +133,15 @@ def run_train(args: argparse.Namespace) -> int:
         unsupervised = None
         if args.pretrain_epochs > 0:
             model.pretrain(adata, epochs=args.pretrain_epochs, mask_ratio=args.mask_ratio,
-                           batch_size=args.batch_size, lr=args.lr, validation_fraction=args.validation_fraction,
-                           early_stopping_patience=args.patience, cell_weight=args.cell_weight)
+                           batch_size=args.batch_size, cell_weight=args.cell_weight, plan=_pretrain_plan(args))
             if distributed.is_main_process():
                 unsupervised = model.get_latent_representation(adata, pooling="cls")
         fine_tuned = fit_data is not None and args.epochs > 0
         if fine_tuned:
-            model.train(fit_data, label_key, epochs=args.epochs, batch_size=args.batch_size, lr=args.fit_lr,
-                        weight_decay=args.weight_decay,
-                        validation_fraction=args.fit_validation_fraction, early_stopping_patience=args.fit_patience,
+            model.train(fit_data, label_key, epochs=args.epochs, batch_size=args.batch_size,
+                        plan=_fine_tune_plan(args),
                         class_weight=None if args.class_weight == "none" else args.class_weight,
-                        pooling=args.pooling, lr_schedule=args.lr_schedule, warmup_fraction=args.warmup_fraction,
-                        early_stopping_metric=args.early_stopping_metric)
+                        pooling=args.pooling)
         if distributed.is_main_process():
             _embed(model, adata, unsupervised, fine_tuned)
             if model.labels is not None:
@@ -160,6 +158,21 @@ def run_train(args: argparse.Namespace) -> int:
     finally:
         distributed.shutdown()
     return 0
+
+
+def _pretrain_plan(args: argparse.Namespace) -> TrainingPlan:
+    """``--lr``, ``--validation-fraction``, ``--patience`` (AdamW's weight decay and clipping at their defaults)."""
+    return TrainingPlan(lr=args.lr, validation_fraction=args.validation_fraction,
+                        early_stopping_patience=args.patience)
+
+
+def _fine_tune_plan(args: argparse.Namespace) -> TrainingPlan:
+    """The fine-tuning options (``--fit-lr``, ``--weight-decay``, ``--fit-validation-fraction``, ``--fit-patience``,
+    ``--lr-schedule``, ``--warmup-fraction``, ``--early-stopping-metric``)."""
+    return TrainingPlan(lr=args.fit_lr, weight_decay=args.weight_decay,
+                        validation_fraction=args.fit_validation_fraction, early_stopping_patience=args.fit_patience,
+                        lr_schedule=args.lr_schedule, warmup_fraction=args.warmup_fraction,
+                        early_stopping_metric=args.early_stopping_metric)
 
 
 def _embed(model: CellTransformer, adata, unsupervised, fine_tuned: bool) -> None:

@@ -1,26 +1,33 @@
 """Transformer backbones for single cells with pluggable positional encodings.
 
+Split by role, as scvi-tools splits ``module``, ``train`` and ``model``:
+
 * :class:`CellTransformer` — the user-facing model (pretrain, train, predict, get_latent_representation, embed,
-  save/load), with its options grouped in :class:`NetworkConfig` and :class:`TokenizerConfig`, and the way it is
-  trained by default in :class:`TrainingRecipe` (``cape.models.config.DEFAULT_RECIPE``);
-* :class:`ScGPTBackbone`, :class:`ScBERTBackbone` — the torch cores (tensors in, hidden states out);
-* :mod:`~cape.models.tokenize` — gene vocabulary, binning, gene sampling, collators;
-* :mod:`~cape.models.positions` — :class:`~cape.encodings.GenePositions` from AnnData keys;
-* :mod:`~cape.models.training` — the training engine; :mod:`~cape.models.objectives` — its losses;
-* :mod:`~cape.models.persistence` — model directories;
-* :mod:`~cape.models.distributed` — DDP under torchrun;
-* :func:`load_scgpt_checkpoint` — import a published scGPT checkpoint directory.
+  save/load, from_scgpt), which owns its state; its options are grouped in :class:`NetworkConfig`,
+  :class:`TokenizerConfig` and :class:`InputConfig`, each call of ``pretrain``/``train`` optimises as a
+  :class:`TrainingPlan` says, and the way the workflow trains it by default is :class:`TrainingRecipe`
+  (:mod:`cape.models.hyperparameters`, ``DEFAULT_RECIPE``);
+* :mod:`cape.models.modules` — the torch modules: :class:`ScGPTBackbone`, :class:`ScBERTBackbone` (tensors in,
+  hidden states out), attention, heads;
+* :mod:`cape.models.training` — the training engine, the objectives and DDP under torchrun;
+* beside the model: :mod:`~cape.models.tokenize` (gene vocabulary, binning, gene sampling, collators),
+  :mod:`~cape.models.cells` (cells of an AnnData), :mod:`~cape.models.positions`
+  (:class:`~cape.encodings.GenePositions` from AnnData keys), :mod:`~cape.models.persistence` (model directory
+  files) and :func:`load_scgpt_checkpoint` (import a published scGPT checkpoint directory).
 """
 
 from __future__ import annotations
 
-from .config import NetworkConfig, TrainingRecipe
-from .heads import CellExpressionDecoder, ClsDecoder, ExprDecoder
+from .cells import InputConfig
+from .hyperparameters import TrainingRecipe
+from .modules.backbone import NetworkConfig
+from .modules.heads import CellExpressionDecoder, ClsDecoder, ExprDecoder
+from .modules.scbert import ScBERTBackbone
+from .modules.scgpt import ScGPTBackbone
 from .positions import gene_positions, random_positions
-from .scbert import ScBERTBackbone
-from .scgpt import ScGPTBackbone
 from .scgpt_checkpoint import load_scgpt_checkpoint
 from .tokenize import CellDataset, GeneVocab, TokenizerConfig, collate_cells, log2_bin, quantile_bin
+from .training.engine import TrainingPlan
 from .transformer import CellTransformer
 
 __all__ = [
@@ -30,10 +37,12 @@ __all__ = [
     "ClsDecoder",
     "ExprDecoder",
     "GeneVocab",
+    "InputConfig",
     "NetworkConfig",
     "ScBERTBackbone",
     "ScGPTBackbone",
     "TokenizerConfig",
+    "TrainingPlan",
     "TrainingRecipe",
     "collate_cells",
     "gene_positions",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,12 +21,34 @@ logger = logging.getLogger("cape")
 VOCABULARIES = ("used", "all")
 
 
+@dataclass(frozen=True)
+class InputConfig:
+    """Which values of an AnnData a :class:`~cape.models.CellTransformer` reads.
+
+    Attributes
+    ----------
+    layer, use_raw
+        Where the expression is: ``adata.layers[layer]``, ``adata.raw.X`` or ``adata.X`` (default).
+    vocabulary
+        Which genes form the vocabulary (and are tokenised): ``"used"`` (default) the genes of Steps I–III,
+        ``var["cape_used"]`` (e.g. the highly variable genes), so that embeddings, positions and every
+        genes × genes diagnostic scale with the genes in play, not with the 30,000-odd genes of a raw matrix;
+        ``"all"`` every gene of the expression matrix. Without ``var["cape_used"]``, ``"used"`` falls back to all
+        genes (with a log line). Other genes of the AnnData are left out of the cells' tokens. (A model imported
+        with :meth:`~cape.models.CellTransformer.from_scgpt` has the checkpoint's vocabulary.)
+    """
+
+    layer: str | None = None
+    use_raw: bool = False
+    vocabulary: str = "used"
+
+
 class CellData:
     """Mixin of :class:`~cape.models.CellTransformer`: reads cells off an AnnData for the model's vocabulary.
 
-    Uses the model's ``layer``, ``use_raw``, ``vocabulary``, ``vocab``, ``tokenizer``, ``seed`` and (for imported
-    vocabularies) ``strict_genes``; sets ``truncation`` (:func:`~cape.models.tokenize.truncation_summary` of the
-    last cells tokenised).
+    Uses the model's ``layer``, ``use_raw``, ``vocabulary`` (:class:`InputConfig`), ``vocab``, ``tokenizer``,
+    ``seed`` and ``strict_genes`` (False for imported vocabularies); sets ``truncation``
+    (:func:`~cape.models.tokenize.truncation_summary` of the last cells tokenised).
     """
 
     layer: str | None
@@ -34,6 +57,7 @@ class CellData:
     vocab: GeneVocab
     tokenizer: TokenizerConfig
     seed: int
+    strict_genes: bool
     truncation: dict[str, float] | None
 
     def _vocabulary_genes(self, adata, var_names: pd.Index) -> pd.Index:
@@ -56,7 +80,9 @@ class CellData:
         # Positions live on the genes of the AnnData the expression comes from (.raw has its own var).
         return adata.raw.to_adata() if self.use_raw else adata
 
-    def _expression(self, adata) -> tuple[Any, pd.Index]:
+    def expression(self, adata) -> tuple[Any, pd.Index]:
+        """The expression matrix the model reads from ``adata`` (``layer``, ``.raw`` or ``X``; checked
+        non-negative) and its gene names."""
         if self.use_raw:
             if adata.raw is None:
                 raise CapeInputError("use_raw=True but the AnnData has no .raw")
@@ -78,7 +104,7 @@ class CellData:
 
     def _gene_ids(self, var_names) -> np.ndarray:
         n_unknown, n_absent = self.vocab.difference(var_names)
-        if not getattr(self, "strict_genes", True):
+        if not self.strict_genes:
             # Imported foundation-model vocabularies: keep the AnnData's genes that the vocabulary knows.
             if n_unknown == len(var_names):
                 raise CapeInputError("none of the AnnData's genes is in the model's gene vocabulary")
@@ -86,7 +112,7 @@ class CellData:
                 logger.info("%d of %d genes are not in the model's vocabulary and are left out",
                             n_unknown, len(var_names))
             return self.vocab.lookup(var_names)
-        if getattr(self, "vocabulary", "all") == "used":
+        if self.vocabulary == "used":
             # A vocabulary of the used genes is a subset of the AnnData's genes: the others are not tokenised.
             if n_absent:
                 raise CapeInputError(
@@ -114,7 +140,7 @@ class CellData:
 
     def _dataset(self, adata, *, labels: np.ndarray | None = None, mask_ratio: float = 0.0,
                  cell_targets: bool = False, check_length: bool = True) -> CellDataset:
-        X, names = self._expression(adata)
+        X, names = self.expression(adata)
         ids = self._gene_ids(names)
         known = np.flatnonzero(ids >= 0)
         if known.size < ids.size:

@@ -1,9 +1,12 @@
-"""Save and load a :class:`~cape.models.CellTransformer` model directory.
+"""The model directory of a :class:`~cape.models.CellTransformer`: its files, written and read.
 
 A model directory holds ``config.json`` (architecture, backbone and tokenizer options, labels, pooling, seed,
 training history), ``vocab.json`` (the gene vocabulary), ``model.pt`` (the state dict) and, when the encoding
 uses them, ``positions.pt`` (the gene positions) and ``identity.pt`` (scBERT's static gene-embedding vectors in
 ``integration="complement"`` mode). Every key is required: a directory without one is refused as damaged.
+
+This module knows the files; the model knows its state (``CellTransformer.save``/``load`` turn one into the other
+through :class:`ModelFiles`).
 """
 
 from __future__ import annotations
@@ -11,53 +14,49 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from .. import __version__
 from .._errors import CapeInputError
-from .._settings import resolve_device
 from ..encodings import GenePositions
-from . import distributed
-from .tokenize import GeneVocab, TokenizerConfig
-
-if TYPE_CHECKING:
-    from .transformer import CellTransformer
+from .tokenize import GeneVocab
+from .training import distributed
 
 CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, POSITIONS_FILE = "config.json", "model.pt", "vocab.json", "positions.pt"
 IDENTITY_FILE = "identity.pt"
 _POSITION_FIELDS = ("vectors", "order", "has_position", "graph_distance", "vectors_are_angles", "angle_params",
                     "source")
 
-
-def model_config(model: CellTransformer) -> dict[str, Any]:
-    """The content of ``config.json``."""
-    return {"cape_version": __version__, "architecture": model.architecture, "backbone": dict(model._backbone_kwargs),
-            "tokenizer": asdict(model.tokenizer), "layer": model.layer, "use_raw": model.use_raw,
-            "vocabulary": getattr(model, "vocabulary", "all"),
-            "labels": model.labels, "label_key": model.label_key, "n_cls_layers": model.n_cls_layers,
-            "pooling": model.pooling, "cell_head": bool(model.cell_objective),
-            "seed": model.seed, "history": model.history, "strict_genes": getattr(model, "strict_genes", True),
-            "value_scale": model._value_scale()}
+T = TypeVar("T")
 
 
-def model_record(model: CellTransformer) -> dict[str, Any]:
-    """Parameters, seed and training history in a form ``.h5ad`` can store (no None, histories columnar)."""
-    cfg = model_config(model)
-    cfg["n_parameters"] = int(sum(p.numel() for p in model.module.parameters()))
-    cfg["device"] = str(model.device)
-    if model.truncation is not None:
-        cfg["truncation"] = dict(model.truncation)
-    effective = getattr(model.backbone.encoding, "effective_options", None)
-    if effective is not None:  # e.g. CAPE's scale and bands as applied, whichever way the angles arrived
-        cfg["encoding_effective"] = effective()
-    cfg["history"] = {task: {key: [r.get(key, np.nan) for r in rows] for key in rows[0]}
-                      for task, rows in model.history.items() if rows}
-    return h5_safe(json.loads(json.dumps(cfg, default=str)))
+@dataclass
+class ModelFiles:
+    """The content of a model directory.
+
+    Attributes
+    ----------
+    config
+        ``config.json``.
+    vocab
+        ``vocab.json``.
+    state
+        ``model.pt``: the state dict of the model's modules (on the CPU when written; on the ``map_location`` given
+        to :func:`read_model` when read).
+    positions, identity
+        ``positions.pt`` and ``identity.pt``, None when absent.
+    """
+
+    config: dict[str, Any]
+    vocab: GeneVocab
+    state: dict[str, torch.Tensor]
+    positions: GenePositions | None = None
+    identity: GenePositions | None = None
 
 
 def h5_safe(value):
@@ -71,8 +70,13 @@ def h5_safe(value):
     return value
 
 
-def save_model(model: CellTransformer, directory: str | Path, *, overwrite: bool = False) -> Path:
-    """Write ``model`` to ``directory`` (see :meth:`CellTransformer.save <cape.models.CellTransformer.save>`)."""
+def write_model(files: ModelFiles, directory: str | Path, *, overwrite: bool = False) -> Path:
+    """Write ``files`` to ``directory`` (see :meth:`CellTransformer.save <cape.models.CellTransformer.save>`).
+
+    An existing non-empty ``directory`` is refused unless ``overwrite`` (and even then when it is not a cape model
+    directory). Written to a temporary folder first and renamed, so a failure leaves no partial model behind. Only
+    the main process writes under DDP.
+    """
     target = Path(directory)
     if not distributed.is_main_process():
         return target
@@ -88,12 +92,10 @@ def save_model(model: CellTransformer, directory: str | Path, *, overwrite: bool
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        (tmp / CONFIG_FILE).write_text(json.dumps(model_config(model), indent=2, default=str))
-        model.vocab.to_json(tmp / VOCAB_FILE)
-        state = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
-        torch.save(state, tmp / WEIGHTS_FILE)
-        for positions, name in ((model.positions, POSITIONS_FILE),
-                                (getattr(model, "identity_positions", None), IDENTITY_FILE)):
+        (tmp / CONFIG_FILE).write_text(json.dumps(files.config, indent=2, default=str))
+        files.vocab.to_json(tmp / VOCAB_FILE)
+        torch.save(files.state, tmp / WEIGHTS_FILE)
+        for positions, name in ((files.positions, POSITIONS_FILE), (files.identity, IDENTITY_FILE)):
             if positions is not None:
                 torch.save({k: getattr(positions, k) for k in _POSITION_FIELDS}, tmp / name)
         if target.exists():
@@ -105,51 +107,31 @@ def save_model(model: CellTransformer, directory: str | Path, *, overwrite: bool
     return target
 
 
-def load_model(cls: type[CellTransformer], directory: str | Path, adata=None, *,
-               device: str = "auto") -> CellTransformer:
-    """Read a model directory (see :meth:`CellTransformer.load <cape.models.CellTransformer.load>`)."""
+def read_model(directory: str | Path, restore: Callable[[ModelFiles], T], map_location: torch.device) -> T:
+    """``restore`` the model of ``directory`` from its files (weights onto ``map_location``).
+
+    Any failure to read the files or to rebuild the model from them (a missing key, a weight of the wrong shape) is
+    a :class:`~cape.CapeInputError` naming the directory as damaged.
+    """
     directory = Path(directory)
     if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
         raise CapeInputError(f"{directory} is not a cape model directory (no {CONFIG_FILE} / {WEIGHTS_FILE})")
     try:
-        model = _restore(cls, directory, device)
+        return restore(_read_files(directory, map_location))
     except (CapeInputError, MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as err:  # a damaged config/weights file surfaces as many exception types
         first = (str(err).strip().splitlines() or [""])[0][:200]
         raise CapeInputError(f"{directory} is a damaged cape model directory ({type(err).__name__}: {first}); "
                              "train it again") from err
-    if adata is not None:
-        model._gene_ids(model._expression(adata)[1])
-    return model
 
 
-def _restore(cls: type[CellTransformer], directory: Path, device: str) -> CellTransformer:
-    cfg = json.loads((directory / CONFIG_FILE).read_text())
-    model = cls.__new__(cls)
-    model.architecture = cfg["architecture"]
-    model.seed = int(cfg["seed"])
-    model.layer, model.use_raw = cfg["layer"], bool(cfg["use_raw"])
-    model.vocabulary = cfg["vocabulary"]
-    model.vocab = GeneVocab.from_json(directory / VOCAB_FILE)
-    model.tokenizer = TokenizerConfig(**cfg["tokenizer"])
-    model.labels, model.label_key = cfg["labels"], cfg["label_key"]
-    model.n_cls_layers = int(cfg["n_cls_layers"])
-    model.pooling = cfg["pooling"]
-    model.cell_objective = bool(cfg["cell_head"])
-    model.truncation = None
-    model.history = cfg["history"]
-    model.strict_genes = bool(cfg["strict_genes"])
-    model.value_scale = cfg["value_scale"]
-    model._backbone_kwargs = cfg["backbone"]
-    model.positions = model.identity_positions = None
+def _read_files(directory: Path, map_location: torch.device) -> ModelFiles:
+    files = ModelFiles(config=json.loads((directory / CONFIG_FILE).read_text()),
+                       vocab=GeneVocab.from_json(directory / VOCAB_FILE),
+                       state=torch.load(directory / WEIGHTS_FILE, map_location=map_location, weights_only=True))
     if (directory / POSITIONS_FILE).is_file():
-        model.positions = GenePositions(**torch.load(directory / POSITIONS_FILE, weights_only=True))
+        files.positions = GenePositions(**torch.load(directory / POSITIONS_FILE, weights_only=True))
     if (directory / IDENTITY_FILE).is_file():
-        model.identity_positions = GenePositions(**torch.load(directory / IDENTITY_FILE, weights_only=True))
-    model.device = distributed.device_for_rank(resolve_device(device))
-    model.amp = model.device.type == "cuda"
-    model._build()
-    state = torch.load(directory / WEIGHTS_FILE, map_location=model.device, weights_only=True)
-    model.module.load_state_dict(state)
-    return model
+        files.identity = GenePositions(**torch.load(directory / IDENTITY_FILE, weights_only=True))
+    return files

@@ -6,7 +6,7 @@ A scGPT model directory (e.g. ``scGPT_human``) holds ``args.json`` (``embsize``,
 and flash-attention's packed ``self_attn.Wqkv.weight``/``Wqkv.bias`` (rows ``[q; k; v]`` in both, so the import
 is a renaming). The positional encoding is new (scGPT has none): choose it with ``encoding=``; the imported
 weights are those of ``encoder`` (gene embedding), ``value_encoder``, the transformer layers and, when present,
-the expression ``decoder``. :func:`cell_transformer_from_scgpt` (``CellTransformer.from_scgpt``) wraps the
+the expression ``decoder``. :meth:`CellTransformer.from_scgpt <cape.models.CellTransformer.from_scgpt>` wraps the
 import in a :class:`~cape.models.CellTransformer`.
 """
 
@@ -17,21 +17,16 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .._errors import CapeInputError
-from .._settings import resolve_device, resolve_seed
 from ..encodings import GenePositions
-from . import distributed
-from .heads import ExprDecoder
-from .positions import gene_positions
-from .scgpt import ScGPTBackbone
-from .tokenize import GeneVocab, TokenizerConfig
-
-if TYPE_CHECKING:
-    from .transformer import CellTransformer
+from .modules.backbone import NetworkConfig
+from .modules.heads import ExprDecoder
+from .modules.scgpt import ScGPTBackbone
+from .tokenize import GeneVocab
 
 logger = logging.getLogger("cape")
 
@@ -54,6 +49,8 @@ class ScGPTImport:
     ----------
     backbone
         The backbone with the imported weights (positional-encoding parameters freshly initialised).
+    network
+        Its shape as ``args.json`` gives it (with the annotation head's ``n_layers_cls``, default 3).
     vocab
         The checkpoint's gene vocabulary (its indices are the backbone's gene ids).
     decoder
@@ -67,6 +64,7 @@ class ScGPTImport:
     """
 
     backbone: ScGPTBackbone
+    network: NetworkConfig
     vocab: GeneVocab
     decoder: ExprDecoder | None
     args: dict[str, Any]
@@ -163,10 +161,12 @@ def load_scgpt_checkpoint(directory: str | Path, *, encoding: str = "none",
     found = {int(k.split(".")[1]) for k in backbone_state if k.startswith("layers.")}
     if found != set(range(n_layers)):
         raise CapeInputError(f"args.json says nlayers={n_layers} but the weights hold layers {sorted(found)}")
-    backbone = ScGPTBackbone(len(vocab), vocab.pad_id, d_model=int(args["embsize"]), n_heads=int(args["nheads"]),
-                             n_layers=n_layers, d_ff=int(args.get("d_hid", args["embsize"])),
-                             dropout=float(args.get("dropout", 0.0) if dropout is None else dropout),
-                             encoding=encoding, encoding_options=encoding_options, positions=positions)
+    network = NetworkConfig(d_model=int(args["embsize"]), n_heads=int(args["nheads"]), n_layers=n_layers,
+                            d_ff=int(args.get("d_hid", args["embsize"])),
+                            dropout=float(args.get("dropout", 0.0) if dropout is None else dropout),
+                            n_cls_layers=int(args.get("n_layers_cls", 3)), integration="complement")
+    backbone = ScGPTBackbone(len(vocab), vocab.pad_id, network=network, encoding=encoding,
+                             encoding_options=encoding_options, positions=positions)
     own = backbone.state_dict()
     for key, value in backbone_state.items():
         if key not in own:
@@ -190,59 +190,5 @@ def load_scgpt_checkpoint(directory: str | Path, *, encoding: str = "none",
             decoder = None
     logger.info("imported scGPT checkpoint %s (%s layout, %d layers, %d tokens); %d keys unused",
                 directory, layout, n_layers, len(vocab), len(unused))
-    return ScGPTImport(backbone=backbone, vocab=vocab, decoder=decoder, args=args, layout=layout, unused=unused)
-
-
-def cell_transformer_from_scgpt(cls: type[CellTransformer], directory: str | Path, adata, *, encoding: str = "none",
-                                encoding_options: dict[str, Any] | None = None,
-                                positions: GenePositions | None = None, layer: str | None = None,
-                                use_raw: bool = False, max_len: int | str = 1200, include_zero_genes: bool = False,
-                                dropout: float | None = None, device: str = "auto", amp: bool | str = "auto",
-                                seed: int | None = None) -> CellTransformer:
-    """A ``cls`` (:class:`~cape.models.CellTransformer`) around a published scGPT checkpoint.
-
-    See :meth:`CellTransformer.from_scgpt <cape.models.CellTransformer.from_scgpt>`.
-    """
-    if not Path(directory).is_dir():
-        raise CapeInputError(f"scGPT checkpoint directory not found: {directory}")
-    for name in ("args.json", "vocab.json", "best_model.pt"):
-        if not (Path(directory) / name).is_file():
-            raise CapeInputError(f"scGPT checkpoint directory {directory} lacks {name}")
-    self = cls.__new__(cls)
-    self.seed = resolve_seed(seed)
-    self.architecture = "scgpt"
-    self.layer, self.use_raw = layer, bool(use_raw)
-    self.strict_genes = False
-    self.vocabulary = "checkpoint"
-    self.value_scale = 1.0  # scGPT's decoder regresses the raw bins
-    self.vocab = GeneVocab.from_json(Path(directory) / "vocab.json")
-    X, _ = self._expression(adata)
-    encoding_options = dict(encoding_options or {})
-    if positions is None:
-        positions = gene_positions(self._position_source(adata), self.vocab, encoding,
-                                   encoding_options=encoding_options, expression=X)
-    imported = load_scgpt_checkpoint(directory, encoding=encoding, encoding_options=encoding_options,
-                                     positions=positions, dropout=dropout)
-    args = imported.args
-    self.tokenizer = TokenizerConfig(binning="quantile", n_bins=int(args.get("n_bins", 51)), max_len=max_len,
-                                     include_zero_genes=include_zero_genes)
-    self.truncation = None
-    self._resolve_max_len(adata)
-    self.positions = positions
-    self.identity_positions = None  # scGPT's identity is its learnt gene table, imported with the weights
-    self.n_cls_layers = int(args.get("n_layers_cls", 3))
-    self.pooling = "cls"
-    self.cell_objective = False
-    self.labels, self.label_key, self.history = None, None, {}
-    bb = imported.backbone
-    self._backbone_kwargs = dict(d_model=bb.d_model, n_heads=bb.n_heads, n_layers=bb.n_layers, d_ff=bb.d_ff,
-                                 dropout=bb.dropout_p, encoding=encoding, encoding_options=encoding_options,
-                                 integration="complement")
-    self.device = distributed.device_for_rank(resolve_device(device))
-    self.amp = (self.device.type == "cuda") if amp == "auto" else bool(amp)
-    self._build()
-    self.backbone.load_state_dict(bb.state_dict())
-    if imported.decoder is not None:
-        self.expr_head.load_state_dict(imported.decoder.state_dict())
-    self._gene_ids(self._expression(adata)[1])  # fails early when no gene overlaps
-    return self
+    return ScGPTImport(backbone=backbone, network=network, vocab=vocab, decoder=decoder, args=args, layout=layout,
+                       unused=unused)

@@ -28,12 +28,10 @@ import anndata as ad
 import numpy as np
 import scipy.sparse as sp
 import torch
-from torch.utils.data import DataLoader
 
 from .._errors import CapeInputError
 from ..encodings.non_relativity import non_relativity
 from ..models import CellTransformer
-from ..models.tokenize import CellCollator
 
 __all__ = ["MAX_GENES", "layer_mean_logits", "layer_non_relativity"]
 
@@ -103,13 +101,10 @@ def layer_mean_logits(model: CellTransformer, adata: ad.AnnData, *, n_cells: int
         return capture
 
     handles = [m.register_forward_hook(hook(i)) for i, m in enumerate(attn_modules)]
-    loader = DataLoader(model._dataset(adata), batch_size=batch_size, shuffle=False,
-                        collate_fn=CellCollator(model.vocab.pad_id))
     model.module.eval()
     try:
         with torch.no_grad():
-            for batch in loader:
-                batch = model._to_device(batch)
+            for batch in model.batches(adata, batch_size=batch_size):
                 ids = batch["gene_ids"]
                 rows = local[ids]
                 gene = ~batch["padding_mask"] & (rows >= 0)
@@ -132,7 +127,7 @@ def layer_mean_logits(model: CellTransformer, adata: ad.AnnData, *, n_cells: int
 def _most_detected(model: CellTransformer, adata: ad.AnnData, candidates: np.ndarray, max_genes: int) -> np.ndarray:
     """The ``max_genes`` vocabulary indices of ``candidates`` expressed in the most cells of ``adata`` (sorted)."""
 
-    X, names = model._expression(adata)
+    X, names = model.expression(adata)
     ids = model.vocab.lookup(list(names))
     cols = np.flatnonzero(np.isin(ids, candidates))
     sub = X[:, cols]

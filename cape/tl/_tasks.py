@@ -30,7 +30,7 @@ import pandas as pd
 from .._errors import CapeInputError
 from .._settings import resolve_seed
 from ..models import CellTransformer
-from ..models.config import DEFAULT_RECIPE
+from ..models.hyperparameters import DEFAULT_RECIPE
 from ..tasks.annotation import annotation_metrics, fine_tune_cells, record_split, split_roles
 from ..tasks.clustering import clustering_metrics, kmeans_clusters
 from ..tasks.labels import checked_labels
@@ -46,11 +46,11 @@ def _record(adata: ad.AnnData, step: str, entry: dict, key_added: str, default: 
     adata.uns.setdefault("cape", {})[step_key(step, key_added, default)] = entry
 
 
-def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", encoding: str = "cape",
-             model=None, fine_tune_fraction: float = 0.3, pretrain_epochs: int = DEFAULT_RECIPE.pretrain_epochs,
-             epochs: int = DEFAULT_RECIPE.epochs,
-             seed: int | None = None, key_added: str = "cape_prediction", model_kwargs: dict[str, Any] | None = None,
-             train_kwargs: dict[str, Any] | None = None, device: str | None = "auto", copy: bool = False):
+def annotate(adata: ad.AnnData, label_key: str, *, encoding: str = "cape", model: CellTransformer | None = None,
+             fine_tune_fraction: float = 0.3, pretrain_epochs: int = DEFAULT_RECIPE.pretrain_epochs,
+             epochs: int = DEFAULT_RECIPE.epochs, seed: int | None = None, key_added: str = "cape_prediction",
+             model_kwargs: dict[str, Any] | None = None, train_kwargs: dict[str, Any] | None = None,
+             copy: bool = False):
     """Cell-type annotation (CAPE Supp. F.1.1): fine-tune a transformer on a stratified ``fine_tune_fraction`` of
     the labelled cells and score the rest.
 
@@ -61,9 +61,10 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
         Steps I–III (``cape.tl.cape``).
     label_key
         obs column with the cell types; classes with fewer than 2 cells are excluded with a warning.
-    architecture, encoding, model_kwargs
-        Passed to :class:`cape.models.CellTransformer` when ``model`` is None (its defaults are the recipe of
-        ``cape train``, :data:`~cape.models.config.DEFAULT_RECIPE`).
+    encoding, model_kwargs
+        The positional encoding and further keywords of the :class:`cape.models.CellTransformer` built when
+        ``model`` is None (e.g. ``architecture="scbert"``, ``device="cpu"``, ``d_model=32``; its defaults are the
+        recipe of ``cape train``, :data:`~cape.models.hyperparameters.DEFAULT_RECIPE`: scGPT on ``device="auto"``).
     model
         A (pretrained) :class:`~cape.models.CellTransformer` to fine-tune instead of building one.
     fine_tune_fraction
@@ -73,7 +74,8 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
         profile, :meth:`~cape.models.CellTransformer.pretrain`) before fine-tuning a model built here; 0 skips.
     epochs, train_kwargs
         Most fine-tuning epochs (early stopping on a validation part of the fine-tune cells) and further
-        :meth:`~cape.models.CellTransformer.train` keywords.
+        :meth:`~cape.models.CellTransformer.train` keywords (``batch_size``, ``plan`` — a
+        :class:`~cape.models.TrainingPlan` — or its fields by name, ``pooling``...).
     seed
         Seeds the split and the model (default ``cape.settings.seed``).
     key_added
@@ -103,7 +105,7 @@ def annotate(adata: ad.AnnData, label_key: str, *, architecture: str = "scgpt", 
     labels = checked_labels(adata, label_key)
     roles, split = split_roles(adata, labels, seed=seed, fine_tune_fraction=fine_tune_fraction)
     if model is None:
-        model = CellTransformer(adata, architecture, encoding, seed=seed, device=device, **dict(model_kwargs or {}))
+        model = CellTransformer(adata, encoding=encoding, seed=seed, **dict(model_kwargs or {}))
         if pretrain_epochs > 0:
             model.pretrain(adata, epochs=pretrain_epochs)
     model.train(fine_tune_cells(adata, roles, labels, label_key), label_key, epochs=epochs, **(train_kwargs or {}))

@@ -9,7 +9,7 @@ import logging
 from cape._errors import CapeInputError
 from cape._settings import settings as cape_settings
 from cape.cli._command_io import max_len_value, tau_value
-from cape.models.backbone import INTEGRATIONS
+from cape.models.modules.backbone import INTEGRATIONS
 
 from ..encodings import run_encodings_benchmark
 from ..encodings_models import BACKBONES, TASKS, BenchSettings, variants

@@ -6,8 +6,8 @@ frozen gene2vec-role embedding (``encoding="static_absolute"``, or kept beside a
 rotates the token embedding and q/k, Supp. F.2). Attention is our own FAVOR+ implementation
 (:class:`PerformerSelfAttention`) with the encoding's q/k transform before the random feature map. Encodings that
 need an explicit genes×genes logit term (additive biases, HoPE's logits) get exact softmax attention
-(:class:`~cape.models.attention.SelfAttention`, SDPA) instead, since linear attention never forms the logits;
-:attr:`~cape.models.backbone.Backbone.attention_kind` says which one a model uses.
+(:class:`~cape.models.modules.self_attention.SelfAttention`, SDPA) instead, since linear attention never forms the
+logits; :attr:`~cape.models.modules.backbone.Backbone.attention_kind` says which one a model uses.
 
 The paper's scBERT uses ``d_model = 200`` (10 heads, 6 layers); defaults here are CPU-sized.
 """
@@ -18,9 +18,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..encodings import EncodingContext, GenePositions, PositionalEncoding
-from .attention import PerformerSelfAttention, SelfAttention
-from .backbone import Backbone, feed_forward, init_uniform_
+from ...encodings import EncodingContext, GenePositions, PositionalEncoding
+from .backbone import BACKBONE_NETWORK, Backbone, NetworkConfig, feed_forward, init_uniform_
+from .self_attention import PerformerSelfAttention, SelfAttention
 
 
 class PerformerLayer(nn.Module):
@@ -53,15 +53,15 @@ class ScBERTBackbone(Backbone):
         ``<cls>`` gets its own token embedding).
     n_levels
         Number of expression levels (log2 bins ``0..n_bins``: ``n_bins + 1``; scBERT: 6).
-    d_model, n_heads, n_layers, d_ff, dropout
-        Encoder shape (paper: 200, 10, 6).
+    network
+        Encoder shape (paper: 200, 10, 6), a learnt gene embedding as well (``gene_embedding``; off in scBERT) and
+        ``integration``: ``"complement"`` keeps the static gene embedding with vectors ``identity``, ``"replace"``
+        drops it (:class:`~cape.models.modules.backbone.NetworkConfig`; default
+        :data:`~cape.models.modules.backbone.BACKBONE_NETWORK`, 64/4/2 with dropout 0.1).
     encoding, encoding_options, positions
         Positional encoding; encodings that add to the logits run with exact softmax attention.
-    gene_embedding
-        Add a learnt gene embedding as well (off in scBERT).
-    integration, identity
-        ``"complement"`` keeps the static gene embedding with vectors ``identity``; ``"replace"`` drops it
-        (see :mod:`cape.models.backbone`).
+    identity
+        Vectors of the static gene embedding (``"complement"`` mode).
     n_features, feature_redraw_interval, seed
         FAVOR+ settings (see :class:`PerformerSelfAttention`).
     """
@@ -70,17 +70,14 @@ class ScBERTBackbone(Backbone):
     linear_attention_possible = True
     identity_kind = "static"
 
-    def __init__(self, vocab_size: int, pad_id: int = 0, *, cls_id: int = 1, n_levels: int = 6, d_model: int = 64,
-                 n_heads: int = 4, n_layers: int = 2, d_ff: int | None = None, dropout: float = 0.1,
-                 encoding: str = "none", encoding_options: dict[str, Any] | None = None,
-                 positions: GenePositions | None = None, gene_embedding: bool | None = None,
-                 n_features: int | None = None, feature_redraw_interval: int | None = None,
-                 seed: int = 0, integration: str = "complement", identity: GenePositions | None = None) -> None:
-        super().__init__(vocab_size=vocab_size, pad_id=pad_id, d_model=d_model, n_heads=n_heads,
-                         n_layers=n_layers, d_ff=d_ff, dropout=dropout, encoding=encoding,
-                         encoding_options=encoding_options, positions=positions, gene_embedding=gene_embedding,
-                         integration=integration, identity=identity)
-        self.dropout_p = float(dropout)
+    def __init__(self, vocab_size: int, pad_id: int = 0, *, cls_id: int = 1, n_levels: int = 6,
+                 network: NetworkConfig = BACKBONE_NETWORK, encoding: str = "none",
+                 encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
+                 identity: GenePositions | None = None, n_features: int | None = None,
+                 feature_redraw_interval: int | None = None, seed: int = 0) -> None:
+        super().__init__(vocab_size=vocab_size, pad_id=pad_id, network=network, encoding=encoding,
+                         encoding_options=encoding_options, positions=positions, identity=identity)
+        d_model, dropout = self.d_model, self.dropout_p
         self.n_levels = int(n_levels)
         self.cls_id = int(cls_id)
         self.mask_token = self.n_levels
@@ -96,10 +93,10 @@ class ScBERTBackbone(Backbone):
             init_uniform_(self.gene_emb)
         self.emb_dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
-            PerformerLayer(d_model, n_heads, self.d_ff, dropout, n_features=n_features,
+            PerformerLayer(d_model, self.n_heads, self.d_ff, dropout, n_features=n_features,
                            feature_redraw_interval=feature_redraw_interval, seed=self.seed + i,
                            exact=not self.linear_attention)
-            for i in range(n_layers)
+            for i in range(self.n_layers)
         )
         self.final_norm = nn.LayerNorm(d_model)
 

@@ -1,10 +1,10 @@
 """The training engine of :class:`~cape.models.CellTransformer`: train a torch task module on cell datasets.
 
-A :class:`TrainingPlan` says how (epochs, batch size, AdamW, gradient clipping, learning-rate schedule, early
-stopping); a :class:`Trainer` knows where (device, mixed precision, seed) and runs a plan on a task module
-(:mod:`~cape.models.objectives`) with a loss function, keeping the weights of the best validation epoch. Batches
-come in a seeded order (:class:`SeededShuffle`, or ``DistributedSampler`` under DDP, which draws the same
-permutations); under ``torchrun`` the task is wrapped in ``DistributedDataParallel``.
+A :class:`TrainingPlan` says how (AdamW, gradient clipping, learning-rate schedule, validation share, early
+stopping); a :class:`Trainer` knows where (device, mixed precision, seed) and runs a plan for a number of epochs on a
+task module (:mod:`~cape.models.training.objectives`) with a loss function, keeping the weights of the best
+validation epoch. Batches come in a seeded order (:class:`SeededShuffle`, or ``DistributedSampler`` under DDP,
+which draws the same permutations); under ``torchrun`` the task is wrapped in ``DistributedDataParallel``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from .._errors import CapeInputError
-from .._progress import progress
+from ..._errors import CapeInputError
+from ..._progress import progress
+from ..tokenize import CellCollator, CellDataset
 from . import distributed
 from .objectives import LossFn, ScoreFn
-from .tokenize import CellCollator, CellDataset
 
 logger = logging.getLogger("cape")
 
@@ -87,40 +87,67 @@ def validation_split(n: int, validation_fraction: float, seed: int, stratify: np
 
 @dataclass(frozen=True)
 class TrainingPlan:
-    """How to train.
+    """How to optimise, validate and stop: the options of :meth:`CellTransformer.pretrain
+    <cape.models.CellTransformer.pretrain>` and :meth:`~cape.models.CellTransformer.train` beside the number of
+    epochs and the batch size.
+
+    Both methods take a plan (``plan=``) and any of its fields by name (``lr=3e-3``), which override the plan; their
+    defaults are :data:`~cape.models.hyperparameters.PRETRAIN_PLAN` and
+    :data:`~cape.models.hyperparameters.FINE_TUNE_PLAN`.
 
     Attributes
     ----------
-    epochs, batch_size
-        Passes over the training cells and cells per optimiser step.
     lr, weight_decay
         AdamW's learning rate and weight decay.
     grad_clip
         Maximum gradient norm (None: no clipping).
-    patience
-        Early stopping: epochs without a better validation score before stopping (None: never stop early).
-    schedule, warmup_fraction
-        Learning-rate schedule (:func:`lr_factor`).
-    monitor
-        The validation score that picks the best epoch: ``"val_loss"`` is minimised, any other score maximised
-        with ``val_loss`` breaking ties.
+    validation_fraction
+        Share of the cells held out to score each epoch (0: no validation, the last epoch is kept).
+    early_stopping_patience
+        Epochs without a better validation score before stopping (None: never stop early; the best validation
+        epoch's weights are kept either way).
+    early_stopping_metric
+        The validation score that picks the best epoch: ``"val_loss"`` is minimised, any other score
+        (``"val_accuracy"``, ``"val_balanced_accuracy"`` when annotating) maximised with ``val_loss`` breaking ties.
+    lr_schedule, warmup_fraction
+        ``"constant"`` or ``"cosine"`` decay to 0 over the epochs, after a linear warm-up over ``warmup_fraction``
+        of the steps (:func:`lr_factor`).
     num_workers
         DataLoader worker processes.
-    desc
-        Name of the run in progress bars and logs.
     """
 
-    epochs: int
-    batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.01
     grad_clip: float | None = 1.0
-    patience: int | None = None
-    schedule: str = "constant"
+    validation_fraction: float = 0.1
+    early_stopping_patience: int | None = None
+    early_stopping_metric: str = "val_loss"
+    lr_schedule: str = "constant"
     warmup_fraction: float = 0.0
-    monitor: str = "val_loss"
     num_workers: int = 0
-    desc: str = "train"
+
+
+class _Step:
+    """AdamW with gradient clipping, the plan's learning-rate schedule and (float16 autocast) a gradient scaler:
+    one call per batch loss."""
+
+    def __init__(self, task: nn.Module, plan: TrainingPlan, *, total_steps: int, scaled: bool) -> None:
+        self.params = [p for p in task.parameters() if p.requires_grad]
+        self.grad_clip = plan.grad_clip
+        self.optimizer = torch.optim.AdamW(self.params, lr=plan.lr, weight_decay=plan.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(step, total_steps, plan.lr_schedule, plan.warmup_fraction))
+        self.scaler = torch.amp.GradScaler("cuda", enabled=scaled)
+
+    def __call__(self, loss: Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.grad_clip:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
 
 
 def _dataset_of(data: Dataset) -> CellDataset:
@@ -153,21 +180,24 @@ class Trainer:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def train(self, task: nn.Module, loss_fn: LossFn, train_set: Dataset, val_set: Dataset | None,
-              plan: TrainingPlan, score_fn: ScoreFn | None = None) -> list[dict[str, float]]:
-        """Train ``task`` on ``loss_fn``; score ``val_set`` each epoch and keep the best epoch's weights.
+              plan: TrainingPlan, *, epochs: int, batch_size: int, desc: str = "train",
+              score_fn: ScoreFn | None = None) -> list[dict[str, float]]:
+        """Train ``task`` on ``loss_fn`` for at most ``epochs`` passes in batches of ``batch_size`` cells; score
+        ``val_set`` each epoch and keep the best epoch's weights.
 
         ``score_fn(task, batch) -> {name: batch sum}`` gives the validation scores (default: ``val_loss`` from
-        ``loss_fn``); ``plan.monitor`` names the one that picks the best epoch. Returns the per-epoch history
-        (``epoch``, ``train_loss``, ``seconds``, ``cells_per_s``, ``lr`` and the validation scores).
+        ``loss_fn``); ``plan.early_stopping_metric`` names the one that picks the best epoch. ``desc`` names the run
+        in progress bars and logs. Returns the per-epoch history (``epoch``, ``train_loss``, ``seconds``,
+        ``cells_per_s``, ``lr`` and the validation scores).
         """
-        if plan.epochs < 1:
-            raise CapeInputError(f"epochs must be at least 1, got {plan.epochs}")
-        if plan.batch_size < 1:
-            raise CapeInputError(f"batch_size must be at least 1, got {plan.batch_size}")
+        if epochs < 1:
+            raise CapeInputError(f"epochs must be at least 1, got {epochs}")
+        if batch_size < 1:
+            raise CapeInputError(f"batch_size must be at least 1, got {batch_size}")
         if len(train_set) == 0:
             raise CapeInputError("no cells left for training")
-        if plan.schedule not in SCHEDULES:
-            raise CapeInputError(f"unknown lr schedule {plan.schedule!r}; choose from {', '.join(SCHEDULES)}")
+        if plan.lr_schedule not in SCHEDULES:
+            raise CapeInputError(f"unknown lr schedule {plan.lr_schedule!r}; choose from {', '.join(SCHEDULES)}")
         if not 0.0 <= plan.warmup_fraction < 1.0:
             raise CapeInputError(f"warmup_fraction must be in [0, 1), got {plan.warmup_fraction}")
         collate = CellCollator(self.pad_id)
@@ -175,7 +205,7 @@ class Trainer:
             sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=self.seed)
         else:
             sampler = SeededShuffle(len(train_set), self.seed)
-        loader = DataLoader(train_set, batch_size=plan.batch_size, sampler=sampler, collate_fn=collate,
+        loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, collate_fn=collate,
                             num_workers=plan.num_workers, pin_memory=self.device.type == "cuda")
         model = task
         if distributed.is_active():
@@ -185,46 +215,20 @@ class Trainer:
             model = DistributedDataParallel(
                 task, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=unused)
-        val_loader = (DataLoader(val_set, batch_size=plan.batch_size, shuffle=False, collate_fn=collate,
+        val_loader = (DataLoader(val_set, batch_size=batch_size, shuffle=False, collate_fn=collate,
                                  num_workers=plan.num_workers) if val_set is not None and len(val_set) else None)
-        params = [p for p in task.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=plan.lr, weight_decay=plan.weight_decay)
-        total_steps = plan.epochs * len(loader)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, total_steps, plan.schedule, plan.warmup_fraction))
         if score_fn is None:
             def score_fn(m, batch):
                 return {"val_loss": float(loss_fn(m, batch)) * batch["gene_ids"].shape[0]}
-        use_scaler = self.amp and self.device.type == "cuda" and not torch.cuda.is_bf16_supported()
-        scaler = torch.amp.GradScaler("cuda", enabled=use_scaler)
+        step = _Step(task, plan, total_steps=epochs * len(loader), scaled=self.amp and self.device.type == "cuda"
+                     and not torch.cuda.is_bf16_supported())
         history: list[dict[str, float]] = []
         best, best_state, bad_epochs = (math.inf, math.inf), None, 0
-        bar = progress(range(plan.epochs), desc=plan.desc, total=plan.epochs)
+        bar = progress(range(epochs), desc=desc, total=epochs)
         for epoch in bar:
             sampler.set_epoch(epoch)
             _dataset_of(train_set).set_epoch(epoch)
-            model.train()
-            start = time.perf_counter()
-            total, n_cells = 0.0, 0
-            for batch in loader:
-                batch = self.to_device(batch)
-                with self.autocast():
-                    loss = loss_fn(model, batch)
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                if plan.grad_clip:
-                    scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(params, plan.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-                scheduler.step()
-                b = batch["gene_ids"].shape[0]
-                total += float(loss.detach()) * b
-                n_cells += b
-            seconds = time.perf_counter() - start
-            total, n_cells = distributed.all_reduce_sum([total, float(n_cells)], self.device)
-            record = {"epoch": epoch + 1, "train_loss": total / max(n_cells, 1), "seconds": seconds,
-                      "cells_per_s": n_cells / max(seconds, 1e-9), "lr": optimizer.param_groups[0]["lr"]}
+            record = self._epoch(model, loss_fn, loader, step, epoch)
             if val_loader is not None:
                 # Every process scores the whole validation set: identical numbers, so early stopping agrees.
                 # Validation cells share the training dataset object; score them with the same (epoch-0) gene
@@ -233,8 +237,8 @@ class Trainer:
                 record.update(self.evaluate(task, score_fn, val_loader))
                 _dataset_of(train_set).set_epoch(epoch)
                 # Lexicographic: the monitored score first (as a loss: lower is better), validation loss second.
-                key = ((record["val_loss"], 0.0) if plan.monitor == "val_loss"
-                       else (-record[plan.monitor], record["val_loss"]))
+                metric = plan.early_stopping_metric
+                key = (record["val_loss"], 0.0) if metric == "val_loss" else (-record[metric], record["val_loss"])
                 if key[0] < best[0] - 1e-6 or (abs(key[0] - best[0]) <= 1e-6 and key[1] < best[1] - 1e-6):
                     best, bad_epochs = key, 0
                     best_state = copy.deepcopy(task.state_dict())
@@ -243,14 +247,35 @@ class Trainer:
             history.append(record)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix({k: round(v, 4) for k, v in record.items() if k.endswith("loss")})
-            logger.debug("%s epoch %d: %s", plan.desc, epoch + 1, record)
-            if plan.patience is not None and val_loader is not None and bad_epochs >= plan.patience:
-                logger.info("%s: early stop after epoch %d (best %s %.4f)", plan.desc, epoch + 1, plan.monitor,
-                            abs(best[0]))
+            logger.debug("%s epoch %d: %s", desc, epoch + 1, record)
+            patience = plan.early_stopping_patience
+            if patience is not None and val_loader is not None and bad_epochs >= patience:
+                logger.info("%s: early stop after epoch %d (best %s %.4f)", desc, epoch + 1,
+                            plan.early_stopping_metric, abs(best[0]))
                 break
         if best_state is not None:
             task.load_state_dict(best_state)
         return history
+
+    def _epoch(self, model: nn.Module, loss_fn: LossFn, loader: DataLoader, step: _Step, epoch: int
+               ) -> dict[str, float]:
+        """One pass over ``loader``: the record of epoch ``epoch`` (0-based) with ``train_loss`` (mean per cell over
+        all processes), ``seconds``, ``cells_per_s`` and the ``lr`` after the epoch's last step."""
+        model.train()
+        start = time.perf_counter()
+        total, n_cells = 0.0, 0
+        for batch in loader:
+            batch = self.to_device(batch)
+            with self.autocast():
+                loss = loss_fn(model, batch)
+            step(loss)
+            b = batch["gene_ids"].shape[0]
+            total += float(loss.detach()) * b
+            n_cells += b
+        seconds = time.perf_counter() - start
+        total, n_cells = distributed.all_reduce_sum([total, float(n_cells)], self.device)
+        return {"epoch": epoch + 1, "train_loss": total / max(n_cells, 1), "seconds": seconds,
+                "cells_per_s": n_cells / max(seconds, 1e-9), "lr": step.optimizer.param_groups[0]["lr"]}
 
     def has_unused_parameters(self, task: nn.Module, loss_fn: LossFn, batch: dict[str, Tensor]) -> bool:
         """One forward/backward in eval mode (no dropout draws, no Performer redraw count): does any trainable

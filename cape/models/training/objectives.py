@@ -16,8 +16,8 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from .._errors import CapeInputError
-from .heads import CellExpressionDecoder, ClsDecoder, ExprDecoder, pool_cells
+from ..._errors import CapeInputError
+from ..modules.heads import CellExpressionDecoder, ClsDecoder, ExprDecoder, pool_cells
 
 #: ``class_weight=`` choices of :meth:`~cape.models.CellTransformer.train`.
 CLASS_WEIGHTS = (None, "balanced")

@@ -1,6 +1,8 @@
-"""Options of :class:`~cape.models.CellTransformer`, grouped: the network's shape (:class:`NetworkConfig`) and the
-tokenizer (:class:`~cape.models.TokenizerConfig`), both also given field by field as keywords; and the way the
-workflow and ``cape train`` train it (:class:`TrainingRecipe`, :data:`DEFAULT_RECIPE`)."""
+"""Options of :class:`~cape.models.CellTransformer`, grouped: the network's shape (:class:`NetworkConfig`), the
+tokenizer (:class:`~cape.models.TokenizerConfig`) and the cells it reads (:class:`~cape.models.InputConfig`), all
+also given field by field as keywords; and the way the workflow and ``cape train`` train it
+(:class:`TrainingRecipe`, :data:`DEFAULT_RECIPE`). How one call of ``pretrain``/``train`` optimises is a
+:class:`~cape.models.TrainingPlan`."""
 
 from __future__ import annotations
 
@@ -8,11 +10,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .._options import field_names
+from .cells import InputConfig
+from .modules.backbone import NetworkConfig
 from .tokenize import AUTO, TokenizerConfig
+from .training.engine import TrainingPlan
 
 #: scGPT: 51 quantile bins; scBERT: log2 bins 0..5.
 DEFAULT_BINNING = {"scgpt": ("quantile", 51), "scbert": ("log2", 5)}
-#: ``integration`` when none is given (see :mod:`cape.models.backbone`); chosen on validation accuracy
+#: ``integration`` when none is given (see :mod:`cape.models.modules.backbone`); chosen on validation accuracy
 #: (docs/benchmarks/encodings.md).
 DEFAULT_INTEGRATION = {"scgpt": "complement", "scbert": "complement"}
 _TOKENIZER_FIELDS = ("binning", "n_bins", "max_len", "include_zero_genes")
@@ -35,8 +41,8 @@ class TrainingRecipe:
         Fine-tuning of the annotation head and backbone on the labelled cells: learning rate, most epochs, early
         stopping patience.
     dropout
-        Dropout of the encoder (residual and feed-forward paths; scGPT fine-tunes with 0.2); the default of
-        :attr:`NetworkConfig.dropout`.
+        Dropout of the encoder (residual and feed-forward paths; scGPT fine-tunes with 0.2), as
+        :attr:`NetworkConfig.dropout` has by default.
     max_len
         Tokens per cell including ``<cls>``; ``"auto"`` covers every expressed gene.
     batch_size
@@ -50,7 +56,7 @@ class TrainingRecipe:
     fit_lr: float = 3e-4
     epochs: int = 100
     fit_patience: int = 15
-    dropout: float = 0.2
+    dropout: float = NetworkConfig.dropout
     max_len: int | str = AUTO
     batch_size: int = 32
 
@@ -58,44 +64,26 @@ class TrainingRecipe:
 #: The recipe the workflow and ``cape train`` use by default (chosen in ``cape-bench recipe``; see the docs).
 DEFAULT_RECIPE = TrainingRecipe()
 
-
-@dataclass(frozen=True)
-class NetworkConfig:
-    """Shape of the encoder and its annotation head.
-
-    Attributes
-    ----------
-    d_model, n_heads, n_layers, d_ff, dropout
-        Encoder shape. Defaults are CPU-sized; the paper uses 512/8/4 (scGPT) and 200 (scBERT).
-    gene_embedding
-        Learnt per-gene embedding (None: the architecture's rule — scGPT's gene table in ``"complement"`` mode only;
-        scBERT never).
-    n_cls_layers
-        Layers of the annotation head (scGPT: 3).
-    integration
-        ``"complement"`` (keep the backbone's gene-identity embedding beside the encoding) or ``"replace"`` (the
-        encoding takes its place, CAPE Supp. F.2); None: :data:`DEFAULT_INTEGRATION` of the architecture.
-    """
-
-    d_model: int = 64
-    n_heads: int = 4
-    n_layers: int = 2
-    d_ff: int | None = None
-    dropout: float = DEFAULT_RECIPE.dropout
-    gene_embedding: bool | None = None
-    n_cls_layers: int = 3
-    integration: str | None = None
+#: Defaults of :meth:`CellTransformer.pretrain <cape.models.CellTransformer.pretrain>`: lr 1e-3 on a 10 % validation
+#: split, early stopping after 5 epochs without a better validation loss.
+PRETRAIN_PLAN = TrainingPlan(early_stopping_patience=5)
+#: Defaults of :meth:`CellTransformer.train <cape.models.CellTransformer.train>`: the fine-tuning part of
+#: :data:`DEFAULT_RECIPE` (lr 3e-4, patience 15) on a 20 % validation split.
+FINE_TUNE_PLAN = TrainingPlan(lr=DEFAULT_RECIPE.fit_lr, validation_fraction=0.2,
+                              early_stopping_patience=DEFAULT_RECIPE.fit_patience)
 
 
-def split_options(network: NetworkConfig | None, options: dict[str, Any]
-                  ) -> tuple[NetworkConfig, dict[str, Any], dict[str, Any]]:
-    """``network`` with its fields given by name in ``options``; the tokenizer fields; the other (backbone)
-    options."""
+def split_options(network: NetworkConfig | None, inputs: InputConfig | None, options: dict[str, Any]
+                  ) -> tuple[NetworkConfig, InputConfig, dict[str, Any], dict[str, Any]]:
+    """``network`` and ``inputs`` with their fields given by name in ``options``; the tokenizer fields; the other
+    (backbone) options."""
     rest = dict(options)
-    net_fields = {f.name for f in dataclasses.fields(NetworkConfig)}
-    network = dataclasses.replace(network or NetworkConfig(), **{k: rest.pop(k) for k in list(rest) if k in net_fields})
+    network = dataclasses.replace(network or NetworkConfig(),
+                                  **{k: rest.pop(k) for k in list(rest) if k in field_names(NetworkConfig)})
+    inputs = dataclasses.replace(inputs or InputConfig(),
+                                 **{k: rest.pop(k) for k in list(rest) if k in field_names(InputConfig)})
     token_options = {k: rest.pop(k) for k in list(rest) if k in _TOKENIZER_FIELDS}
-    return network, token_options, rest
+    return network, inputs, token_options, rest
 
 
 def tokenizer_config(architecture: str, tokenizer: TokenizerConfig | None, options: dict[str, Any]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._errors import CapeInputError
+from ..._errors import CapeInputError
 
 
 class ExprDecoder(nn.Module):

@@ -15,8 +15,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._errors import CapeInputError
-from ..encodings import EncodingContext, PositionalEncoding
+from ..._errors import CapeInputError
+from ...encodings import EncodingContext, PositionalEncoding
 
 
 def _check_heads(d_model: int, n_heads: int) -> int:

@@ -18,17 +18,54 @@ with the backbone's shape and used at the four hooks of :class:`cape.encodings.P
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from .. import encodings
-from .._errors import CapeInputError
-from ..encodings import EncodingContext, GenePositions, PositionalEncoding
+from ... import encodings
+from ..._errors import CapeInputError
+from ...encodings import EncodingContext, GenePositions, PositionalEncoding
 
 #: ``integration=`` values (module docstring).
 INTEGRATIONS = ("complement", "replace")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Shape of the encoder and its annotation head.
+
+    Attributes
+    ----------
+    d_model, n_heads, n_layers, d_ff, dropout
+        Encoder shape (``d_ff`` None: ``4 · d_model``). Defaults are CPU-sized; the paper uses 512/8/4 (scGPT) and
+        200 (scBERT). ``dropout`` acts on the residual and feed-forward paths; its default 0.2 is scGPT's
+        fine-tuning dropout and :attr:`cape.models.TrainingRecipe.dropout`.
+    gene_embedding
+        Learnt per-gene embedding (None: the architecture's rule — scGPT's gene table in ``"complement"`` mode only;
+        scBERT never).
+    n_cls_layers
+        Layers of the annotation head (scGPT: 3); the backbones do not read it.
+    integration
+        ``"complement"`` (keep the backbone's gene-identity embedding beside the encoding) or ``"replace"`` (the
+        encoding takes its place, CAPE Supp. F.2); None: the architecture's default
+        (:data:`cape.models.hyperparameters.DEFAULT_INTEGRATION`; ``"complement"`` for a backbone built directly).
+    """
+
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int | None = None
+    dropout: float = 0.2
+    gene_embedding: bool | None = None
+    n_cls_layers: int = 3
+    integration: str | None = None
+
+
+#: The network of a backbone built without one: NetworkConfig's, with the backbones' own dropout of 0.1 (a
+#: CellTransformer's default is NetworkConfig's 0.2, the training recipe's).
+BACKBONE_NETWORK = NetworkConfig(dropout=0.1)
 
 
 class Backbone(nn.Module):
@@ -40,18 +77,16 @@ class Backbone(nn.Module):
         Number of gene-vocabulary entries (special tokens included).
     pad_id
         Vocabulary index of ``<pad>``.
-    d_model, n_heads, n_layers, d_ff, dropout
-        Shape of the encoder (``d_ff`` defaults to ``4 · d_model``).
+    network
+        Shape of the encoder (:class:`NetworkConfig`: ``d_model``, ``n_heads``, ``n_layers``, ``d_ff``, ``dropout``),
+        whether it keeps a learnt gene embedding (``gene_embedding``, None: the backbone's own rule) and
+        ``integration`` (module docstring; None: ``"complement"``).
     encoding
         Registry name of the positional encoding (:func:`cape.encodings.available`).
     encoding_options
         Extra keyword arguments for the encoding.
     positions
         Per-gene positions for encodings that need them (:func:`cape.models.positions.gene_positions`).
-    gene_embedding
-        Add a learnt per-gene token embedding (scGPT's ``GeneEncoder``); ``None``: the backbone's own rule.
-    integration
-        ``"complement"`` or ``"replace"`` (module docstring).
     identity
         Vectors of a static gene-identity embedding (backbones whose identity is static, scBERT, in
         ``"complement"`` mode).
@@ -63,11 +98,12 @@ class Backbone(nn.Module):
     #: How the backbone knows genes when nothing replaces it: a learnt table or a static (frozen) embedding.
     identity_kind: ClassVar[str] = "learnt"
 
-    def __init__(self, *, vocab_size: int, pad_id: int, d_model: int, n_heads: int, n_layers: int,
-                 d_ff: int | None, dropout: float, encoding: str, encoding_options: dict[str, Any] | None,
-                 positions: GenePositions | None, gene_embedding: bool | None, integration: str = "complement",
+    def __init__(self, *, vocab_size: int, pad_id: int, network: NetworkConfig, encoding: str,
+                 encoding_options: dict[str, Any] | None, positions: GenePositions | None,
                  identity: GenePositions | None = None) -> None:
         super().__init__()
+        integration = network.integration or "complement"
+        d_model, n_heads, n_layers, dropout = network.d_model, network.n_heads, network.n_layers, network.dropout
         if integration not in INTEGRATIONS:
             raise CapeInputError(f"integration must be one of {', '.join(INTEGRATIONS)}, got {integration!r}")
         if d_model <= 0 or n_heads <= 0 or d_model % n_heads:
@@ -81,7 +117,8 @@ class Backbone(nn.Module):
         self.d_model = int(d_model)
         self.n_heads = int(n_heads)
         self.n_layers = int(n_layers)
-        self.d_ff = int(d_ff or 4 * d_model)
+        self.d_ff = int(network.d_ff or 4 * d_model)
+        self.dropout_p = float(dropout)
         self.encoding_name = encoding
         self.integration = integration
         encoding_class = encodings.get_class(encoding)
@@ -96,6 +133,7 @@ class Backbone(nn.Module):
                                       n_layers=self.n_layers, vocab_size=self.vocab_size, positions=positions,
                                       **options)
         self.encoding.check_backbone(self.architecture, linear_attention=self.linear_attention)
+        gene_embedding = network.gene_embedding
         if gene_embedding is None:
             gene_embedding = integration == "complement" and self.identity_kind == "learnt"
         self.use_gene_embedding = bool(gene_embedding)
@@ -152,7 +190,7 @@ class Backbone(nn.Module):
         return hidden[:, 0]
 
     def config(self) -> dict[str, Any]:
-        """Constructor arguments other than positions (for :meth:`CellTransformer.save`)."""
+        """The backbone's settings as plain values (shape, encoding, integration, architecture options)."""
         raise NotImplementedError
 
 

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._errors import CapeInputError
-from ..encodings import EncodingContext, GenePositions, PositionalEncoding
-from .attention import SelfAttention
-from .backbone import Backbone, init_uniform_
+from ..._errors import CapeInputError
+from ...encodings import EncodingContext, GenePositions, PositionalEncoding
+from .backbone import BACKBONE_NETWORK, Backbone, NetworkConfig, init_uniform_
+from .self_attention import SelfAttention
 
 
 class GeneEncoder(nn.Module):
@@ -79,15 +79,16 @@ class ScGPTBackbone(Backbone):
     ----------
     vocab_size, pad_id
         Gene vocabulary size and ``<pad>`` index.
-    d_model, n_heads, n_layers, d_ff, dropout
-        Encoder shape; defaults are CPU-sized (paper: 512, 8, 4).
-    encoding, encoding_options, positions
-        Positional encoding (see :class:`~cape.models.backbone.Backbone`).
-    gene_embedding
-        Keep scGPT's learnt gene embedding; ``None`` (default): kept with ``integration="complement"``, dropped
-        with ``"replace"`` (the paper's replacement of scGPT's gene codebook by the positional encoding, Supp. F.2).
-    integration
-        ``"complement"`` or ``"replace"`` (see :mod:`cape.models.backbone`).
+    network
+        Encoder shape, gene embedding and integration (:class:`~cape.models.modules.backbone.NetworkConfig`;
+        default: :data:`~cape.models.modules.backbone.BACKBONE_NETWORK`, 64/4/2 with dropout 0.1). scGPT's learnt
+        gene embedding is kept with ``integration="complement"`` and dropped with ``"replace"`` (the paper's
+        replacement of scGPT's gene codebook by the positional encoding, Supp. F.2) unless ``gene_embedding`` says
+        otherwise.
+    encoding, encoding_options, positions, identity
+        Positional encoding (see :class:`~cape.models.modules.backbone.Backbone`).
+    max_value
+        Clamp of the value encoder's input.
     attention_dropout
         Dropout on the attention probabilities (default 0; ``dropout`` still acts on the residual and
         feed-forward paths). Any value > 0 makes PyTorch's CPU ``scaled_dot_product_attention`` leave its fused
@@ -96,17 +97,13 @@ class ScGPTBackbone(Backbone):
 
     architecture = "scgpt"
 
-
-    def __init__(self, vocab_size: int, pad_id: int = 0, *, d_model: int = 64, n_heads: int = 4,
-                 n_layers: int = 2, d_ff: int | None = None, dropout: float = 0.1, encoding: str = "none",
-                 encoding_options: dict[str, Any] | None = None, positions: GenePositions | None = None,
-                 gene_embedding: bool | None = None, max_value: float = 512.0, attention_dropout: float = 0.0,
-                 integration: str = "complement", identity: GenePositions | None = None) -> None:
-        super().__init__(vocab_size=vocab_size, pad_id=pad_id, d_model=d_model, n_heads=n_heads,
-                         n_layers=n_layers, d_ff=d_ff, dropout=dropout, encoding=encoding,
-                         encoding_options=encoding_options, positions=positions, gene_embedding=gene_embedding,
-                         integration=integration, identity=identity)
-        self.dropout_p = float(dropout)
+    def __init__(self, vocab_size: int, pad_id: int = 0, *, network: NetworkConfig = BACKBONE_NETWORK,
+                 encoding: str = "none", encoding_options: dict[str, Any] | None = None,
+                 positions: GenePositions | None = None, identity: GenePositions | None = None,
+                 max_value: float = 512.0, attention_dropout: float = 0.0) -> None:
+        super().__init__(vocab_size=vocab_size, pad_id=pad_id, network=network, encoding=encoding,
+                         encoding_options=encoding_options, positions=positions, identity=identity)
+        d_model, dropout = self.d_model, self.dropout_p
         if not 0.0 <= attention_dropout < 1.0:
             raise CapeInputError(f"attention_dropout must be in [0, 1), got {attention_dropout}")
         self.attention_dropout = float(attention_dropout)
@@ -114,7 +111,8 @@ class ScGPTBackbone(Backbone):
         self.encoder = GeneEncoder(vocab_size, d_model, pad_id) if self.use_gene_embedding else None
         self.value_encoder = ContinuousValueEncoder(d_model, dropout, max_value)
         self.layers = nn.ModuleList(
-            PostNormEncoderLayer(d_model, n_heads, self.d_ff, dropout, self.attention_dropout) for _ in range(n_layers)
+            PostNormEncoderLayer(d_model, self.n_heads, self.d_ff, dropout, self.attention_dropout)
+            for _ in range(self.n_layers)
         )
         # Post-norm layers end in a LayerNorm already (scGPT has no final norm).
         self.final_norm = nn.Identity()
