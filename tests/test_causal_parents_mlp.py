@@ -14,6 +14,7 @@ import cape
 from cape._errors import CapeInputError
 from cape.causal import (
     ParentsMLP,
+    ParentsMLPConfig,
     StructuralEquations,
     fit_parents_mlp,
     intervene,
@@ -160,3 +161,20 @@ def test_tl_refuses_unknown_model_and_too_many_genes():
     few = ad.AnnData(np.random.default_rng(0).normal(size=(25, 6)).astype(np.float32))
     with pytest.raises(CapeInputError, match="needs at least 50 cells for 6 genes .* use at most 3 genes"):
         cape.tl.causal_graph(few, model="parents_mlp", use_genes=None)
+
+
+@pytest.mark.parametrize("options, words", [({"hidden": 0}, "hidden must be a positive integer"),
+                                            ({"steps": -1}, "steps must be a whole number"),
+                                            ({"l2": float("nan")}, "l2 must be a finite number"),
+                                            ({"lr": 0.0}, "lr must be > 0"),
+                                            ({"step": 10}, "did you mean 'steps'")])
+def test_options_are_validated_in_one_line(options, words):
+    with pytest.raises(CapeInputError, match=words):
+        fit_parents_mlp(np.zeros((50, 3)), device="cpu", **options)
+
+
+def test_config_object_and_keywords_are_the_same_fit():
+    X = np.random.default_rng(1).normal(size=(80, 4))
+    by_object = fit_parents_mlp(X, ParentsMLPConfig(screen_steps=20, steps=20, batch_size=32), device="cpu")
+    by_name = fit_parents_mlp(X, screen_steps=20, steps=20, batch_size=32, device="cpu")
+    np.testing.assert_array_equal(by_object.adjacency, by_name.adjacency)

@@ -33,11 +33,9 @@ low-rank model is the one that scales to whole transcriptomes.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse as sp
@@ -49,6 +47,7 @@ from .._options import with_options
 from .._progress import progress
 from .._settings import resolve_device
 from .acyclicity_penalty import acyclicity_dense
+from .causal_config import _is_int, _is_number
 from .trainer import (
     COLLAPSE_CHECK_CELLS,
     CausalFit,
@@ -114,22 +113,15 @@ class ParentsMLPConfig:
     gamma_step: float = 5e-3
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "batch_size"):
-            value = getattr(self, name)
-            if not (isinstance(value, Integral) and not isinstance(value, bool) and value >= 1):
-                raise CapeInputError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("screen_steps", "steps"):
-            value = getattr(self, name)
-            if not (isinstance(value, Integral) and not isinstance(value, bool) and value >= 0):
-                raise CapeInputError(f"{name} must be a whole number ≥ 0, got {value!r}")
-        for name in ("lambda_screen", "lambda_sparse", "l2", "gamma_step", "screen_fraction"):
-            value = getattr(self, name)
-            if not (isinstance(value, Real) and math.isfinite(value) and value >= 0):
-                raise CapeInputError(f"{name} must be a finite number ≥ 0, got {value!r}")
-        for name in ("screen_lr", "lr"):
-            value = getattr(self, name)
-            if not (isinstance(value, Real) and math.isfinite(value) and value > 0):
-                raise CapeInputError(f"{name} must be > 0, got {value!r}")
+        checks = [(("hidden", "batch_size"), lambda v: _is_int(v) and v >= 1, "a positive integer"),
+                  (("screen_steps", "steps"), lambda v: _is_int(v) and v >= 0, "a whole number ≥ 0"),
+                  (("lambda_screen", "lambda_sparse", "l2", "gamma_step", "screen_fraction"),
+                   lambda v: _is_number(v) and v >= 0, "a finite number ≥ 0"),
+                  (("screen_lr", "lr"), lambda v: _is_number(v) and v > 0, "> 0")]
+        for names, valid, what in checks:
+            for name in names:
+                if not valid(getattr(self, name)):
+                    raise CapeInputError(f"{name} must be {what}, got {getattr(self, name)!r}")
 
 
 def min_cells(n_genes: int, hidden: int = 10) -> int:
