@@ -46,6 +46,8 @@ def test_run_on_user_h5ad(workdir, counts_adata):
         ("seed=abc", "config key 'seed' must be of type integer"),
         ("preprocess={'min_gnes': 3}", "unknown config key 'preprocess.min_gnes'"),
         ("input=does/not/exist.h5ad", "input file not found: does/not/exist.h5ad"),
+        ("train={'dropuot': 0.1}", "unknown config key 'train.dropuot'"),
+        ("train={'checkpoint': 'no/such/folder'}", "train.checkpoint folder not found: no/such/folder"),
     ],
 )
 def test_bad_config_names_the_key(workdir, override, words):

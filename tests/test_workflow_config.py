@@ -85,20 +85,6 @@ def test_config_reaches_the_command_lines(workdir):
 
 
 @pytest.mark.parametrize(
-    "override, words",
-    [
-        ("train={'dropuot': 0.1}", "unknown config key 'train.dropuot'"),
-        ("train={'checkpoint': 'no/such/folder'}", "train.checkpoint folder not found: no/such/folder"),
-    ],
-)
-def test_misspelled_nested_key_names_it(workdir, override, words):
-    proc = snakemake(workdir, "-n", "--config", override)
-    assert proc.returncode != 0
-    assert words in proc.stdout + proc.stderr
-    assert not (workdir / "results").exists()
-
-
-@pytest.mark.parametrize(
     "section, value, words",
     [
         ("train", {"pooling": "max"}, "config key 'train.pooling'"),

@@ -8,6 +8,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 _LIBRARY_TESTS = Path(__file__).resolve().parents[2] / "tests"
 if str(_LIBRARY_TESTS) not in sys.path:
     sys.path.insert(0, str(_LIBRARY_TESTS))
@@ -16,3 +18,19 @@ _spec = importlib.util.spec_from_file_location("_cape_tests_conftest", _LIBRARY_
 _shared = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_shared)
 globals().update({name: value for name, value in vars(_shared).items() if not name.startswith("__")})
+
+
+@pytest.fixture
+def built_models(monkeypatch) -> list[str]:
+    """The names of the variants ``cape_benchmarks.encodings`` builds a model for, in order (it still builds them)."""
+    from cape_benchmarks import encodings, encodings_models
+
+    names: list[str] = []
+    real = encodings_models.build_model
+
+    def counting(data, backbone, variant, settings, seed, device=None, integration="complement"):
+        names.append(variant.name)
+        return real(data, backbone, variant, settings, seed, device, integration)
+
+    monkeypatch.setattr(encodings, "build_model", counting)
+    return names

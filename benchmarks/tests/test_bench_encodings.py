@@ -327,19 +327,11 @@ def test_an_encoding_that_cannot_be_built_is_reported_and_the_rest_runs(labelled
          "machine": "x", "load_average": 0.0})
 
 
-def test_identical_models_run_once(labelled, monkeypatch):
-    calls = []
-    real = bm.build_model
-
-    def counting(data, backbone, variant, settings, seed, device=None, integration="complement"):
-        calls.append(variant.name)
-        return real(data, backbone, variant, settings, seed, device, integration)
-
-    monkeypatch.setattr(be, "build_model", counting)
+def test_identical_models_run_once(labelled, built_models):
     records = be.run_encodings_benchmark(labelled, "clustering", label_key="cell_type", settings=TINY, seeds=[0],
                                          backbones=["scgpt"], encoding_names=["none", "cape_null"], out=None,
                                          integrations=["complement"]).records
-    assert calls == ["none"]  # cape_null is the same model: no positional encoding
+    assert built_models == ["none"]  # cape_null is the same model: no positional encoding
     models = [r for r in records if r["kind"] == "model"]
     by = {(r["encoding"], r["metric"]): r["value"] for r in models}
     assert all(by[("none", m)] == by[("cape_null", m)] for m in ("ARI", "NMI", "ASW"))
