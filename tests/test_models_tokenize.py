@@ -118,6 +118,28 @@ def test_include_zero_genes_and_sampling_is_seeded():
     assert not all(np.array_equal(a[i]["gene_ids"], b[i]["gene_ids"]) for i in range(12))
 
 
+@pytest.mark.parametrize(("binning", "n_bins", "include_zero"),
+                         [("quantile", 51, False), ("quantile", 51, True), ("log2", 5, False), ("log2", 5, True)])
+def test_cached_bins_give_the_tokens_of_fresh_binning(binning, n_bins, include_zero, monkeypatch):
+    data, X = _dataset(max_len=6, mask_ratio=0.3, binning=binning, n_bins=n_bins, include_zero=include_zero)
+    data.cell_targets = True
+    keep = np.delete(np.arange(20), 5)
+    binning_fn = quantile_bin if binning == "quantile" else log2_bin
+    for epoch in (0, 1, 2):                                  # epoch 0 fills the cache, the others read it
+        data.set_epoch(epoch)
+        for i in range(len(data)):
+            item = data[i]
+            bins = binning_fn(np.log1p(X[i])[keep], n_bins)
+            assert item["cell_values"].tolist() == bins.tolist()
+            assert item["values"][1:].tolist() == bins[item["gene_ids"][1:] - 2 - (item["gene_ids"][1:] > 7)].tolist()
+    assert len(data._bins) == len(data)
+    monkeypatch.setattr("cape.models.tokenize.BIN_CACHE_MAX_ENTRIES", 0)   # full cache: bin afresh, same tokens
+    full, _ = _dataset(max_len=6, mask_ratio=0.3, binning=binning, n_bins=n_bins, include_zero=include_zero)
+    full.set_epoch(2)
+    assert all(np.array_equal(full[i]["values"], data[i]["values"]) for i in range(len(data)))
+    assert sum(expressed.size for expressed, _ in full._bins.values()) == 0   # only the empty cell fits
+
+
 def test_masking_and_collation():
     data, _ = _dataset(max_len=10, mask_ratio=0.3)
     items = [data[i] for i in range(6)]
