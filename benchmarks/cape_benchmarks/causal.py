@@ -55,7 +55,14 @@ from cape._io import save_figure, write_json, write_text
 from cape._tables import mean_sd_table
 from cape.causal import CausalConfig, fit_parents_mlp, fit_variational_notears, is_dag, make_dag
 from cape.causal.causal_config import LOW_RANK
-from cape.causal.postprocess import AUTO_TAU_MAX, choose_tau, edge_budget, partial_correlations, screen_candidates
+from cape.causal.postprocess import (
+    AUTO_TAU_MAX,
+    BUDGET_FDR,
+    choose_tau,
+    edge_budget,
+    partial_correlations,
+    screen_candidates,
+)
 from cape.causal.structure_recovery import dag_metrics
 from cape.data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
 from cape.data.perturbation_data import sachs_interventions
@@ -125,6 +132,48 @@ METRICS = ("shd", "tpr", "fdr", "f1", "skeleton_f1", "auprc", "nnz")
 INPUTS = ("raw", "standardized")
 
 
+def parse_tau(value: float | str) -> float | str:
+    """A threshold of ``--taus``: a number > 0, ``"auto"``, ``"budget"`` (at :data:`BUDGET_FDR`) or ``"budget<fdr>"``
+    (the edge budget at that false discovery rate, e.g. ``"budget0.2"``)."""
+    if value in ("auto", "budget"):
+        return value
+    text = str(value)
+    try:
+        number = float(text.removeprefix("budget"))
+    except ValueError as err:
+        raise CapeInputError(f"a threshold must be a number, 'auto', 'budget' or 'budget<fdr>', got {text!r}") from err
+    if text.startswith("budget"):
+        if not 0 < number < 1:
+            raise CapeInputError(f"the budget's false discovery rate must be in (0, 1), got {text!r}")
+        return f"budget{number:g}"
+    if not number > 0:
+        raise CapeInputError(f"thresholds must be > 0, got {text}")
+    return number
+
+
+def _budget_fdr(tau: float | str) -> float | None:
+    """The false discovery rate of a budget threshold (``None`` for the others)."""
+    if not isinstance(tau, str) or not tau.startswith("budget"):
+        return None
+    return BUDGET_FDR if tau == "budget" else float(tau.removeprefix("budget"))
+
+
+def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str) -> np.ndarray:
+    """cape's graph at one threshold rule (a budget rule counts the data's significant pairs at its FDR)."""
+    fdr = _budget_fdr(tau)
+    rule, budget = ("budget", edge_budget(X, fdr)) if fdr is not None else (tau, None)
+    return make_dag(weights, choose_tau(weights, rule, AUTO_MIN_POSITIONED, budget)[0])[0]
+
+
+def _top_pairs(scores: np.ndarray, k: int) -> np.ndarray:
+    """The k highest-scoring gene pairs of a symmetric score matrix, in both directions, weighted by their score."""
+    upper = np.triu_indices(scores.shape[0], 1)
+    order = np.argsort(-scores[upper], kind="stable")[:k]
+    chosen = np.zeros_like(scores)
+    chosen[upper[0][order], upper[1][order]] = scores[upper][order]
+    return chosen + chosen.T
+
+
 def _low_rank(n_nodes: int) -> int:
     """Rank used by ``cape_low_rank``: the default 40, below M."""
     return max(1, min(40, n_nodes // 2))
@@ -191,12 +240,7 @@ def _run_undirected(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, 
         np.fill_diagonal(scores, 0.0)
         # At α 0.02 most pairs stay nonzero (8,000 of 19,900 on grn_control): keep as many as partial correlation.
         k = min(edge_budget(X, PEER_FDR) or 0, int(np.count_nonzero(np.triu(scores > 1e-8, 1))))
-    upper = np.triu_indices(scores.shape[0], 1)
-    order = np.argsort(-scores[upper], kind="stable")[:k]
-    chosen = np.zeros_like(scores)
-    chosen[upper[0][order], upper[1][order]] = scores[upper][order]
-    chosen = chosen + chosen.T
-    return chosen, scores, time.perf_counter() - start
+    return _top_pairs(scores, k), scores, time.perf_counter() - start
 
 
 def standardized(X: np.ndarray) -> np.ndarray:
@@ -248,7 +292,9 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
 
     ``inputs``: any of :data:`INPUTS` (default ``["raw"]``); ``seed_offset``: first seed; ``taus``: extra
     thresholds each cape fit is also scored at (records of method ``"<method>@τ<t>"``, same fit and time;
-    ``"auto"``: :func:`cape.tl.causal_graph`'s default rule, genes positioned ≥ :data:`AUTO_MIN_POSITIONED`);
+    ``"auto"``: the positioning rule, genes positioned ≥ :data:`AUTO_MIN_POSITIONED`; ``"budget"`` and
+    ``"budget<fdr>"``: the edge budget, see :func:`parse_tau`; the undirected peers also get rows at each budget,
+    their strongest pairs as many as the budget counts);
     cape's own rows use :data:`PAPER_TAU`.
     """
 
@@ -263,9 +309,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
         raise CapeInputError(f"inputs must be among {', '.join(INPUTS)}, got {', '.join(inputs) or 'none'}")
     if seed_offset < 0:
         raise CapeInputError(f"seed_offset must be ≥ 0, got {seed_offset}")
-    taus = [t if t in ("auto", "budget") else float(t) for t in (taus or [])]
-    if any(t not in ("auto", "budget") and not t > 0 for t in taus):
-        raise CapeInputError(f"thresholds must be > 0, got {', '.join(map(str, taus))}")
+    taus = [parse_tau(t) for t in (taus or [])]
     n_seeds = n_seeds or (QUICK["seeds"] if quick else 5)
     budget = budget or (QUICK["budget"] if quick else 600.0)
     n_samples = QUICK["n_samples"] if quick else None
@@ -284,16 +328,15 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                     if method in CAPE_METHODS:
                         weights, seconds = _run_cape(method, X, seed, intervened)
                         status = "ok"
-                        rule = CAPE_METHODS[method].get("tau", PAPER_TAU)
-                        k = edge_budget(X) if rule == "budget" else None
-                        graphs[method] = make_dag(weights, choose_tau(weights, rule, AUTO_MIN_POSITIONED, k)[0])[0]
-                        graphs.update({f"{method}@τ{t if t in ('auto', 'budget') else f'{t:g}'}":
-                                       make_dag(weights, choose_tau(weights, t, AUTO_MIN_POSITIONED,
-                                                                    edge_budget(X) if t == "budget" else None)[0])[0]
+                        graphs[method] = _thresholded(weights, X, CAPE_METHODS[method].get("tau", PAPER_TAU))
+                        graphs.update({f"{method}@τ{t if isinstance(t, str) else f'{t:g}'}": _thresholded(weights, X, t)
                                        for t in taus})
                         ranking = weights
                     elif method in UNDIRECTED_PEERS:
                         graphs[method], ranking, seconds = _run_undirected(method, X, seed)
+                        # The same pairs' ranking cut at each budget's count, for a like-for-like comparison.
+                        graphs.update({f"{method}@τ{t}": _top_pairs(ranking, edge_budget(X, _budget_fdr(t)) or 0)
+                                       for t in taus if _budget_fdr(t) is not None})
                         status = "ok"
                     else:
                         result = run_peer(method, X, budget=budget, seed=seed, threads=torch.get_num_threads())

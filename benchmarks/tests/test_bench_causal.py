@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from cape._errors import CapeInputError
 from cape.data.simulate import simulate_sem
 from cape_benchmarks import causal as bench_causal
 from cape_benchmarks import causal_scale
@@ -207,10 +208,37 @@ def test_extra_thresholds_score_the_same_fit_and_every_graph_is_checked_for_cycl
     assert nnz == {"cape": 1, "cape@τ0.1": 2, "cape@τ0.05": 2, "cape@τauto": 1}
     assert all(r["value"] == 1.0 for r in records if r["metric"] == "acyclic")
     assert "Returned graphs that are DAGs: 4 of 4" in (tmp_path / "causal.md").read_text()
-    from cape._errors import CapeInputError
-
     with pytest.raises(CapeInputError):
         bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny"], methods=["cape"], taus=[0.0])
+
+
+def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undirected_peers_alike(
+        tmp_path, monkeypatch) -> None:
+    X = np.random.default_rng(0).normal(size=(400, 6))
+    X[:, 1] += X[:, 0]
+    X[:, 2] += 0.5 * X[:, 1]
+    X[:, 3] += 0.15 * X[:, 2]                                # a weak edge: significant only at a looser FDR
+    truth = np.zeros((6, 6))
+    truth[0, 1] = truth[1, 2] = truth[2, 3] = 1.0
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "control"})
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed: (X, truth, None))
+    W = np.triu(np.abs(bench_causal.partial_correlations(X)), 1)
+    monkeypatch.setattr(bench_causal, "_run_cape", lambda method, X, seed, intervened=None: (W, 1.0))
+    records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny_grn"], n_seeds=1,
+                                                methods=["cape_default", "partial_correlation"],
+                                                taus=["budget", "budget0.5", 0.1])
+    nnz = {r["method"]: r["value"] for r in records if r["metric"] == "nnz"}
+    counts = {fdr: bench_causal.edge_budget(X, fdr) for fdr in (0.05, 0.1, 0.5)}
+    assert counts[0.1] < counts[0.5]
+    assert nnz["cape_default"] == nnz["cape_default@τbudget"] == counts[0.1]
+    assert nnz["cape_default@τbudget0.5"] == counts[0.5]
+    assert nnz["partial_correlation"] == 2 * counts[0.05]   # the peer's own rule, both directions of each pair
+    assert nnz["partial_correlation@τbudget"] == 2 * counts[0.1]
+    assert nnz["partial_correlation@τbudget0.5"] == 2 * counts[0.5]
+    assert "partial_correlation@τ0.1" not in nnz            # a fixed τ means nothing for an undirected score
+    for bad in ("budget1.5", "budgetx", "-1"):
+        with pytest.raises(CapeInputError):
+            bench_causal.parse_tau(bad)
 
 
 def test_standardized_leaves_constant_columns_centred() -> None:

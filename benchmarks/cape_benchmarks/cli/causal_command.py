@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cape._errors import CapeInputError
-
-from ..causal import DIAGNOSE, SETTINGS, run_causal_benchmark
+from ..causal import DIAGNOSE, SETTINGS, parse_tau, run_causal_benchmark
 from ._data import add_run_options
 
 
@@ -25,7 +23,9 @@ def register(bench) -> None:
     b.add_argument("--budget", type=float, default=None, help="seconds allowed per peer run (600; quick: 60)")
     b.add_argument("--taus", default=None,
                    help="comma-separated extra thresholds τ each cape fit is also scored at (rows method@τ); "
-                        "'budget' is cape.tl.causal_graph's default rule, 'auto' its positioning rule")
+                        "'budget' is cape.tl.causal_graph's default rule, 'budget<fdr>' the same at another false "
+                        "discovery rate (e.g. budget0.2; the undirected peers get rows at each budget too), 'auto' "
+                        "the positioning rule")
     b.add_argument("--diagnose", action="store_true",
                    help=f"one experiment per suspected cause of cape's losses: methods {','.join(DIAGNOSE['methods'])} "
                         f"(unless --methods), thresholds {','.join(map(str, DIAGNOSE['taus']))} (unless --taus)")
@@ -40,10 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.diagnose:
         methods = methods or list(DIAGNOSE["methods"])
         taus = taus or list(DIAGNOSE["taus"])
-    try:
-        taus = [t if t in ("auto", "budget") else float(t) for t in taus or []]
-    except ValueError as err:
-        raise CapeInputError(f"--taus must be numbers, 'auto' or 'budget', got {args.taus!r}") from err
+    taus = [parse_tau(t) for t in taus or []]
     run_causal_benchmark(out=args.out, quick=args.quick, settings=split(args.settings),
                          methods=methods, n_seeds=args.seeds, budget=args.budget,
                          seed_offset=args.seed_offset, taus=taus,
