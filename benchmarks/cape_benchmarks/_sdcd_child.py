@@ -16,7 +16,7 @@ import time
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 
-def fit(method: str, X, seed: int):
+def fit(method: str, X, seed: int, intervened=None):
     import numpy as np
     import pandas as pd
     import torch
@@ -24,11 +24,13 @@ def fit(method: str, X, seed: int):
 
     torch.manual_seed(seed)
     frame = pd.DataFrame(X, columns=[str(i) for i in range(X.shape[1])])
-    frame["perturbation_label"] = "obs"
+    # sdcd's labels: the perturbed columns' names joined by commas; a name that is no column ("obs") is observational.
+    frame["perturbation_label"] = "obs" if intervened is None else [
+        ",".join(map(str, np.flatnonzero(row))) or "obs" for row in intervened]
     dataset = create_intervention_dataset(frame, perturbation_colname="perturbation_label")
     # sdcd prints progress to stdout; keep the parent's pipe for errors.
     with contextlib.redirect_stdout(sys.stderr):
-        if method == "sdcd":
+        if method in ("sdcd", "sdcd_labels"):
             from sdcd.models import SDCD
 
             model = SDCD()
@@ -51,7 +53,8 @@ def main(argv: list[str]) -> int:
     method, src, dst = argv
     data = np.load(src)
     start = time.perf_counter()
-    W = fit(method, np.asarray(data["X"], dtype=np.float32), int(data["seed"]))
+    intervened = data["intervened"] if "intervened" in data.files else None
+    W = fit(method, np.asarray(data["X"], dtype=np.float32), int(data["seed"]), intervened)
     np.savez(dst, W=W, seconds=time.perf_counter() - start)
     return 0
 

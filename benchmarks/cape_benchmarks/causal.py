@@ -339,7 +339,8 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                                        for t in taus if _budget_fdr(t) is not None})
                         status = "ok"
                     else:
-                        result = run_peer(method, X, budget=budget, seed=seed, threads=torch.get_num_threads())
+                        result = run_peer(method, X, budget=budget, seed=seed, threads=torch.get_num_threads(),
+                                          intervened=intervened)
                         graphs[method], seconds, status = result.adjacency, result.seconds, result.status
                     for name, W in graphs.items():
                         row = {**base, "method": name}

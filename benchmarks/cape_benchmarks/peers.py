@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["PEERS", "PeerResult", "run_peer"]
+__all__ = ["INTERVENTIONAL_PEERS", "PEERS", "PeerResult", "run_peer"]
 
 logger = logging.getLogger("cape")
 
@@ -42,10 +42,13 @@ PEERS = {
     "dagma_linear_counts": "DAGMA DagmaLinear (l2, lambda1 0.03, w_threshold 0.05, z-scored input: issue 31's setting)",
     "dagma_mlp": "DAGMA DagmaMLP + DagmaNonlinear (hidden 10)",
     "sdcd": "SDCD (Nazaret et al. 2024; sdcd 0.1.4 defaults, own environment)",
+    "sdcd_labels": "SDCD with the cells' intervention labels (each cell's perturbed genes), where the data have them",
     "dcdfg": "DCD-FG (sdcd 0.1.4's wrapper, defaults; needs pytorch_lightning, own environment)",
 }
 #: Peers from the ``sdcd`` package, run by :func:`sdcd_python` on ``_sdcd_child.py``.
-SDCD_PEERS = ("sdcd", "dcdfg")
+SDCD_PEERS = ("sdcd", "sdcd_labels", "dcdfg")
+#: Peers that take the cells' intervention labels (a cells × variables mask of the perturbed variables).
+INTERVENTIONAL_PEERS = ("sdcd_labels",)
 #: Environment variable naming the interpreter of an environment with ``sdcd`` installed.
 SDCD_PYTHON_ENV = "CAPE_SDCD_PYTHON"
 _SDCD_CHILD = Path(__file__).with_name("_sdcd_child.py")
@@ -125,10 +128,17 @@ def _fit(method: str, X: np.ndarray, seed: int) -> np.ndarray:
     return np.where(binary != 0, weighted, 0.0) if weighted.shape == binary.shape else binary
 
 
-def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, threads: int = 1) -> PeerResult:
-    """Fit ``method`` on X (samples × variables) in a subprocess; kill it after ``budget`` seconds."""
+def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, threads: int = 1,
+             intervened: np.ndarray | None = None) -> PeerResult:
+    """Fit ``method`` on X (samples × variables) in a subprocess; kill it after ``budget`` seconds.
+
+    ``intervened``: samples × variables bool mask of each sample's perturbed variables, given to the
+    :data:`INTERVENTIONAL_PEERS` (without it they see every sample as observational) and ignored by the others.
+    """
     if method not in PEERS:
         raise ValueError(f"unknown peer {method!r}; known: {sorted(PEERS)}")
+    if intervened is not None and np.shape(intervened) != np.shape(X):
+        raise ValueError(f"intervened has shape {np.shape(intervened)}, X {np.shape(X)}")
     command = [sys.executable, "-m", "cape_benchmarks.peers"]
     if method in SDCD_PEERS:
         python = sdcd_python()
@@ -138,7 +148,9 @@ def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, thread
         command = [python, str(_SDCD_CHILD)]
     with tempfile.TemporaryDirectory(prefix="cape-peer-") as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
-        np.savez(src, X=np.asarray(X, dtype=np.float64), seed=seed)
+        labels = ({"intervened": np.asarray(intervened, dtype=bool)}
+                  if intervened is not None and method in INTERVENTIONAL_PEERS else {})
+        np.savez(src, X=np.asarray(X, dtype=np.float64), seed=seed, **labels)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                "WANDB_MODE": "disabled"}
         start = time.perf_counter()

@@ -123,8 +123,16 @@ def test_benchmark_feeds_raw_and_standardized_inputs_from_a_seed_offset(tmp_path
 _FAKE_SDCD = {
     "sdcd/__init__.py": "",
     "sdcd/utils/__init__.py": """
+import os
+
+
 def create_intervention_dataset(frame, perturbation_colname):
-    assert set(frame[perturbation_colname]) == {"obs"}
+    labels = [str(x) for x in frame[perturbation_colname]]
+    if os.environ.get("FAKE_SDCD_LABELS"):  # the test reads back what the child passed
+        with open(os.environ["FAKE_SDCD_LABELS"], "w") as f:
+            f.write("\\n".join(labels))
+    else:
+        assert set(labels) == {"obs"}
     return frame.drop(columns=perturbation_colname).to_numpy()
 """,
     "sdcd/models/__init__.py": """
@@ -168,6 +176,26 @@ def test_sdcd_peer_runs_in_the_interpreter_named_by_the_environment(tmp_path, mo
     expected = np.where(np.triu(weights > 0.5, 1), weights, 0.0)  # the thresholded DAG, weighted
     np.testing.assert_allclose(result.adjacency, expected)
     assert result.seconds >= 0
+
+
+def test_sdcd_with_labels_gets_each_cells_perturbed_genes_and_sdcd_without_gets_none(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from cape_benchmarks.peers import SDCD_PYTHON_ENV
+
+    _fake_sdcd(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(SDCD_PYTHON_ENV, sys.executable)
+    X = np.random.default_rng(0).normal(size=(4, 5))
+    intervened = np.zeros((4, 5), dtype=bool)
+    intervened[1, 2] = intervened[2, [0, 3]] = True
+    monkeypatch.setenv("FAKE_SDCD_LABELS", str(tmp_path / "labels.txt"))
+    assert run_peer("sdcd_labels", X, budget=120, intervened=intervened).status == "ok"
+    assert (tmp_path / "labels.txt").read_text().split("\n") == ["obs", "2", "0,3", "obs"]
+    monkeypatch.delenv("FAKE_SDCD_LABELS")
+    assert run_peer("sdcd", X, budget=120, intervened=intervened).status == "ok"   # asserts every label is "obs"
+    with pytest.raises(ValueError, match="shape"):
+        run_peer("sdcd_labels", X, budget=120, intervened=intervened[:, :3])
 
 
 def test_sdcd_interpreter_given_as_a_relative_path_is_resolved_where_it_was_given(tmp_path, monkeypatch) -> None:
