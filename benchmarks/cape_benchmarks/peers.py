@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 __all__ = ["INTERVENTIONAL_PEERS", "PEERS", "PeerResult", "run_peer"]
@@ -137,8 +138,10 @@ def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, thread
     """
     if method not in PEERS:
         raise ValueError(f"unknown peer {method!r}; known: {sorted(PEERS)}")
-    if intervened is not None and np.shape(intervened) != np.shape(X):
-        raise ValueError(f"intervened has shape {np.shape(intervened)}, X {np.shape(X)}")
+    if intervened is not None:
+        intervened = (intervened.toarray() if sp.issparse(intervened) else np.asarray(intervened)).astype(bool)
+        if intervened.shape != np.shape(X):
+            raise ValueError(f"intervened has shape {intervened.shape}, X {np.shape(X)}")
     command = [sys.executable, "-m", "cape_benchmarks.peers"]
     if method in SDCD_PEERS:
         python = sdcd_python()
@@ -148,8 +151,7 @@ def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, thread
         command = [python, str(_SDCD_CHILD)]
     with tempfile.TemporaryDirectory(prefix="cape-peer-") as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
-        labels = ({"intervened": np.asarray(intervened, dtype=bool)}
-                  if intervened is not None and method in INTERVENTIONAL_PEERS else {})
+        labels = {"intervened": intervened} if intervened is not None and method in INTERVENTIONAL_PEERS else {}
         np.savez(src, X=np.asarray(X, dtype=np.float64), seed=seed, **labels)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                "WANDB_MODE": "disabled"}

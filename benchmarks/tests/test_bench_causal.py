@@ -7,6 +7,7 @@ import json
 import matplotlib
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 from cape._errors import CapeInputError
@@ -190,8 +191,9 @@ def test_sdcd_with_labels_gets_each_cells_perturbed_genes_and_sdcd_without_gets_
     intervened = np.zeros((4, 5), dtype=bool)
     intervened[1, 2] = intervened[2, [0, 3]] = True
     monkeypatch.setenv("FAKE_SDCD_LABELS", str(tmp_path / "labels.txt"))
-    assert run_peer("sdcd_labels", X, budget=120, intervened=intervened).status == "ok"
-    assert (tmp_path / "labels.txt").read_text().split("\n") == ["obs", "2", "0,3", "obs"]
+    for mask in (intervened, sp.csr_matrix(intervened)):     # the count settings' masks are sparse
+        assert run_peer("sdcd_labels", X, budget=120, intervened=mask).status == "ok"
+        assert (tmp_path / "labels.txt").read_text().split("\n") == ["obs", "2", "0,3", "obs"]
     monkeypatch.delenv("FAKE_SDCD_LABELS")
     assert run_peer("sdcd", X, budget=120, intervened=intervened).status == "ok"   # asserts every label is "obs"
     with pytest.raises(ValueError, match="shape"):
