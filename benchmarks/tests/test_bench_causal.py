@@ -258,12 +258,12 @@ def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undir
                                                 methods=["cape_default", "partial_correlation"],
                                                 taus=["budget", "budget0.5", 0.1])
     nnz = {r["method"]: r["value"] for r in records if r["metric"] == "nnz"}
-    counts = {fdr: bench_causal.edge_budget(X, fdr) for fdr in (0.05, 0.1, 0.5)}
-    assert counts[0.1] < counts[0.5]
-    assert nnz["cape_default"] == nnz["cape_default@τbudget"] == counts[0.1]
+    counts = {fdr: bench_causal.edge_budget(X, fdr) for fdr in (0.05, 0.3, 0.5)}
+    assert counts[0.3] < counts[0.5]
+    assert nnz["cape_default"] == nnz["cape_default@τbudget"] == counts[bench_causal.BUDGET_FDR]
     assert nnz["cape_default@τbudget0.5"] == counts[0.5]
     assert nnz["partial_correlation"] == 2 * counts[0.05]   # the peer's own rule, both directions of each pair
-    assert nnz["partial_correlation@τbudget"] == 2 * counts[0.1]
+    assert nnz["partial_correlation@τbudget"] == 2 * counts[bench_causal.BUDGET_FDR]
     assert nnz["partial_correlation@τbudget0.5"] == 2 * counts[0.5]
     assert "partial_correlation@τ0.1" not in nnz            # a fixed τ means nothing for an undirected score
     for bad in ("budget1.5", "budgetx", "-1"):

@@ -41,7 +41,7 @@ def register(commands) -> None:
                         help="rank of A = UVᵀ, 'dense', or 'auto' (default: dense up to 1,000 genes, else 40)")
     parser.add_argument("--tau", type=tau_value, default="budget",
                         help="edge threshold τ in [0, 1), or a rule: 'budget' (default): as many edges as gene pairs "
-                             "with a significant partial correlation (BH 10 %%); 'auto': the paper's 0.2 unless it "
+                             "with a significant partial correlation (BH 30 %%); 'auto': the paper's 0.2 unless it "
                              "leaves fewer than --min-positioned of the genes with an edge, then the largest τ "
                              "that does")
     parser.add_argument("--min-positioned", type=float, default=0.5,
