@@ -26,10 +26,11 @@ matrix. ``cape_default`` is what :func:`cape.tl.causal_graph` runs by default (r
 without the labels; ``cape_paper`` the paper's Step I (rank 40, λs 1, τ 0.2). The undirected peers
 ``partial_correlation`` (pairs significant at 5 % FDR, :func:`cape.causal.edge_budget`) and ``graphical_lasso``
 (sklearn's ``GraphicalLasso``, α 0.02, on z-scored genes, its strongest pairs, as many as ``partial_correlation``
-keeps) return each pair in both directions: compare them on ``skeleton_f1`` (F1 of the undirected edges) and
-``auprc``; their ``f1`` is gcastle's, which credits an undirected pair in either direction. ``sachs_conditions``
-is Sachs et al. (2005) as :func:`cape.data.sachs_interventions` labels it (the control cells and the 6
-conditions that target a measured protein, 5,553 cells, log1p), with those labels for ``cape_default``.
+keeps) return each pair in both directions: compare them on ``skeleton_f1`` (F1 of the undirected edges),
+``auprc`` and ``epr`` (BEELINE's early precision ratio of the same ranking); their ``f1`` is gcastle's, which
+credits an undirected pair in either direction. ``sachs_conditions`` is Sachs et al. (2005) as
+:func:`cape.data.sachs_interventions` labels it (the control cells and the 6 conditions that target a measured
+protein, 5,553 cells, log1p), with those labels for ``cape_default``.
 
 Outputs under ``out``: ``causal.json`` (records: setting, method, seed, metric, value, status),
 ``causal.md`` (mean ± sd) and ``causal.png``.
@@ -128,7 +129,7 @@ UNDIRECTED_PEERS = {
 }
 QUICK = {"settings": ["fig3"], "n_samples": 2000, "seeds": 2, "budget": 60.0,
          "methods": ["cape_dense", "cape_low_rank", "notears", "dagma_linear"]}
-METRICS = ("shd", "tpr", "fdr", "f1", "skeleton_f1", "auprc", "nnz")
+METRICS = ("shd", "tpr", "fdr", "f1", "skeleton_f1", "auprc", "epr", "nnz")
 INPUTS = ("raw", "standardized")
 
 
@@ -352,7 +353,8 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                         if W is not None:
                             scores["skeleton_f1"] = skeleton_f1(truth, W)
                             if ranking is not None:  # every pair's score, not only the kept edges'
-                                scores["auprc"] = dag_metrics(truth, ranking)["auprc"]
+                                ranked = dag_metrics(truth, ranking)
+                                scores["auprc"], scores["epr"] = ranked["auprc"], ranked["epr"]
                         records.extend({**row, "metric": k, "value": float(scores[k]), "status": status}
                                        for k in METRICS)
                         logger.info("%s %s seed %d %s: %s, SHD %s, F1 %.3g, %.1f s", setting, kind, seed, name,
@@ -383,7 +385,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
 
 
 def _median_table(records: list[dict],
-                  metrics: tuple[str, ...] = ("shd", "f1", "skeleton_f1", "auprc", "nnz", "seconds")) -> str:
+                  metrics: tuple[str, ...] = ("shd", "f1", "skeleton_f1", "auprc", "epr", "nnz", "seconds")) -> str:
     """Markdown table of the median over seeds of ``metrics`` per setting, input and method (finished runs)."""
 
     frame = pd.DataFrame([r for r in records if r["metric"] in metrics and r.get("status", "ok") == "ok"])
