@@ -307,8 +307,22 @@ def test_count_data_settings_pass_the_knockout_labels_and_score_undirected_peers
     assert value[("graphical_lasso", "nnz")] >= 1 and 0 < value[("partial_correlation", "auprc")] <= 1
     # cape ranks the true edge first of 20 ordered pairs: the early precision ratio is 1 / density = 20.
     assert value[("cape_default", "epr")] == pytest.approx(20.0)
+    assert value[("cape_default", "f1_labels_ceiling")] == 1.0  # gene 1 is perturbed; the pair is already right
     text = (tmp_path / "causal.md").read_text()
     assert "skeleton_f1" in text and "median epr" in text
+
+
+def test_oriented_by_truth_fixes_only_true_pairs_touching_the_perturbed_genes() -> None:
+    T = np.zeros((4, 4))
+    T[0, 1] = T[2, 3] = 1
+    E = np.zeros((4, 4))
+    E[1, 0] = E[3, 2] = E[0, 2] = 1  # both true pairs reversed, and one false edge
+    fixed = bench_causal.oriented_by_truth(T, E, np.array([True, False, False, False]))
+    assert fixed[0, 1] == 1 and fixed[1, 0] == 0  # touches gene 0: turned
+    assert fixed[3, 2] == 1 and fixed[2, 3] == 0  # touches no perturbed gene: left reversed
+    assert fixed[0, 2] == 1  # a false edge stays
+    np.testing.assert_array_equal(bench_causal.oriented_by_truth(T, E, np.ones(4, bool)) != 0,
+                                  (T != 0) | (E * (1 - (T + T.T)) != 0))
 
 
 def test_skeleton_f1_ignores_direction() -> None:
@@ -328,3 +342,21 @@ def test_every_cape_variant_fits_a_ten_gene_graph(monkeypatch, method) -> None:
     X = np.random.default_rng(0).normal(size=(200, 10))
     weights, seconds = bench_causal._run_cape(method, X, seed=0)
     assert weights.shape == (10, 10) and np.isfinite(weights).all() and seconds >= 0
+
+
+def test_bnlearn_settings_draw_new_cells_per_seed_with_knockdown_labels(tmp_path, monkeypatch) -> None:
+    network = {"nodes": ["a", "b", "c"], "cpds": {
+        "a": {"coefficients": {"(Intercept)": [0.0]}, "variance": [1.0], "parents": []},
+        "b": {"coefficients": {"(Intercept)": [1.0], "a": [0.9]}, "variance": [0.5], "parents": ["a"]},
+        "c": {"coefficients": {"(Intercept)": [0.0], "b": [-0.7]}, "variance": [0.5], "parents": ["b"]}}}
+    path = tmp_path / "ecoli70.json"
+    path.write_text(json.dumps(network))
+    monkeypatch.setattr(bench_causal.data, "fetch", lambda name: {"network": path})
+    X0, truth, mask = bench_causal._dataset("bn_ecoli70_knockdown", 0, 50)
+    X1, _, _ = bench_causal._dataset("bn_ecoli70_knockdown", 1, 50)
+    # 50 controls and 100 cells for each of the 3 genes (the 10 most reaching genes, capped at the genes there are).
+    assert X0.shape == (350, 3) and truth[0, 1] == 0.9 and truth[1, 2] == -0.7
+    assert mask.shape == (350, 3) and mask[:50].nnz == 0 and mask[50:].nnz == 300
+    assert not np.allclose(X0, X1)
+    X, _, none = bench_causal._dataset("bn_ecoli70", 0, 50)
+    assert X.shape == (50, 3) and none is None

@@ -14,6 +14,7 @@ import scanpy as sc
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
+from .gaussian_bn import read_gaussian_bn
 from .manifest import Manifest
 from .user_files import validate_adata
 
@@ -129,6 +130,13 @@ def _sachs2005(files: dict[str, Path], manifest: Manifest) -> ad.AnnData:
     adata.varp["true_graph"] = edges_to_adjacency(edges, adata.var_names, weight=None)
     adata.uns["true_graph_edges"] = edges
     return adata
+
+
+@loader("gaussian_bn", nonnegative=False)
+def _gaussian_bn(files: dict[str, Path], manifest: Manifest) -> ad.AnnData:
+    """A bnlearn linear Gaussian network, sampled as its manifest describes (see :mod:`cape.data.gaussian_bn`)."""
+    bn = read_gaussian_bn(files["network"], name=manifest.name)
+    return bn.simulate(n_control=2000, knockdowns=min(10, bn.n_genes), cells_per_knockdown=100, seed=0)
 
 
 _GEARS_CONDITION = re.compile(r"^[^+]+\+[^+]+$")
