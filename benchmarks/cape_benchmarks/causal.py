@@ -361,11 +361,17 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                                        for t in taus})
                         ranking = weights
                     elif method in UNDIRECTED_PEERS:
-                        graphs[method], ranking, seconds = _run_undirected(method, X, seed)
-                        # The same pairs' ranking cut at each budget's count, for a like-for-like comparison.
-                        graphs.update({f"{method}@τ{t}": _top_pairs(ranking, edge_budget(X, _budget_fdr(t)) or 0)
-                                       for t in taus if _budget_fdr(t) is not None})
-                        status = "ok"
+                        start = time.perf_counter()
+                        try:
+                            graphs[method], ranking, seconds = _run_undirected(method, X, seed)
+                        except FloatingPointError as err:  # sklearn's graphical lasso on ill-conditioned data
+                            logger.warning("%s seed %d %s failed: %s", setting, seed, method, err)
+                            graphs[method], seconds, status = None, time.perf_counter() - start, "failed"
+                        else:
+                            # The same pairs' ranking cut at each budget's count, for a like-for-like comparison.
+                            graphs.update({f"{method}@τ{t}": _top_pairs(ranking, edge_budget(X, _budget_fdr(t)) or 0)
+                                           for t in taus if _budget_fdr(t) is not None})
+                            status = "ok"
                     else:
                         result = run_peer(method, X, budget=budget, seed=seed, threads=torch.get_num_threads(),
                                           intervened=intervened)

@@ -360,3 +360,18 @@ def test_bnlearn_settings_draw_new_cells_per_seed_with_knockdown_labels(tmp_path
     assert not np.allclose(X0, X1)
     X, _, none = bench_causal._dataset("bn_ecoli70", 0, 50)
     assert X.shape == (50, 3) and none is None
+
+
+def test_a_failing_graphical_lasso_is_recorded_not_fatal(tmp_path, monkeypatch) -> None:
+    X = np.random.default_rng(0).normal(size=(60, 4))
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "control"})
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed: (X, np.eye(4, k=1), None))
+
+    def ill_conditioned(method, X, seed):
+        raise FloatingPointError("Non SPD result: the system is too ill-conditioned for this solver")
+
+    monkeypatch.setattr(bench_causal, "_run_undirected", ill_conditioned)
+    records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny_grn"], n_seeds=1,
+                                                methods=["graphical_lasso"])
+    assert {r["status"] for r in records} == {"failed"}
+    assert "graphical_lasso: failed" in (tmp_path / "causal.md").read_text()
