@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 CORES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-dev install-docs docs test-data lint clean sdcd-env
+.PHONY: run test install install-dev install-docs docs test-data lint clean sdcd-env grnboost2-env
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,16 @@ $(SDCD_VENV)/.installed:
 	$(SDCD_VENV)/bin/python -m pip install --quiet sdcd==0.1.4 pytorch_lightning
 	$(SDCD_VENV)/bin/python -m pip install --quiet "setuptools<70"
 	WANDB_MODE=disabled $(SDCD_VENV)/bin/python -c "import sdcd"
+	touch $@
+
+# GRNBoost2 (arboreto) breaks on dask >= 2024.2 (dask-expr) and needs NumPy < 2: its own environment.
+GRNBOOST2_VENV ?= .venv-grnboost2
+grnboost2-env: $(GRNBOOST2_VENV)/.installed
+$(GRNBOOST2_VENV)/.installed:
+	$(PYTHON) -m venv $(GRNBOOST2_VENV)
+	$(GRNBOOST2_VENV)/bin/python -m pip install --quiet arboreto==0.1.6 "dask[dataframe]==2024.1.1" \
+		distributed==2024.1.1 "pandas<2.2" "numpy<2"
+	$(GRNBOOST2_VENV)/bin/python -c "import arboreto.algo, distributed"
 	touch $@
 
 install: $(VENV)/.installed

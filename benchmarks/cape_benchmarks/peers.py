@@ -45,27 +45,46 @@ PEERS = {
     "sdcd": "SDCD (Nazaret et al. 2024; sdcd 0.1.4 defaults, own environment)",
     "sdcd_labels": "SDCD with the cells' intervention labels (each cell's perturbed genes), where the data have them",
     "dcdfg": "DCD-FG (sdcd 0.1.4's wrapper, defaults; needs pytorch_lightning, own environment)",
+    "grnboost2": "GRNBoost2 (arboreto 0.1.6, every gene a candidate regulator; own environment): its importances "
+                 "rank every ordered pair, its graph is the top pairs, as many as cape's edge budget",
 }
 #: Peers from the ``sdcd`` package, run by :func:`sdcd_python` on ``_sdcd_child.py``.
 SDCD_PEERS = ("sdcd", "sdcd_labels", "dcdfg")
 #: Peers that take the cells' intervention labels (a cells × variables mask of the perturbed variables).
 INTERVENTIONAL_PEERS = ("sdcd_labels",)
+#: Peers whose output scores every ordered pair rather than a graph: cut at cape's edge budget for the graph.
+RANKING_PEERS = ("grnboost2",)
 #: Environment variable naming the interpreter of an environment with ``sdcd`` installed.
 SDCD_PYTHON_ENV = "CAPE_SDCD_PYTHON"
+#: Environment variable naming the interpreter of an environment with ``arboreto`` installed.
+GRNBOOST2_PYTHON_ENV = "CAPE_GRNBOOST2_PYTHON"
 _SDCD_CHILD = Path(__file__).with_name("_sdcd_child.py")
+_GRNBOOST2_CHILD = Path(__file__).with_name("_grnboost2_child.py")
+
+
+def _own_environment_python(variable: str, venv: str, module: str) -> str | None:
+    """``$variable``, else ``./<venv>/bin/python`` (what its make target builds), else this interpreter if it can
+    import ``module``; ``None`` if none can."""
+    configured = os.environ.get(variable)
+    if configured:
+        # the child runs in a scratch folder, so a path relative to where the user typed it must be resolved here
+        return str(Path(configured).expanduser().absolute()) if os.sep in configured else configured
+    local = Path(venv) / "bin" / "python"
+    if local.exists():
+        return str(local.absolute())
+    return sys.executable if importlib.util.find_spec(module) is not None else None
 
 
 def sdcd_python() -> str | None:
     """Interpreter that runs the SDCD peers: ``$CAPE_SDCD_PYTHON``, else ``./.venv-sdcd/bin/python`` (what
     ``make sdcd-env`` builds), else this interpreter if it can import ``sdcd``; ``None`` if none can."""
-    configured = os.environ.get(SDCD_PYTHON_ENV)
-    if configured:
-        # the child runs in a scratch folder, so a path relative to where the user typed it must be resolved here
-        return str(Path(configured).expanduser().absolute()) if os.sep in configured else configured
-    local = Path(".venv-sdcd") / "bin" / "python"
-    if local.exists():
-        return str(local.absolute())
-    return sys.executable if importlib.util.find_spec("sdcd") is not None else None
+    return _own_environment_python(SDCD_PYTHON_ENV, ".venv-sdcd", "sdcd")
+
+
+def grnboost2_python() -> str | None:
+    """Interpreter that runs GRNBoost2: ``$CAPE_GRNBOOST2_PYTHON``, else ``./.venv-grnboost2/bin/python`` (what
+    ``make grnboost2-env`` builds), else this interpreter if it can import ``arboreto``; ``None`` if none can."""
+    return _own_environment_python(GRNBOOST2_PYTHON_ENV, ".venv-grnboost2", "arboreto")
 
 
 @dataclass
@@ -149,6 +168,12 @@ def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, thread
             return PeerResult(method, "error", None, 0.0, f"sdcd is not installed: run `make sdcd-env` or set "
                               f"{SDCD_PYTHON_ENV} to the python of an environment with sdcd==0.1.4")
         command = [python, str(_SDCD_CHILD)]
+    elif method == "grnboost2":
+        python = grnboost2_python()
+        if python is None:
+            return PeerResult(method, "error", None, 0.0, f"arboreto is not installed: run `make grnboost2-env` or "
+                              f"set {GRNBOOST2_PYTHON_ENV} to the python of an environment with arboreto==0.1.6")
+        command = [python, str(_GRNBOOST2_CHILD)]
     with tempfile.TemporaryDirectory(prefix="cape-peer-") as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         labels = {"intervened": intervened} if intervened is not None and method in INTERVENTIONAL_PEERS else {}
@@ -156,8 +181,10 @@ def run_peer(method: str, X: np.ndarray, *, budget: float, seed: int = 0, thread
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                "WANDB_MODE": "disabled"}
         start = time.perf_counter()
-        # DCD-FG's pytorch_lightning trainer writes checkpoints/ into its working directory: keep them in tmp.
-        proc = subprocess.Popen([*command, method, str(src), str(dst)], cwd=tmp if method in SDCD_PEERS else None,
+        # DCD-FG's pytorch_lightning trainer writes checkpoints/ and dask its worker space into the working
+        # directory: keep them in tmp.
+        own_folder = method in SDCD_PEERS or method == "grnboost2"
+        proc = subprocess.Popen([*command, method, str(src), str(dst)], cwd=tmp if own_folder else None,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             output, _ = proc.communicate(timeout=budget)

@@ -14,7 +14,7 @@ from cape._errors import CapeInputError
 from cape.data.simulate import simulate_sem
 from cape_benchmarks import causal as bench_causal
 from cape_benchmarks import causal_scale
-from cape_benchmarks.peers import run_peer
+from cape_benchmarks.peers import PeerResult, run_peer
 
 matplotlib.use("Agg")
 
@@ -375,3 +375,82 @@ def test_a_failing_graphical_lasso_is_recorded_not_fatal(tmp_path, monkeypatch) 
                                                 methods=["graphical_lasso"])
     assert {r["status"] for r in records} == {"failed"}
     assert "graphical_lasso: failed" in (tmp_path / "causal.md").read_text()
+
+
+_FAKE_ARBORETO = {
+    "arboreto/__init__.py": "",
+    "arboreto/algo.py": """
+import pandas as pd
+
+
+def grnboost2(expression_data, client_or_address, seed, verbose):
+    assert client_or_address.threads == 1 and seed == 3
+    # gene 0 explains gene 1 best, then 1 explains 2; the reverse weakly
+    return pd.DataFrame({"TF": ["0", "1", "1", "2"], "target": ["1", "2", "0", "1"],
+                         "importance": [5.0, 3.0, 1.0, 0.5]})
+""",
+    "distributed/__init__.py": """
+class LocalCluster:
+    def __init__(self, n_workers, threads_per_worker, processes, dashboard_address):
+        self.threads = threads_per_worker
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Client:
+    def __init__(self, cluster):
+        self.threads = cluster.threads
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+""",
+}
+
+
+def test_grnboost2_peer_returns_every_pairs_importance_from_its_own_interpreter(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from cape_benchmarks.peers import GRNBOOST2_PYTHON_ENV
+
+    for name, text in _FAKE_ARBORETO.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(GRNBOOST2_PYTHON_ENV, sys.executable)
+    result = run_peer("grnboost2", np.random.default_rng(0).normal(size=(30, 3)), budget=120, seed=3)
+    assert result.status == "ok", result.message
+    expected = np.zeros((3, 3))
+    expected[0, 1], expected[1, 2], expected[1, 0], expected[2, 1] = 5.0, 3.0, 1.0, 0.5
+    np.testing.assert_allclose(result.adjacency, expected)
+    monkeypatch.delenv(GRNBOOST2_PYTHON_ENV)
+    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.chdir(tmp_path / "arboreto")  # no ./.venv-grnboost2 here
+    import importlib.util
+
+    if importlib.util.find_spec("arboreto") is None:
+        missing = run_peer("grnboost2", np.zeros((10, 3)), budget=10)
+        assert missing.status == "error" and "make grnboost2-env" in missing.message
+
+
+def test_a_ranking_peer_is_cut_at_capes_budget_and_ranked_by_its_scores(tmp_path, monkeypatch) -> None:
+    X = np.random.default_rng(0).normal(size=(400, 4))
+    X[:, 1] += 2 * X[:, 0]
+    truth = np.zeros((4, 4))
+    truth[0, 1] = 1.0
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "control"})
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed: (X, truth, None))
+    scores = np.full((4, 4), 0.1)
+    scores[0, 1], scores[1, 0] = 5.0, 2.0
+    monkeypatch.setattr(bench_causal, "run_peer", lambda method, X, **kw: PeerResult(
+        method, "ok", scores.copy(), 1.0))
+    records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny_grn"], n_seeds=1, methods=["grnboost2"])
+    value = {r["metric"]: r["value"] for r in records}
+    assert value["nnz"] == bench_causal.edge_budget(X) == 1  # one significant pair: one directed edge, 0 → 1
+    assert value["f1"] == 1.0 and value["auprc"] == 1.0
