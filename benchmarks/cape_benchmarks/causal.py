@@ -129,6 +129,8 @@ CAPE_METHODS = {
     "cape_default": {"rank": "auto", "tau": "budget", "labels": True},
     "cape_default_nolabels": {"rank": "auto", "tau": "budget", "labels": False},
     "cape_default_noscreen": {"rank": "auto", "tau": "budget", "labels": True, "screen": False},
+    # Nonlinear parents with the labels and the default's threshold (model="parents_mlp", tau="budget").
+    "cape_parents_mlp_labels": {"model": "parents_mlp", "tau": "budget", "labels": True},
     # The paper's Step I: rank 40 (dense below 41 genes), λs 1, τ 0.2.
     "cape_paper": {"rank": "default", "lambda_sparse": 1.0, "tau": AUTO_TAU_MAX},
 }
