@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 CORES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-dev install-docs docs test-data lint clean sdcd-env grnboost2-env
+.PHONY: run test install install-dev install-docs docs test-data lint clean sdcd-env grnboost2-env sergio-env
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,16 @@ $(GRNBOOST2_VENV)/.installed:
 	$(GRNBOOST2_VENV)/bin/python -m pip install --quiet arboreto==0.1.6 "dask[dataframe]==2024.1.1" \
 		distributed==2024.1.1 "pandas<2.2" "numpy<2"
 	$(GRNBOOST2_VENV)/bin/python -c "import arboreto.algo, distributed"
+	touch $@
+
+# SERGIO (count simulation for `cape-bench causal --settings sergio_ecoli70`) is GPL-3: cape runs it as a separate
+# program in an environment of its own.
+SERGIO_VENV ?= .venv-sergio
+sergio-env: $(SERGIO_VENV)/.installed
+$(SERGIO_VENV)/.installed:
+	$(PYTHON) -m venv $(SERGIO_VENV)
+	$(SERGIO_VENV)/bin/python -m pip install --quiet sergio-scsim==1.9.3
+	$(SERGIO_VENV)/bin/python -c "import SERGIO.Noise"
 	touch $@
 
 install: $(VENV)/.installed

@@ -34,7 +34,8 @@ protein, 5,553 cells, log1p), with those labels for ``cape_default``. ``bn_ecoli
 bnlearn's linear Gaussian networks learnt from E. coli and A. thaliana expression (46 genes / 70 arcs, 107 / 150;
 :mod:`cape.data.gaussian_bn`, the network file from the pgmpy wheel): 2,000 observational cells per seed, and with
 ``_knockdown`` 100 cells more per knock-down of the 10 genes with the most descendants, labelled for
-``cape_default``.
+``cape_default``. ``sergio_ecoli70`` is SERGIO's counts (:mod:`cape_benchmarks.sergio`, GPL-3, in its own
+environment: ``make sergio-env``) on ecoli70's DAG and signs: 5 cell types of 400 cells, normalised and log1p.
 
 Where a setting has intervention labels, every graph also gets ``f1_labels_ceiling``: its directed F1 once every
 kept pair that is a true edge touching a perturbed gene is turned to the true direction
@@ -50,6 +51,7 @@ import logging
 import time
 from pathlib import Path
 
+import anndata as ad
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
@@ -81,6 +83,7 @@ from cape.pp import preprocess
 from cape.tl import intervention_mask
 
 from .peers import PEERS, RANKING_PEERS, run_peer
+from .sergio import simulate_sergio
 
 __all__ = ["CAPE_METHODS", "DIAGNOSE", "INPUTS", "SETTINGS", "run_causal_benchmark", "standardized"]
 
@@ -103,6 +106,8 @@ SETTINGS = {
     # cells, and with ``_knockdown`` 100 more per knock-down of the 10 genes with the most descendants.
     **{f"bn_{name}{suffix}": {"kind": "bn", "network": name, "knockdowns": k}
        for name in ("ecoli70", "arth150") for suffix, k in (("", 0), ("_knockdown", 10))},
+    # SERGIO counts (5 cell types × 400 cells, its DS1 technical noise) on the ecoli70 network; make sergio-env.
+    "sergio_ecoli70": {"kind": "sergio", "network": "ecoli70"},
 }
 #: cape variants: library defaults (each gene standardised), and ``*_raw``: fed the unstandardised matrix the
 #: peers see, keeping the genes' relative scales (``standardize="none"``, ``feature_norm="data"``). On
@@ -230,6 +235,14 @@ def _dataset(setting: str, seed: int, n_samples: int | None):
         return np.asarray(a.X, dtype=np.float64), a.varp["true_dag"].toarray(), None
     if spec["kind"] == "grn":
         return _grn_dataset(spec["cells"], seed)
+    if spec["kind"] == "sergio":  # the network's DAG and signs; SERGIO's kinetics, cell types and noise per seed
+        bn = read_gaussian_bn(data.fetch(spec["network"])["network"], name=spec["network"])
+        counts, _, genes = simulate_sergio(bn.weights, seed=seed)
+        a = ad.AnnData(counts.astype(np.float32))
+        preprocess(a, min_genes=1)  # normalise per cell and log1p; every gene kept
+        X = np.asarray(a.X.toarray() if hasattr(a.X, "toarray") else a.X, dtype=np.float64)
+        keep = X.std(0) > 0
+        return X[:, keep], bn.weights[np.ix_(genes[keep], genes[keep])], None
     if spec["kind"] == "bn":  # the same network for every seed; the seed draws new cells
         bn = read_gaussian_bn(data.fetch(spec["network"])["network"], name=spec["network"])
         a = bn.simulate(n_control=n_samples or 2000, knockdowns=min(spec["knockdowns"], bn.n_genes), seed=seed)

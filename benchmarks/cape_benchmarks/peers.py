@@ -62,7 +62,7 @@ _SDCD_CHILD = Path(__file__).with_name("_sdcd_child.py")
 _GRNBOOST2_CHILD = Path(__file__).with_name("_grnboost2_child.py")
 
 
-def _own_environment_python(variable: str, venv: str, module: str) -> str | None:
+def own_environment_python(variable: str, venv: str, module: str) -> str | None:
     """``$variable``, else ``./<venv>/bin/python`` (what its make target builds), else this interpreter if it can
     import ``module``; ``None`` if none can."""
     configured = os.environ.get(variable)
@@ -78,13 +78,13 @@ def _own_environment_python(variable: str, venv: str, module: str) -> str | None
 def sdcd_python() -> str | None:
     """Interpreter that runs the SDCD peers: ``$CAPE_SDCD_PYTHON``, else ``./.venv-sdcd/bin/python`` (what
     ``make sdcd-env`` builds), else this interpreter if it can import ``sdcd``; ``None`` if none can."""
-    return _own_environment_python(SDCD_PYTHON_ENV, ".venv-sdcd", "sdcd")
+    return own_environment_python(SDCD_PYTHON_ENV, ".venv-sdcd", "sdcd")
 
 
 def grnboost2_python() -> str | None:
     """Interpreter that runs GRNBoost2: ``$CAPE_GRNBOOST2_PYTHON``, else ``./.venv-grnboost2/bin/python`` (what
     ``make grnboost2-env`` builds), else this interpreter if it can import ``arboreto``; ``None`` if none can."""
-    return _own_environment_python(GRNBOOST2_PYTHON_ENV, ".venv-grnboost2", "arboreto")
+    return own_environment_python(GRNBOOST2_PYTHON_ENV, ".venv-grnboost2", "arboreto")
 
 
 @dataclass
