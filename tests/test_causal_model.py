@@ -418,3 +418,85 @@ def test_the_fit_flushes_denormals_and_restores_the_default_afterwards(monkeypat
         pytest.skip("this CPU cannot flush denormals")
     assert seen and all(v == 0.0 for v in seen)  # flushed during the fit
     assert float(torch.tensor(tiny, dtype=torch.float32) * 1.0) > 0  # and not after it
+
+
+def _sparse_and_masked(m: int = 9, seed: int = 0) -> tuple[VariationalNotears, VariationalNotears, np.ndarray]:
+    """The same candidate-restricted A stored densely (masked) and as its candidate weights, in float64."""
+    rng = np.random.default_rng(seed)
+    candidates = rng.random((m, m)) < 0.4
+    masked = VariationalNotears(m, rank=None, seed=1, candidates=candidates).double()
+    sparse = VariationalNotears(m, rank=None, seed=1, candidates=candidates, sparse=True).double()
+    with torch.no_grad():
+        weights = torch.as_tensor(rng.normal(0.0, 0.3, size=(m, m)))
+        masked.weight.copy_(weights)
+        sparse.edge_weight.copy_(weights[sparse.edge_index()])
+    return masked, sparse, candidates
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sparse_adjacency_is_the_masked_dense_model(seed: int) -> None:
+    masked, sparse, candidates = _sparse_and_masked(seed=seed)
+    allowed = candidates & ~np.eye(9, dtype=bool)
+    assert sparse.edge_weight.numel() == allowed.sum()
+    torch.testing.assert_close(sparse.adjacency(), masked.adjacency())
+    assert torch.all(masked.adjacency()[torch.as_tensor(~allowed)] == 0)
+    x = torch.randn(24, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    totals = []
+    for model in (masked, sparse):
+        model.eval()
+        terms = model(x)
+        total = terms["nelbo"] + model.l1() + model.acyclicity()
+        total.backward()
+        totals.append((terms, total))
+    for key in ("recon", "kl", "nelbo"):
+        torch.testing.assert_close(totals[0][0][key], totals[1][0][key], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(masked.weight.grad[sparse.edge_index()], sparse.edge_weight.grad,
+                               rtol=1e-10, atol=1e-12)
+    # Only a sampled Z needs (I − A)⁻¹; the sparse model solves it exactly as the dense one does.
+    z = torch.randn(5, 9, dtype=torch.float64)
+    torch.testing.assert_close(sparse.propagate(z), masked.propagate(z))
+
+
+def test_sparse_model_needs_candidates_and_a_dense_a() -> None:
+    with pytest.raises(ValueError, match="pass candidates"):
+        VariationalNotears(5, sparse=True)
+    with pytest.raises(ValueError, match="dense A only"):
+        VariationalNotears(5, rank=2, candidates=np.ones((5, 5), dtype=bool))
+    with pytest.raises(ValueError, match="genes × genes"):
+        VariationalNotears(5, candidates=np.ones((4, 4), dtype=bool), sparse=True)
+
+
+def test_linearised_acyclicity_on_the_entries_of_a_sparse_a() -> None:
+    from cape.causal.acyclicity_penalty import LinearisedAcyclicity
+
+    _, sparse, _ = _sparse_and_masked(m=10, seed=3)
+    with torch.no_grad():
+        full = LinearisedAcyclicity(sparse.adjacency())
+        on_entries = LinearisedAcyclicity(sparse.adjacency(), entries=sparse.edge_index())
+        sparse.edge_weight.mul_(0.7)  # a later A, zero off the candidates as before
+    values = sparse.edge_weight.detach().clone().requires_grad_()
+    dense = sparse.adjacency().detach().clone().requires_grad_()
+    h_entries, h_full = on_entries(values), full(dense)
+    torch.testing.assert_close(h_entries, h_full, rtol=1e-10, atol=1e-12)
+    h_entries.backward()
+    h_full.backward()
+    torch.testing.assert_close(values.grad, dense.grad[sparse.edge_index()])
+    with pytest.raises(ValueError, match="linearised at a matrix of shape"):
+        on_entries(dense)
+
+
+def test_sparse_fit_follows_the_masked_dense_fit() -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 8))
+    X[:, 1] += X[:, 0]
+    X[:, 2] += 0.8 * X[:, 1]
+    candidates = np.zeros((8, 8), dtype=bool)
+    candidates[[0, 1, 1, 2, 3], [1, 0, 2, 1, 4]] = True
+    fits = [fit_variational_notears(X.astype(np.float32), rank=None, epochs=8, device="cpu", seed=0,
+                                    candidates=candidates, sparse=sparse, h_every=h_every)
+            for sparse in (False, True) for h_every in (1, 3)]
+    assert not fits[0].sparse and fits[2].sparse
+    for dense_fit, sparse_fit in ((fits[0], fits[2]), (fits[1], fits[3])):
+        np.testing.assert_allclose(sparse_fit.adjacency, dense_fit.adjacency, atol=1e-5)
+        assert np.all(sparse_fit.adjacency[~candidates] == 0)
+    assert abs(fits[2].adjacency[0, 1]) + abs(fits[2].adjacency[1, 0]) > 0.1

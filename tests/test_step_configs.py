@@ -83,6 +83,11 @@ def test_causal_config_resolves_rank_and_lambda_per_gene_count():
     assert CausalConfig(model="paper").rank_for(300) == 40 and CausalConfig(model="paper").lambda_for(40) == 1.0
     assert CausalConfig(rank=50).rank_for(30) is None  # r ≥ genes: dense
     assert CausalConfig(model="parents_mlp").rank_for(5000) is None
+    # Screened candidate parents keep A dense at any size; only without them does rank 40 take over.
+    assert auto.rank_for(2000, screened=True) is None and auto.notears_options(2000, screened=True)["rank"] is None
+    assert auto.notears_options(2000)["rank"] == 40 and CausalConfig(model="paper").rank_for(2000, screened=True) == 40
+    with pytest.raises(CapeInputError, match="sparse must be"):
+        NotearsConfig(sparse="yes")
     options = CausalConfig(epochs=7, lambda_sparse=2.0).notears_options(20)
     assert options == {"rank": None, "lambda_sparse": 2.0, "epochs": 7, "batch_size": 128, "lr": 3e-3,
                        "h_every": None}

@@ -345,3 +345,24 @@ def test_candidates_keep_a_dense_a_at_zero_elsewhere() -> None:
     assert np.all(fit.adjacency[~allowed] == 0) and np.abs(fit.adjacency[allowed]).max() > 0
     with pytest.raises(ValueError, match="dense A only"):
         fit_variational_notears(X.astype(np.float32), rank=2, epochs=1, device="cpu", candidates=allowed)
+
+
+def test_beyond_the_dense_size_screening_keeps_a_sparse_dense_a(monkeypatch) -> None:
+    # The 12-gene chain stands in for a large gene set: the size thresholds are lowered to 8 genes and rank 3.
+    config_module = importlib.import_module("cape.causal.causal_config")
+    monkeypatch.setattr(config_module, "DENSE_MAX_GENES", 8)
+    monkeypatch.setattr(config_module, "LOW_RANK", 3)
+    monkeypatch.setattr(importlib.import_module("cape.causal.trainer"), "SPARSE_MIN_GENES", 8)
+    a = ad.AnnData(_chain_data().astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(12)]))
+    causal_graph(a, **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    assert record["rank_used"] == "dense" and record["sparse_adjacency"]
+    assert record["screening"]["n_candidate_pairs"] > 0 and record["n_edges"] > 0
+    # Without candidates (screen off, or too few cells for the test) it is the paper's low-rank A.
+    causal_graph(a, screen="none", **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    assert record["rank_used"] == 3 and not record["sparse_adjacency"]
+    small = a[:15].copy()
+    causal_graph(small, min_positioned=0, **FAST)
+    record = small.uns["cape"]["causal_graph"]
+    assert record["rank_used"] == 3 and "A = UVᵀ of rank 3" in record["screening"]["fallback"]

@@ -18,7 +18,8 @@ how much of a method's score comes from it. Each record carries ``input``.
 
 Count data (issue 31): ``grn_control`` is :func:`cape.data.simulate_grn_cells` at its quick size (200 genes, 300
 true edges, 2,000 control cells in 5 cell types, NB counts with dropout) with the control cells only, and
-``grn_knockout`` the same plus its 30 single and 30 double knock-outs (1,800 cells) with their labels; each seed
+``grn_knockout`` the same plus its 30 single and 30 double knock-outs (1,800 cells) with their labels
+(``grn_control_2000``: the control cells of the same design at 2,000 genes, 3,000 edges and 10,000 cells); each seed
 simulates a new network, ``cape.pp.preprocess(min_genes=20)`` log-normalises it, and every method sees that
 matrix. ``cape_default`` is what :func:`cape.tl.causal_graph` runs by default (rank ``"auto"``, λs ``None``,
 ``screen="partial_correlation"``, ``tau="budget"``, and the knock-out labels where the setting has them);
@@ -101,6 +102,8 @@ SETTINGS = {
     "sachs_all": {"kind": "sachs", "cells": "all"},
     "grn_control": {"kind": "grn", "cells": "control"},
     "grn_knockout": {"kind": "grn", "cells": "all"},
+    # The same design at 2,000 genes and 10,000 control cells (GRN_SIMULATIONS["scale"]): Step I beyond DENSE_MAX_GENES.
+    "grn_control_2000": {"kind": "grn", "cells": "control", "size": "scale"},
     "sachs_conditions": {"kind": "sachs", "cells": "conditions"},
     # bnlearn's linear Gaussian networks learnt from expression data (cape.data.gaussian_bn): 2,000 observational
     # cells, and with ``_knockdown`` 100 more per knock-down of the 10 genes with the most descendants.
@@ -210,9 +213,9 @@ def _low_rank(n_nodes: int) -> int:
     return max(1, min(40, n_nodes // 2))
 
 
-def _grn_dataset(cells: str, seed: int):
-    """simulate_grn_cells (quick size, this seed), preprocessed; X, truth and the knock-out mask (or None)."""
-    a = simulate_grn_cells(**{**GRN_SIMULATIONS["quick"], "seed": seed})
+def _grn_dataset(cells: str, seed: int, size: str = "quick"):
+    """simulate_grn_cells (``size``, this seed), preprocessed; X, truth and the knock-out mask (or None)."""
+    a = simulate_grn_cells(**{**GRN_SIMULATIONS[size], "seed": seed})
     preprocess(a, min_genes=20)
     if cells == "control":
         a = a[a.obs["condition"].astype(str) == "ctrl"].copy()
@@ -234,7 +237,7 @@ def _dataset(setting: str, seed: int, n_samples: int | None):
                          sem=spec.get("sem", "mlp"), seed=seed)
         return np.asarray(a.X, dtype=np.float64), a.varp["true_dag"].toarray(), None
     if spec["kind"] == "grn":
-        return _grn_dataset(spec["cells"], seed)
+        return _grn_dataset(spec["cells"], seed, spec.get("size", "quick"))
     if spec["kind"] == "sergio":  # the network's DAG and signs; SERGIO's kinetics, cell types and noise per seed
         bn = read_gaussian_bn(data.fetch(spec["network"])["network"], name=spec["network"])
         counts, _, genes = simulate_sergio(bn.weights, seed=seed)

@@ -146,15 +146,23 @@ class LinearisedAcyclicity:
     later matrices computed the same way (differentiable, returns a float64 scalar). At A = A₀ value and
     gradient are h's exactly. W ≥ 0, so the gradient 2W∘A always shrinks |A_ij|, by less as A_ij nears
     0: unlike a reused gradient, it cannot push a weight through zero. Cost per call O(M²).
+
+    ``entries`` = (rows, cols) keeps W and A₀ at those entries only, for an A that is zero elsewhere (a sparse A):
+    calls then take the vector of A's values there, A[rows, cols], and cost O(entries).
     """
 
-    def __init__(self, A: torch.Tensor, U: torch.Tensor | None = None, V: torch.Tensor | None = None) -> None:
+    def __init__(self, A: torch.Tensor, U: torch.Tensor | None = None, V: torch.Tensor | None = None,
+                 entries: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         with torch.no_grad():
             self.h0, W = acyclicity_weights(U=U, V=V) if U is not None else acyclicity_weights(A)
             self.A0 = A.detach().clone()
             self.weights = W.to(A.dtype)
+            if entries is not None:
+                self.A0, self.weights = self.A0[entries].contiguous(), self.weights[entries].contiguous()
 
     def __call__(self, A: torch.Tensor) -> torch.Tensor:
+        if A.shape != self.A0.shape:
+            raise ValueError(f"linearised at a matrix of shape {tuple(self.A0.shape)}, called on {tuple(A.shape)}")
         return self.h0 + _WeightedSquareChange.apply(A, self.weights, self.A0).double()
 
     def low_rank_l1_and_h(self, U: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,7 +177,7 @@ class LinearisedAcyclicity:
 
 
 class _WeightedSquareChange(torch.autograd.Function):
-    """Σ W (A − A₀)(A + A₀) = Σ W (A² − A₀²) with the gradient 2W∘A in one pass (A is M×M per step)."""
+    """Σ W (A − A₀)(A + A₀) = Σ W (A² − A₀²) with the gradient 2W∘A in one pass (A: M×M, or a sparse A's values)."""
 
     @staticmethod
     def forward(ctx, A: torch.Tensor, W: torch.Tensor, A0: torch.Tensor) -> torch.Tensor:  # type: ignore[override]

@@ -65,8 +65,10 @@ class CausalConfig:
         prices. ``"paper"``: the paper's Step I exactly (rank 40 and λs = 1 unless given; set ``tau=0.2`` for its
         threshold).
     rank
-        Rank r of A = UVᵀ. ``"auto"`` (default): a dense A up to :data:`DENSE_MAX_GENES` genes, rank :data:`LOW_RANK`
-        above (``model="paper"``: always 40). ``None``, or r ≥ the number of genes, uses a dense A.
+        Rank r of A = UVᵀ. ``"auto"`` (default): a dense A, restricted to the screened candidate parents (``screen``;
+        stored as those weights only beyond 1,000 genes); without candidates (the screen off or impossible: fewer
+        than genes + 10 cells, more than 5,000 genes) a dense A up to :data:`DENSE_MAX_GENES` genes and rank
+        :data:`LOW_RANK` above. ``model="paper"``: always 40. ``None``, or r ≥ the number of genes, uses a dense A.
     tau
         Edge threshold τ ∈ [0, 1): ``|A_ij| ≤ τ`` is dropped (the paper uses 0.2), or a rule. ``"budget"`` (default):
         keep as many edges as the data support, the number K of gene pairs whose partial correlation given all other
@@ -124,12 +126,12 @@ class CausalConfig:
         if self.screen not in SCREENS:
             raise CapeInputError(f"screen must be one of {', '.join(SCREENS)}, got {self.screen!r}")
 
-    def rank_for(self, n_genes: int) -> int | None:
-        """The rank used on ``n_genes`` genes (``None``: dense A)."""
+    def rank_for(self, n_genes: int, screened: bool = False) -> int | None:
+        """The rank used on ``n_genes`` genes (``None``: dense A), ``screened``: with candidate parents."""
         if self.model == "parents_mlp" or self.rank is None:
             return None
         if self.rank == "auto":
-            rank = LOW_RANK if self.model == "paper" or n_genes > DENSE_MAX_GENES else None
+            rank = LOW_RANK if self.model == "paper" or (n_genes > DENSE_MAX_GENES and not screened) else None
             return None if rank is not None and rank >= n_genes else rank
         return None if self.rank >= n_genes else int(self.rank)
 
@@ -139,10 +141,11 @@ class CausalConfig:
             return float(self.lambda_sparse)
         return LAMBDA_DENSE if rank is None and self.model == "variational" else LAMBDA_LOW_RANK
 
-    def notears_options(self, n_genes: int) -> dict:
+    def notears_options(self, n_genes: int, screened: bool = False) -> dict:
         """The :class:`NotearsConfig` fields this config sets for a variational fit on ``n_genes`` genes (``rank`` and
-        λs resolved), as keywords of :func:`~cape.causal.fit_variational_notears`."""
-        rank = self.rank_for(n_genes)
+        λs resolved; ``screened``: with candidate parents), as keywords of
+        :func:`~cape.causal.fit_variational_notears`."""
+        rank = self.rank_for(n_genes, screened)
         return {"rank": rank, "lambda_sparse": self.lambda_for(rank), "epochs": self.epochs,
                 "batch_size": self.batch_size, "lr": self.lr, "h_every": self.h_every}
 
@@ -178,6 +181,9 @@ class NotearsConfig:
         Share of each batch's cells the reconstruction term sees, in (0, 1]; ``None``: 1, or 0.25 at scale.
     sample_latent, feature_norm
         Passed to :class:`~cape.causal.VariationalNotears` (``feature_norm``: ``"gene"`` or ``"data"``).
+    sparse
+        Store a candidate-restricted A as its candidate weights only (same model, cost proportional to the
+        candidates); ``None``: beyond 1,000 genes (``cape.causal.trainer.SPARSE_MIN_GENES``).
     standardize
         ``"gene"`` (default: z-score each gene) or ``"none"`` (the matrix as given; ``True``/``False`` are accepted
         for these two).
@@ -203,6 +209,7 @@ class NotearsConfig:
     sample_latent: bool = False
     feature_norm: str = "gene"
     standardize: str | bool = "gene"
+    sparse: bool | None = None
 
     def __post_init__(self) -> None:
         if self.rank is not None and not (_is_int(self.rank) and self.rank >= 1):
@@ -226,5 +233,7 @@ class NotearsConfig:
             raise CapeInputError(f"recon_fraction must be in (0, 1], got {self.recon_fraction}")
         if self.feature_norm not in ("gene", "data"):
             raise CapeInputError(f"feature_norm must be 'gene' or 'data', got {self.feature_norm!r}")
+        if self.sparse not in (None, True, False):
+            raise CapeInputError(f"sparse must be True, False or None (automatic), got {self.sparse!r}")
         if self.standardize not in (*STANDARDIZE, True, False):
             raise CapeInputError(f"standardize must be 'gene' or 'none', got {self.standardize!r}")

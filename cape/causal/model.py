@@ -23,12 +23,18 @@ encoder costs O(B·M·r), and the decoder uses Woodbury with the diagonal base B
 (B − UVᵀ)⁻¹ = B⁻¹ + B⁻¹U(I_r − VᵀB⁻¹U)⁻¹VᵀB⁻¹, so no M×M matrix is formed per cell. The acyclicity
 penalty stays the exact low-rank h(UVᵀ) ≥ h(UVᵀ − D): zero only when the masked A is a DAG and the now
 unopposed diagonal is zero.
+
+A dense A can be restricted to candidate edges (``candidates``, e.g. SDCD-style screening): the others are held
+at zero. With ``sparse=True`` only the candidate weights are stored, a vector E long, and the encoder costs
+O(B·E) instead of O(B·M²). The decoder then uses the identity Z(I − A)⁻¹ = f(X) at Z = μ_Z (exact, no M×M
+solve); only a sampled Z goes through the solve. The acyclicity penalty still needs the M×M matrix.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -122,15 +128,25 @@ class VariationalNotears(nn.Module):
         ``"gene"`` (default): per-gene batch normalisation (unit variance per gene); ``"data"``: per-gene
         normalisation times :attr:`feature_scale` (the trainer sets it to each gene's standard deviation in the
         standardised input).
+    candidates
+        Optional M×M boolean matrix (dense A only): the edges i → j A may use; the others stay exactly 0.
+    sparse
+        Store only the candidate weights (requires ``candidates``): same model, memory and encoder cost
+        proportional to the number of candidates (see the module docstring).
     """
 
     def __init__(self, n_genes: int, rank: int | None = None, hidden: int = 64, seed: int = 0,
-                 sample_latent: bool = False, feature_norm: str = "gene") -> None:
+                 sample_latent: bool = False, feature_norm: str = "gene", candidates=None,
+                 sparse: bool = False) -> None:
         super().__init__()
         if n_genes < 1:
             raise ValueError(f"n_genes must be ≥ 1, got {n_genes}")
         if rank is not None and not 1 <= rank < n_genes:
             raise ValueError(f"rank must be in [1, n_genes) or None for dense, got {rank} with {n_genes} genes")
+        if candidates is not None and rank is not None:
+            raise ValueError("candidates restrict a dense A only (rank=None)")
+        if sparse and candidates is None:
+            raise ValueError("sparse=True stores the candidate weights only: pass candidates")
         gen = torch.Generator().manual_seed(int(seed))
         self.n_genes = n_genes
         self.rank = rank
@@ -149,9 +165,23 @@ class VariationalNotears(nn.Module):
             self.z_logvar = nn.Parameter(logvar)
         else:
             self.register_buffer("z_logvar", logvar)
-        if rank is None:
+        self.sparse = bool(sparse)
+        allowed = None
+        if candidates is not None:
+            allowed = torch.as_tensor(np.asarray(candidates, dtype=bool))
+            if allowed.shape != (n_genes, n_genes):
+                raise ValueError(f"candidates must be genes × genes = {(n_genes, n_genes)}, "
+                                 f"got {tuple(allowed.shape)}")
+            allowed = allowed & ~torch.eye(n_genes, dtype=torch.bool)
+        if self.sparse:
+            parents, children = allowed.nonzero(as_tuple=True)
+            self.register_buffer("edge_parent", parents)
+            self.register_buffer("edge_child", children)
+            self.edge_weight = nn.Parameter(torch.zeros(parents.numel()))
+        elif rank is None:
             self.weight = nn.Parameter(torch.zeros(n_genes, n_genes))
-            self.register_buffer("off_diagonal", 1.0 - torch.eye(n_genes))
+            off_diagonal = 1.0 - torch.eye(n_genes)
+            self.register_buffer("off_diagonal", off_diagonal if allowed is None else off_diagonal * allowed)
         else:
             # U = V = 0 is a saddle point with zero gradient; start from small random factors instead.
             # Entries of UVᵀ then start at about 0.01 whatever r.
@@ -166,10 +196,19 @@ class VariationalNotears(nn.Module):
     # --- the graph -------------------------------------------------------------------------------------
     def adjacency_parameters(self) -> list[nn.Parameter]:
         """The parameters that define A (the acyclicity penalty only acts on these)."""
+        if self.sparse:
+            return [self.edge_weight]
         return [self.weight] if self.rank is None else [self.U, self.V]
+
+    def edge_index(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(parents, children) of the stored weights of a sparse A, else ``None``."""
+        return (self.edge_parent, self.edge_child) if self.sparse else None
 
     def adjacency(self) -> torch.Tensor:
         """The dense M×M weighted adjacency A (A[i, j]: effect of gene i on gene j)."""
+        if self.sparse:
+            empty = self.edge_weight.new_zeros(self.n_genes, self.n_genes)
+            return empty.index_put((self.edge_parent, self.edge_child), self.edge_weight)
         if self.rank is None:
             return self.weight * self.off_diagonal
         full = self.U @ self.V.T
@@ -191,15 +230,27 @@ class VariationalNotears(nn.Module):
 
     def l1(self) -> torch.Tensor:
         """‖A‖₁ (A has a zero diagonal)."""
+        if self.sparse:
+            return self.edge_weight.abs().sum()
         if self.rank is None:
             return self.adjacency().abs().sum()
         # ‖UVᵀ‖₁ − Σ|diag(UVᵀ)|: one M×M temporary per step instead of three (diag matrix, difference, abs).
         return (self.U @ self.V.T).abs().sum() - self.self_loops().abs().sum()
 
     # --- the SEM ---------------------------------------------------------------------------------------
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """f(X): the encoder MLP's output, normalised per gene (times :attr:`feature_scale`)."""
+        return self.feature_norm(self.encoder_mlp(x)) * self.feature_scale
+
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """μ_Z = f(X)(I − A) (low rank: f(X) − (f(X)U)Vᵀ + f(X)·diag(UVᵀ))."""
-        fx = self.feature_norm(self.encoder_mlp(x)) * self.feature_scale
+        return self._mix(self.features(x))
+
+    def _mix(self, fx: torch.Tensor) -> torch.Tensor:
+        """f(X)(I − A) from f(X)."""
+        if self.sparse:  # column j gets Σ_i f(X)_i A_ij over j's candidate parents i
+            messages = fx.index_select(1, self.edge_parent) * self.edge_weight
+            return fx - fx.new_zeros(fx.shape).index_add(1, self.edge_child, messages)
         if self.rank is None:
             return fx - fx @ self.adjacency()
         return fx * (1.0 + self.self_loops()) - (fx @ self.U) @ self.V.T
@@ -235,15 +286,17 @@ class VariationalNotears(nn.Module):
         """
         if sample is None:
             sample = self.training and self.sample_latent
-        mu = self.encode(x)
+        fx = self.features(x)
+        mu = self._mix(fx)
         logvar = self.z_logvar
         z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar) if sample else mu
         x_target, keep_recon = x, keep
         if recon_rows is not None and recon_rows < x.shape[0]:
             rows = torch.randperm(x.shape[0], device=x.device)[:max(1, int(recon_rows))]
-            z, x_target = z[rows], x[rows]
+            z, x_target, fx = z[rows], x[rows], fx[rows]
             keep_recon = None if keep is None else keep[rows]
-        x_hat = self.decode(z)
+        # Sparse A at Z = μ_Z: Z(I − A)⁻¹ = f(X) exactly, so the M×M solve is skipped.
+        x_hat = self.decoder_mlp(fx) if self.sparse and not sample else self.decode(z)
         recon_terms = (x_target - x_hat).pow(2)
         kl_terms = mu.pow(2) + logvar.exp() - 1.0 - logvar
         if keep is not None:

@@ -114,6 +114,8 @@ class CausalFit:
         at the end of any epoch.
     n_intervened
         Cell × gene entries whose own equation was left out (``intervened``; 0 without interventions).
+    sparse
+        Whether A was stored as its candidate weights only (``sparse`` of :class:`~cape.causal.NotearsConfig`).
     """
 
     adjacency: np.ndarray
@@ -134,6 +136,7 @@ class CausalFit:
     collapse_message: str = ""
     peak_weight: float = 0.0
     n_intervened: int = 0
+    sparse: bool = False
 
 
 def near_empty(A: np.ndarray) -> bool:
@@ -225,6 +228,11 @@ AUTO_H_EVERY = 10
 #: steps instead of 10 left the graph's F1 unchanged (see ``cape-bench causal-scale``).
 AUTO_H_EVERY_LARGE_M = 1000
 AUTO_H_EVERY_LARGE = 40
+
+
+#: ``sparse=None``: a candidate-restricted A stores only its candidate weights beyond this many genes, where the
+#: encoder's dense B×M×M product and the decoder's M×M solve would dominate a step.
+SPARSE_MIN_GENES = 1000
 
 
 #: ``rho_max=None``: the augmented Lagrangian's largest ρ for a dense A ...
@@ -325,18 +333,25 @@ class _Standardised:
         return (torch.as_tensor(rows, dtype=torch.float32, device=self.dev) - self.mean_t) * self.inv_std_t
 
 
+def resolve_sparse(sparse: bool | None, n_genes: int, candidates) -> bool:
+    """Whether a candidate-restricted A stores only its candidate weights (``None``: beyond
+    :data:`SPARSE_MIN_GENES` genes)."""
+    if sparse is None:
+        return candidates is not None and n_genes > SPARSE_MIN_GENES
+    if sparse and candidates is None:
+        raise ValueError("sparse=True stores the candidate weights only: pass candidates")
+    return bool(sparse)
+
+
 def _build_model(data: _Standardised, config: NotearsConfig, seed: int, candidates) -> VariationalNotears:
     """The SEM on the device, A restricted to ``candidates`` and the features scaled for ``feature_norm="data"``."""
     n_genes = data.mean.size
+    if candidates is not None and config.rank is not None:
+        raise ValueError("candidates restrict a dense A only (rank=None)")
     model = VariationalNotears(n_genes, rank=config.rank, hidden=config.hidden, seed=seed,
-                               sample_latent=config.sample_latent, feature_norm=config.feature_norm).to(data.dev)
-    if candidates is not None:
-        if config.rank is not None:
-            raise ValueError("candidates restrict a dense A only (rank=None)")
-        allowed = torch.as_tensor(np.asarray(candidates, dtype=bool), device=data.dev)
-        if allowed.shape != (n_genes, n_genes):
-            raise ValueError(f"candidates must be genes × genes = {(n_genes, n_genes)}, got {tuple(allowed.shape)}")
-        model.off_diagonal.mul_(allowed.to(model.off_diagonal.dtype))
+                               sample_latent=config.sample_latent, feature_norm=config.feature_norm,
+                               candidates=candidates,
+                               sparse=resolve_sparse(config.sparse, n_genes, candidates)).to(data.dev)
     if config.feature_norm == "data":
         model.set_feature_scale(torch.as_tensor(data.raw_std / data.std, dtype=torch.float32))
     return model
@@ -418,7 +433,7 @@ class _Run:
         if self.h_every > 1 and (self.step % self.h_every == 0 or self.linearised is None):
             with torch.no_grad():
                 self.linearised = LinearisedAcyclicity(model.acyclicity_matrix(), *(
-                    () if model.rank is None else (model.U, model.V)))
+                    () if model.rank is None else (model.U, model.V)), entries=model.edge_index())
         if self.h_every > 1 and model.rank is not None:
             # Low rank between exact steps: L1 and the linearised h from one UVᵀ, one backward pass.
             l1, h = self.linearised.low_rank_l1_and_h(model.U, model.V)
@@ -427,7 +442,8 @@ class _Run:
         else:
             loss = terms["nelbo"] + l1_price * model.l1()
             loss.backward()
-            h = model.acyclicity() if self.h_every == 1 else self.linearised(model.acyclicity_matrix())
+            h = (model.acyclicity() if self.h_every == 1 else
+                 self.linearised(model.edge_weight if model.sparse else model.acyclicity_matrix()))
             for p, g in zip(self.adj_params, torch.autograd.grad(lam.penalty(h), self.adj_params), strict=True):
                 p.grad.add_(g.to(p.dtype))
         self.optimiser.step()
@@ -573,4 +589,4 @@ def fit_variational_notears(X, config: NotearsConfig | None = None, *, device: s
                      rho_max=rho_max, compiled_mlp=bool(compiled), recon_fraction=float(recon_fraction), model=model,
                      mean=np.asarray(data.mean, dtype=np.float64), std=np.asarray(data.std, dtype=np.float64),
                      collapsed=bool(message), collapse_message=message, peak_weight=float(peak),
-                     n_intervened=0 if Irows is None else int(Irows.nnz))
+                     n_intervened=0 if Irows is None else int(Irows.nnz), sparse=model.sparse)

@@ -38,7 +38,8 @@ def register(commands) -> None:
                              "'parents_mlp' (each gene an MLP of its candidate parents; gene panels) or 'paper' "
                              "(the paper's settings: rank 40, λs 1; add --tau 0.2 for its threshold)")
     parser.add_argument("--rank", type=_rank, default="auto",
-                        help="rank of A = UVᵀ, 'dense', or 'auto' (default: dense up to 1,000 genes, else 40)")
+                        help="rank of A = UVᵀ, 'dense', or 'auto' (default: dense on the screened candidate parents; "
+                             "without candidates dense up to 1,000 genes, else 40)")
     parser.add_argument("--tau", type=tau_value, default="budget",
                         help="edge threshold τ in [0, 1), or a rule: 'budget' (default): as many edges as gene pairs "
                              "with a significant partial correlation (BH 30 %%); 'auto': the paper's 0.2 unless it "

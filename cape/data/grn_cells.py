@@ -31,12 +31,15 @@ from .perturbation_data import CONTROL, gears_condition, random_dag, sem_sample
 __all__ = ["GRN_SIMULATIONS", "CountNoise", "simulate_grn_cells"]
 
 #: The oracle experiment's data (``--dataset simulated_grn``): ``"quick"`` for the powered quick runs, ``"full"``
-#: for the full-size tables.
+#: for the full-size tables; ``"scale"``: the quick design at 2,000 genes and 10,000 control cells (Step I at scale,
+#: ``cape-bench causal`` setting ``grn_control_2000``).
 GRN_SIMULATIONS = {
     "quick": dict(n_genes=200, n_edges=300, n_control=2000, n_cell_types=5, n_programs=4, n_single=30, n_double=30,
                   n_cells_per_perturbation=30, seed=0),
     "full": dict(n_genes=500, n_edges=800, n_control=5000, n_cell_types=8, n_programs=5, n_single=60, n_double=60,
                  n_cells_per_perturbation=60, seed=0),
+    "scale": dict(n_genes=2000, n_edges=3000, n_control=10000, n_cell_types=5, n_programs=4, n_single=30, n_double=30,
+                  n_cells_per_perturbation=30, seed=0),
 }
 
 

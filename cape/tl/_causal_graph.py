@@ -255,24 +255,27 @@ def _check_size(config: CausalConfig, data: _Selection) -> None:
         logger.warning("rank %d ≥ number of genes %d: using a dense adjacency instead", config.rank, n_genes)
 
 
-def _screen(config: CausalConfig, rank_used: int | None, X) -> tuple[tuple | None, np.ndarray | None, dict | None]:
+def _screen(config: CausalConfig, X) -> tuple[tuple | None, np.ndarray | None, dict | None]:
     """The partial-correlation tests (for the budget and the screen), the candidate parents and their record."""
-    wants_screen = config.screen == "partial_correlation" and config.model == "variational" and rank_used is None
+    wants_screen = (config.screen == "partial_correlation" and config.model == "variational"
+                    and config.rank_for(X.shape[1], screened=True) is None)
     tests = None
     if (config.tau == "budget" or wants_screen) and X.shape[1] <= BUDGET_MAX_GENES:
         tests = partial_correlation_tests(X)
     if not wants_screen:
         return tests, None, None
     candidates = screen_candidates(X, SCREEN_FDR, tests) if tests is not None else None
+    fallback = ("every pair is a candidate" if config.rank_for(X.shape[1]) is None else
+                f"A = UVᵀ of rank {config.rank_for(X.shape[1])} over every pair")
     record = ({"fdr": SCREEN_FDR, "n_candidate_pairs": int(candidates.sum() // 2)} if candidates is not None else
               {"fallback": "no partial-correlation test (fewer than genes + 10 cells, or more than "
-                           f"{BUDGET_MAX_GENES} genes) or no significant pair: every pair is a candidate"})
+                           f"{BUDGET_MAX_GENES} genes) or no significant pair: {fallback}"})
     return tests, candidates, record
 
 
 def _fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, candidates):
     """Step I's model fitted to X (a divergence becomes a one-line error; a collapse raises or warns)."""
-    rank = config.rank_for(X.shape[1])
+    rank = config.rank_for(X.shape[1], screened=candidates is not None)
     lambda_used = config.lambda_for(rank)
     try:
         if config.model == "parents_mlp":
@@ -281,7 +284,7 @@ def _fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, cand
                                   intervened=intervened)
         else:
             fit = fit_variational_notears(X, device=dev, seed=seed, intervened=intervened, candidates=candidates,
-                                          **config.notears_options(X.shape[1]))
+                                          **config.notears_options(X.shape[1], screened=candidates is not None))
     except FloatingPointError as err:
         raise CapeInputError(f"{err}; try a smaller lr (got {config.lr}) or check X for extreme values") from err
     if fit.collapsed:
@@ -375,11 +378,13 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
             "interventions": interventions or "none", "screen": config.screen}
 
 
-def _record(params: dict, config: CausalConfig, data: _Selection, fit, graph: _Graph, extra: dict) -> dict:
+def _record(params: dict, config: CausalConfig, data: _Selection, fit, graph: _Graph, extra: dict,
+            screened: bool) -> dict:
     """``uns["cape"]["causal_graph"]``: the parameters, the fit's bookkeeping and the graph's figures."""
-    rank_used = config.rank_for(data.n_genes)
+    rank_used = config.rank_for(data.n_genes, screened)
     record = {
         "params": params, "rank_used": "dense" if rank_used is None else int(rank_used),
+        "sparse_adjacency": bool(fit.sparse),
         "lambda_sparse_used": float(config.lambda_for(rank_used)), "device_used": fit.device,
         "n_cells": data.n_cells, "n_genes": data.n_genes, "n_edges": graph.n_edges, "tau_used": graph.tau_used,
         "tau_rule": graph.tau_rule, "max_weight": graph.max_weight, "n_positioned": graph.n_positioned,
@@ -444,9 +449,10 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
       always a DAG, zero outside the genes used;
     - ``var["cape_used"]``: the genes that took part in the graph;
     - ``uns["cape"]["causal_graph"]`` (see ``key_added``): ``params``; the fit (``history`` per epoch, ``epochs_run``,
-      ``converged``, ``collapsed``, ``peak_weight``, ``rank_used``, ``lambda_sparse_used``, ``rho_max``, timings); the
-      graph (``n_edges``, ``tau_used``, ``tau_rule``, ``max_weight``, ``n_positioned``, ``positioned_fraction``,
-      ``removed_cycle_edges``, ``dropped_constant_genes``, ``threshold_scan`` at :data:`SCAN_TAUS`); ``edge_budget``,
+      ``converged``, ``collapsed``, ``peak_weight``, ``rank_used``, ``sparse_adjacency``, ``lambda_sparse_used``,
+      ``rho_max``, timings); the graph (``n_edges``, ``tau_used``, ``tau_rule``, ``max_weight``, ``n_positioned``,
+      ``positioned_fraction``, ``removed_cycle_edges``, ``dropped_constant_genes``, ``threshold_scan`` at
+      :data:`SCAN_TAUS`); ``edge_budget``,
       ``screening`` and ``interventions`` where they applied; and ``equations``, the fitted structural equations
       that :func:`cape.tl.predict_intervention` evaluates (:class:`cape.causal.StructuralEquations`).
 
@@ -470,7 +476,7 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     intervened, intervention_record = (None, None) if interventions is None else \
         intervention_mask(adata, interventions, data.genes)
     _check_size(config, data)
-    tests, candidates, screen_record = _screen(config, config.rank_for(data.n_genes), data.X)
+    tests, candidates, screen_record = _screen(config, data.X)
     seed = seed_everything(resolve_seed(seed))
     fit = _fit(config, data.X, resolve_device(device), seed, intervened, candidates)
     budget, budget_record = _edge_budget(data.X, tests) if config.tau == "budget" else (None, None)
@@ -486,7 +492,8 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     record = _record(params, config, data, fit, graph, {
         "interventions": intervention_record, "edge_budget": budget_record, "screening": screen_record,
         # a CausalFit built without its model (e.g. from a stored adjacency) has no equations
-        "equations": None if fit.model is None else _equations_record(fit, data.X, graph.dag, data.genes, layer)})
+        "equations": None if fit.model is None else _equations_record(fit, data.X, graph.dag, data.genes, layer)},
+        screened=candidates is not None)
     record["wall_time"] = float(time.perf_counter() - start)
     record["versions"] = {"cape": str(__version__), "torch": str(torch.__version__)}
     adata.uns.setdefault("cape", {})[step_key("causal_graph", key_added, DAG_KEY)] = record
