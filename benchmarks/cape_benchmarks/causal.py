@@ -137,6 +137,8 @@ CAPE_METHODS = {
     "cape_default": {"rank": "auto", "tau": "budget", "labels": True},
     "cape_default_nolabels": {"rank": "auto", "tau": "budget", "labels": False},
     "cape_default_noscreen": {"rank": "auto", "tau": "budget", "labels": True, "screen": False},
+    # The default with a lower L1 price (λs 0.1 instead of the dense A's 0.3): weak screened candidates at scale.
+    "cape_default_lambda0.1": {"rank": "auto", "tau": "budget", "labels": True, "lambda_sparse": 0.1},
     # Nonlinear parents with the labels and the default's threshold (model="parents_mlp", tau="budget").
     "cape_parents_mlp_labels": {"model": "parents_mlp", "tau": "budget", "labels": True},
     # The paper's Step I: rank 40 (dense below 41 genes), λs 1, τ 0.2.
@@ -327,10 +329,13 @@ def _run_cape(method: str, X: np.ndarray, seed: int, intervened=None) -> tuple[n
         return fit.adjacency, time.perf_counter() - start
     if options["rank"] == "auto":  # resolved as cape.tl.causal_graph resolves rank="auto"
         step1 = CausalConfig(rank="auto", lambda_sparse=options.get("lambda_sparse"))
-        options["rank"] = step1.rank_for(X.shape[1])
+        candidates = None
+        if screen and step1.rank_for(X.shape[1], screened=True) is None:  # screen="partial_correlation"
+            candidates = screen_candidates(X)
+        options["rank"] = step1.rank_for(X.shape[1], screened=candidates is not None)
         options["lambda_sparse"] = step1.lambda_for(options["rank"])
-        if options["rank"] is None and screen:  # screen="partial_correlation"
-            options["candidates"] = screen_candidates(X)
+        if candidates is not None:
+            options["candidates"] = candidates
     if options["rank"] == "low":
         options["rank"] = _low_rank(X.shape[1])
     elif options["rank"] == "default":
