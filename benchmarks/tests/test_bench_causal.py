@@ -251,7 +251,7 @@ def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undir
     truth = np.zeros((6, 6))
     truth[0, 1] = truth[1, 2] = truth[2, 3] = 1.0
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "control"})
-    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed: (X, truth, None))
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, truth, None))
     W = np.triu(np.abs(bench_causal.partial_correlations(X)), 1)
     monkeypatch.setattr(bench_causal, "_run_cape", lambda method, X, seed, intervened=None: (W, 1.0))
     records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny_grn"], n_seeds=1,
@@ -286,7 +286,7 @@ def test_count_data_settings_pass_the_knockout_labels_and_score_undirected_peers
     mask = np.zeros((60, 5), dtype=bool)
     mask[:20, 1] = True
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "all"})
-    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed: (X, truth, mask))
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, truth, mask))
     seen = {}
 
     def fake(method, X, seed, intervened=None):
@@ -365,7 +365,7 @@ def test_bnlearn_settings_draw_new_cells_per_seed_with_knockdown_labels(tmp_path
 def test_a_failing_graphical_lasso_is_recorded_not_fatal(tmp_path, monkeypatch) -> None:
     X = np.random.default_rng(0).normal(size=(60, 4))
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "control"})
-    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed: (X, np.eye(4, k=1), None))
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, np.eye(4, k=1), None))
 
     def ill_conditioned(method, X, seed):
         raise FloatingPointError("Non SPD result: the system is too ill-conditioned for this solver")
@@ -445,7 +445,7 @@ def test_a_ranking_peer_is_cut_at_capes_budget_and_ranked_by_its_scores(tmp_path
     truth = np.zeros((4, 4))
     truth[0, 1] = 1.0
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "control"})
-    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed: (X, truth, None))
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, truth, None))
     scores = np.full((4, 4), 0.1)
     scores[0, 1], scores[1, 0] = 5.0, 2.0
     monkeypatch.setattr(bench_causal, "run_peer", lambda method, X, **kw: PeerResult(
@@ -454,3 +454,22 @@ def test_a_ranking_peer_is_cut_at_capes_budget_and_ranked_by_its_scores(tmp_path
     value = {r["metric"]: r["value"] for r in records}
     assert value["nnz"] == bench_causal.edge_budget(X) == 1  # one significant pair: one directed edge, 0 → 1
     assert value["f1"] == 1.0 and value["auprc"] == 1.0
+
+
+def test_cape_default_resolves_rank_as_causal_graph_does_beyond_the_dense_size(monkeypatch) -> None:
+    # 12 genes stand in for a large gene set: dense only up to 8 genes without candidates, rank 3 above.
+    import importlib
+
+    config_module = importlib.import_module("cape.causal.causal_config")
+    monkeypatch.setattr(config_module, "DENSE_MAX_GENES", 8)
+    monkeypatch.setattr(config_module, "LOW_RANK", 3)
+    seen = []
+    monkeypatch.setattr(bench_causal, "fit_variational_notears",
+                        lambda X, **kw: seen.append(kw) or type("Fit", (), {"adjacency": np.zeros((12, 12))})())
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 12))
+    X[:, 1:6] += 2.0 * X[:, :5]
+    bench_causal._run_cape("cape_default", X, 0)
+    bench_causal._run_cape("cape_default_noscreen", X, 0)
+    assert seen[0]["rank"] is None and seen[0]["candidates"][0, 1] and seen[0]["lambda_sparse"] == 0.3
+    assert seen[1]["rank"] == 3 and "candidates" not in seen[1] and seen[1]["lambda_sparse"] == 1.0
