@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cape.causal import VariationalNotears, fit_variational_notears, gene_moments, is_dag, make_dag
-from cape.causal.trainer import RHO_MAX_DENSE, RHO_MAX_LOW_RANK, resolve_rho_max
+from cape.causal.trainer import RHO_MAX_DENSE, RHO_MAX_LOW_RANK, SPARSE_MIN_GENES, resolve_rho_max
 
 
 @pytest.mark.parametrize("rank", [None, 3])
@@ -267,6 +267,10 @@ def test_rho_max_default_follows_the_parameterisation_of_a() -> None:
     assert NotearsConfig().rho_max is None
     assert resolve_rho_max(None, None) == RHO_MAX_DENSE == 1e8
     assert resolve_rho_max(None, 40) == RHO_MAX_LOW_RANK == 1e4
+    # A dense A beyond SPARSE_MIN_GENES takes the low-rank cap (the dual steps' α would otherwise crush its weights).
+    assert resolve_rho_max(None, None, SPARSE_MIN_GENES) == RHO_MAX_DENSE
+    assert resolve_rho_max(None, None, SPARSE_MIN_GENES + 1) == RHO_MAX_LOW_RANK
+    assert resolve_rho_max(1e6, None, SPARSE_MIN_GENES + 1) == 1e6
     assert resolve_rho_max(3.0, 40) == 3.0
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="rho_max"):

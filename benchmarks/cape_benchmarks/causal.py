@@ -104,6 +104,8 @@ SETTINGS = {
     "grn_knockout": {"kind": "grn", "cells": "all"},
     # The same design at 2,000 genes and 10,000 control cells (GRN_SIMULATIONS["scale"]): Step I beyond DENSE_MAX_GENES.
     "grn_control_2000": {"kind": "grn", "cells": "control", "size": "scale"},
+    # Between the two: 500 genes, 800 edges, 5,000 control cells (GRN_SIMULATIONS["full"], 8 cell types, 5 programs).
+    "grn_control_500": {"kind": "grn", "cells": "control", "size": "full"},
     "sachs_conditions": {"kind": "sachs", "cells": "conditions"},
     # bnlearn's linear Gaussian networks learnt from expression data (cape.data.gaussian_bn): 2,000 observational
     # cells, and with ``_knockdown`` 100 more per knock-down of the 10 genes with the most descendants.
@@ -139,6 +141,8 @@ CAPE_METHODS = {
     "cape_default_noscreen": {"rank": "auto", "tau": "budget", "labels": True, "screen": False},
     # The default with a lower L1 price (λs 0.1 instead of the dense A's 0.3): weak screened candidates at scale.
     "cape_default_lambda0.1": {"rank": "auto", "tau": "budget", "labels": True, "lambda_sparse": 0.1},
+    # The default with ρ capped at 1e4 at any size (a dense A's cap is 1e8 up to 1,000 genes).
+    "cape_default_rho1e4": {"rank": "auto", "tau": "budget", "labels": True, "rho_max": 1e4},
     # Nonlinear parents with the labels and the default's threshold (model="parents_mlp", tau="budget").
     "cape_parents_mlp_labels": {"model": "parents_mlp", "tau": "budget", "labels": True},
     # The paper's Step I: rank 40 (dense below 41 genes), λs 1, τ 0.2.

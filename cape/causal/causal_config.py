@@ -167,8 +167,8 @@ class NotearsConfig:
     hidden
         Width of the element-wise MLPs f and g (0: the linear SEM).
     rho_init, rho_max
-        First and largest ρ of the augmented Lagrangian; ``rho_max=None``: 1e8 for a dense A, 1e4 for A = UVᵀ
-        (see :mod:`cape.causal.trainer`).
+        First and largest ρ of the augmented Lagrangian; ``rho_max=None``: 1e8 for a dense A up to 1,000 genes,
+        1e4 for A = UVᵀ and for a dense A beyond 1,000 genes (see :mod:`cape.causal.trainer`).
     h_tol, loss_tol, min_epochs
         The stop rule.
     h_every

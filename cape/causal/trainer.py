@@ -6,10 +6,14 @@ Loss per step: −ELBO + 0.1·λs·‖A‖₁ + α·h(A) + ρ/2·h(A)², AdamW. 
 α ← α + ρ·h. The step count matters on small data, where an epoch has few steps: dual steps counted in
 epochs alone raise ρ before any inner solve has converged, and the penalty then swamps Adam's normalised steps
 and crushes every weight below τ.
-ρ stops growing at ``rho_max``: 1e8 for a dense A (NOTEARS: 1e16), 1e4 for A = UVᵀ. Adam moves every weight by
+ρ stops growing at ``rho_max``: 1e8 for a dense A (NOTEARS: 1e16) up to 1,000 genes, 1e4 for A = UVᵀ and for a
+dense A beyond 1,000 genes. Adam moves every weight by
 about lr per step, so the reverse weights keep jittering and h cannot fall much below ~1e-6 on minibatches;
 beyond the cap the penalty only shrinks the true edges on paths that close such tiny cycles, while a cycle
-made of weights above τ would still cost h ≫ 1e-6. Low rank suffers more, and from a lower ρ: every step on U
+made of weights above τ would still cost h ≫ 1e-6. The floor grows with the number of pairs that can close a
+cycle (every screened pair, in both directions) and every dual step at the floor adds ρ·h to α, so on thousands of
+genes and cells, with a dual step every few epochs, α·h's pull becomes a ridge on every screened weight: there
+the dense A takes the low-rank cap. Low rank suffers more, and from a lower ρ: every step on U
 and V moves all M² entries of UVᵀ at once, and h(UVᵀ) also prices the diagonal that the SEM masks out, so the
 pull on the cycles reaches every edge. Both caps were chosen on validation seeds with ``cape-bench causal``; the
 measurements are in the documentation's benchmark pages (docs/benchmarks/step1_sdcd.md, "Low-rank fits").
@@ -235,16 +239,16 @@ AUTO_H_EVERY_LARGE = 40
 SPARSE_MIN_GENES = 1000
 
 
-#: ``rho_max=None``: the augmented Lagrangian's largest ρ for a dense A ...
+#: ``rho_max=None``: the augmented Lagrangian's largest ρ for a dense A up to :data:`SPARSE_MIN_GENES` genes ...
 RHO_MAX_DENSE = 1e8
-#: ... and for A = UVᵀ (see the module docstring).
+#: ... and for A = UVᵀ and for a dense A beyond that (see the module docstring).
 RHO_MAX_LOW_RANK = 1e4
 
 
-def resolve_rho_max(rho_max: float | None, rank: int | None) -> float:
-    """The cap on ρ (``None``: by the parameterisation of A, see the module docstring)."""
+def resolve_rho_max(rho_max: float | None, rank: int | None, n_genes: int = 0) -> float:
+    """The cap on ρ (``None``: by the parameterisation and size of A, see the module docstring)."""
     if rho_max is None:
-        return RHO_MAX_DENSE if rank is None else RHO_MAX_LOW_RANK
+        return RHO_MAX_DENSE if rank is None and n_genes <= SPARSE_MIN_GENES else RHO_MAX_LOW_RANK
     if not math.isfinite(rho_max) or rho_max <= 0:
         raise ValueError(f"rho_max must be a finite number > 0 (or None: automatic), got {rho_max}")
     return float(rho_max)
@@ -564,7 +568,7 @@ def fit_variational_notears(X, config: NotearsConfig | None = None, *, device: s
     torch.manual_seed(int(seed))
     rng = np.random.default_rng(int(seed))
     h_every = resolve_h_every(config.h_every, n_genes, config.rank)
-    rho_max = resolve_rho_max(config.rho_max, config.rank)
+    rho_max = resolve_rho_max(config.rho_max, config.rank, n_genes)
     data = _Standardised(X, config.standardize, dev)
     Irows = intervention_rows(intervened, n_cells, n_genes)
     model = _build_model(data, config, seed, candidates)
