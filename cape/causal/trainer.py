@@ -15,8 +15,9 @@ cycle (every screened pair, in both directions) and every dual step at the floor
 genes and cells, with a dual step every few epochs, α·h's pull becomes a ridge on every screened weight: there
 the dense A takes the low-rank cap. Low rank suffers more, and from a lower ρ: every step on U
 and V moves all M² entries of UVᵀ at once, and h(UVᵀ) also prices the diagonal that the SEM masks out, so the
-pull on the cycles reaches every edge. Both caps were chosen on validation seeds with ``cape-bench causal``; the
-measurements are in the documentation's benchmark pages (docs/benchmarks/step1_sdcd.md, "Low-rank fits").
+pull on the cycles reaches every edge. The caps were chosen with ``cape-bench causal``; the measurements are in
+the documentation's benchmark pages (docs/benchmarks/step1_sdcd.md, "Low-rank fits"; step1_counts.md, "Beyond
+1,000 genes").
 The cap only binds on data with many minibatches: ρ grows at most tenfold per dual step,
 and a dual step needs ``dual_steps`` Adam steps.
 Thresholding and cycle breaking guarantee the DAG in any case.
