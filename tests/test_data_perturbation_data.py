@@ -137,6 +137,16 @@ def test_sachs_interventions_to_gears(caplog):
     assert list(out.var["gene_name"]) == list(raw.var_names)
 
 
+def test_sachs_interventions_shared_targets_keeps_every_cell(caplog):
+    raw = _fake_sachs()
+    with caplog.at_level(logging.WARNING, logger="cape"):
+        out = sachs_interventions(raw, shared_targets=True)
+    assert out.n_obs == raw.n_obs  # every condition of the fake targets a measured protein
+    assert set(out.obs.loc[out.obs["condition"] == "PKC+ctrl", "sachs_condition"]) == {"cd3cd28+g0076", "pma"}
+    assert "pma" not in caplog.text
+    assert list(out.obs["condition"].cat.categories).count("PKC+ctrl") == 1
+
+
 def test_sachs_interventions_needs_its_columns():
     raw = _fake_sachs()
     del raw.obs["observational"]

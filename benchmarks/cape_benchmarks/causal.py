@@ -31,7 +31,8 @@ keeps) return each pair in both directions: compare them on ``skeleton_f1`` (F1 
 ``auprc`` and ``epr`` (BEELINE's early precision ratio of the same ranking); their ``f1`` is gcastle's, which
 credits an undirected pair in either direction. ``sachs_conditions`` is Sachs et al. (2005) as
 :func:`cape.data.sachs_interventions` labels it (the control cells and the 6 conditions that target a measured
-protein, 5,553 cells, log1p), with those labels for ``cape_default``. ``bn_ecoli70`` and ``bn_arth150`` are
+protein, 6,553 cells, log1p), with those labels for ``cape_default``; ``sachs_all_conditions`` all 7,466 cells,
+pma's cells labelled as a second intervention on PKC. ``bn_ecoli70`` and ``bn_arth150`` are
 bnlearn's linear Gaussian networks learnt from E. coli and A. thaliana expression (46 genes / 70 arcs, 107 / 150;
 :mod:`cape.data.gaussian_bn`, the network file from the pgmpy wheel): 2,000 observational cells per seed, and with
 ``_knockdown`` 100 cells more per knock-down of the 10 genes with the most descendants, labelled for
@@ -107,6 +108,8 @@ SETTINGS = {
     # Between the two: 500 genes, 800 edges, 5,000 control cells (GRN_SIMULATIONS["full"], 8 cell types, 5 programs).
     "grn_control_500": {"kind": "grn", "cells": "control", "size": "full"},
     "sachs_conditions": {"kind": "sachs", "cells": "conditions"},
+    # All 7,466 cells with their labels: pma (PKC activator) joins g0076 (PKC inhibitor) as "PKC+ctrl".
+    "sachs_all_conditions": {"kind": "sachs", "cells": "all_conditions"},
     # bnlearn's linear Gaussian networks learnt from expression data (cape.data.gaussian_bn): 2,000 observational
     # cells, and with ``_knockdown`` 100 more per knock-down of the 10 genes with the most descendants.
     **{f"bn_{name}{suffix}": {"kind": "bn", "network": name, "knockdowns": k}
@@ -259,8 +262,8 @@ def _dataset(setting: str, seed: int, n_samples: int | None):
         return np.asarray(a.X, dtype=np.float64), a.varp["true_dag"].toarray(), mask
 
     a = data.load("sachs2005")
-    if spec["cells"] == "conditions":  # GEARS labels: ctrl and the 6 conditions that target a measured protein
-        b = sachs_interventions(a)  # log1p already
+    if spec["cells"] in ("conditions", "all_conditions"):  # ctrl and the conditions that target a measured protein
+        b = sachs_interventions(a, shared_targets=spec["cells"] == "all_conditions")  # log1p already
         mask = intervention_mask(b, "condition", np.asarray(b.var_names))[0]
         return np.asarray(b.X, dtype=np.float64), b.varp["true_graph"].toarray(), mask
     if spec["cells"] == "observational":

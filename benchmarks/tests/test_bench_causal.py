@@ -473,3 +473,17 @@ def test_cape_default_resolves_rank_as_causal_graph_does_beyond_the_dense_size(m
     bench_causal._run_cape("cape_default_noscreen", X, 0)
     assert seen[0]["rank"] is None and seen[0]["candidates"][0, 1] and seen[0]["lambda_sparse"] == 0.3
     assert seen[1]["rank"] == 3 and "candidates" not in seen[1] and seen[1]["lambda_sparse"] == 1.0
+
+
+def test_sachs_settings_label_every_cell_that_targets_a_measured_protein(monkeypatch) -> None:
+    from test_bench_intervention import GENES, _fake_sachs
+
+    monkeypatch.setattr(bench_causal.data, "load", lambda name: _fake_sachs(n=5))
+    X_all, truth, mask_all = bench_causal._dataset("sachs_all_conditions", 0, None)
+    X_some, _, mask_some = bench_causal._dataset("sachs_conditions", 0, None)
+    assert X_all.shape == (45, 11) and truth.shape == (11, 11)  # 9 conditions × 5 cells, pma included
+    assert X_some.shape == (40, 11)  # pma dropped: PKC is already g0076's target
+    mask_all, mask_some = mask_all.toarray(), mask_some.toarray()
+    pkc = GENES.index("PKC")
+    assert mask_all[:, pkc].sum() == 10 and mask_some[:, pkc].sum() == 5  # g0076 and pma / g0076
+    assert mask_all.sum(1).max() == 1 and mask_all.any(1).sum() == 35  # one target per perturbed cell; 10 controls

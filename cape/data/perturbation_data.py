@@ -185,13 +185,15 @@ def simulate_perturbation(
     return adata
 
 
-def sachs_interventions(adata: ad.AnnData, *, log1p: bool = True) -> ad.AnnData:
+def sachs_interventions(adata: ad.AnnData, *, log1p: bool = True, shared_targets: bool = False) -> ad.AnnData:
     """Turn Sachs et al. (2005) (``cape.data.load("sachs2005")``) into a GEARS-format hold-out-intervention task.
 
     Observational cells (``obs["observational"]``: cd3cd28 and cd3cd28+icam2) become ``"ctrl"``; each condition
     whose ``obs["target"]`` is a measured protein becomes ``"<target>+ctrl"``. Conditions without a measured target
     are dropped. When two conditions share a target (g0076 inhibits and pma activates PKC), the first in file order
     is kept and the other dropped, with a warning: one condition per gene is what the GEARS format can express.
+    With ``shared_targets=True`` both are kept under the same label (all 7,466 cells): what causal discovery with
+    intervention labels needs, which asks only which gene each cell's perturbation targets.
     Intensities are ``log1p``-transformed by default (raw values span 1–9,000).
 
     Returns a new AnnData with ``obs["condition"]``, ``obs["sachs_condition"]`` (the original name),
@@ -214,11 +216,11 @@ def sachs_interventions(adata: ad.AnnData, *, log1p: bool = True) -> ad.AnnData:
         if tgt not in genes:
             logger.warning("Sachs condition %r targets %r, which is not measured; dropped", cond, tgt)
             continue
-        if tgt in used:
+        if tgt in used and not shared_targets:
             logger.warning("Sachs condition %r targets %s like %r; dropped (one condition per gene)", cond, tgt,
                            used[tgt])
             continue
-        used[tgt] = cond
+        used.setdefault(tgt, cond)
         new[(original == cond) & ~observational] = gears_condition((tgt,))
     keep = new != ""
     out = adata[keep].copy()
