@@ -19,7 +19,8 @@ how much of a method's score comes from it. Each record carries ``input``.
 Count data (issue 31): ``grn_control`` is :func:`cape.data.simulate_grn_cells` at its quick size (200 genes, 300
 true edges, 2,000 control cells in 5 cell types, NB counts with dropout) with the control cells only, and
 ``grn_knockout`` the same plus its 30 single and 30 double knock-outs (1,800 cells) with their labels
-(``grn_control_2000``: the control cells of the same design at 2,000 genes, 3,000 edges and 10,000 cells); each seed
+(``grn_control_2000``: the control cells of the same design at 2,000 genes, 3,000 edges and 10,000 cells,
+``grn_knockout_2000`` the same with its knock-outs); each seed
 simulates a new network, ``cape.pp.preprocess(min_genes=20)`` log-normalises it, and every method sees that
 matrix. ``cape_default`` is what :func:`cape.tl.causal_graph` runs by default (rank ``"auto"``, λs ``None``,
 ``screen="partial_correlation"``, ``tau="budget"``, and the knock-out labels where the setting has them);
@@ -105,6 +106,8 @@ SETTINGS = {
     "grn_knockout": {"kind": "grn", "cells": "all"},
     # The same design at 2,000 genes and 10,000 control cells (GRN_SIMULATIONS["scale"]): Step I beyond DENSE_MAX_GENES.
     "grn_control_2000": {"kind": "grn", "cells": "control", "size": "scale"},
+    # ... and with its 30 single and 30 double knock-outs (1,800 cells more) and their labels.
+    "grn_knockout_2000": {"kind": "grn", "cells": "all", "size": "scale"},
     # Between the two: 500 genes, 800 edges, 5,000 control cells (GRN_SIMULATIONS["full"], 8 cell types, 5 programs).
     "grn_control_500": {"kind": "grn", "cells": "control", "size": "full"},
     "sachs_conditions": {"kind": "sachs", "cells": "conditions"},
