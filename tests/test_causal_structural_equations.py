@@ -5,8 +5,10 @@ from __future__ import annotations
 import anndata as ad
 import numpy as np
 import pytest
+import torch
 
 from cape.causal import (
+    ElementwiseMLP,
     StructuralEquations,
     fit_variational_notears,
     intervene,
@@ -15,6 +17,7 @@ from cape.causal import (
     make_dag,
     topological_order,
 )
+from cape.causal import structural_equations as se
 
 
 def _chain_linear(weights=(2.0, -0.5), intercept=(1.0, 0.5, -1.0)) -> StructuralEquations:
@@ -84,6 +87,23 @@ def test_learned_form_with_identity_maps_propagates_a_chain():
     predicted, _ = intervene(eq, X, {0: 0.0})
     np.testing.assert_allclose(predicted[:, 1] - X[:, 1], 2.0 * (0.0 - X[:, 0]))
     np.testing.assert_allclose(predicted[:, 2] - X[:, 2], -1.0 * (0.0 - X[:, 0]))
+
+
+def test_elementwise_mlp_in_row_blocks_matches_the_model(monkeypatch):
+    mlp = ElementwiseMLP(7, hidden=5, generator=torch.Generator().manual_seed(0)).double()
+    with torch.no_grad():
+        mlp.w2.mul_(20.0)  # nonlinear enough that a misaligned block would show
+        mlp.b2.normal_()
+    x = np.random.default_rng(0).normal(size=(53, 7))
+    with torch.no_grad():
+        expected = mlp(torch.as_tensor(x)).numpy()
+    params = [t.detach().numpy() for t in (mlp.w1, mlp.b1, mlp.w2, mlp.b2)]
+    whole = StructuralEquations._mlp(x, *params)
+    monkeypatch.setattr(se, "MLP_BLOCK_ELEMENTS", 4 * 7 * 5)  # blocks of 4 rows, the last one short
+    blocked = StructuralEquations._mlp(x, *params)
+    np.testing.assert_allclose(whole, expected, rtol=1e-12, atol=1e-12)
+    assert np.array_equal(blocked, whole)
+    assert StructuralEquations._mlp(x[:0], *params).shape == (0, 7)
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,8 @@ __all__ = ["StructuralEquations", "descendants", "intervene", "learned_equations
 
 KINDS = ("learned", "linear", "parents_mlp")
 MODES = ("counterfactual", "interventional")
+#: Elements (rows × genes × hidden units) of one block of the element-wise MLPs in NumPy (32 MiB in float64).
+MLP_BLOCK_ELEMENTS = 1 << 22
 #: Arrays a ``"learned"`` model holds besides the graph (the element-wise MLPs and the two normalisations).
 _LEARNED_KEYS = ("mean", "std", "enc_w1", "enc_b1", "enc_w2", "enc_b2", "feat_mean", "feat_scale",
                  "dec_w1", "dec_b1", "dec_w2", "dec_b2")
@@ -146,9 +148,22 @@ class StructuralEquations:
     # --- per-gene maps (learned) ----------------------------------------------------------------------
     @staticmethod
     def _mlp(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray) -> np.ndarray:
-        """y_j = x_j + Σ_h w2_jh·silu(w1_jh·x_j + b1_jh) + b2_j (the element-wise MLP of the model)."""
-        pre = x[..., None] * w1 + b1
-        return x + (pre * expit(pre) * w2).sum(-1) + b2
+        """y_j = x_j + Σ_h w2_jh·silu(w1_jh·x_j + b1_jh) + b2_j (the element-wise MLP of the model).
+
+        Rows go through in blocks of about ``MLP_BLOCK_ELEMENTS`` hidden units: the whole cells × genes ×
+        hidden array would take gigabytes at a few thousand genes, and small blocks stay in cache.
+        """
+        x = np.asarray(x, dtype=np.float64)
+        rows = max(1, MLP_BLOCK_ELEMENTS // max(1, x[0].size * w1.shape[-1])) if x.ndim >= 2 and len(x) else 0
+        if not rows or len(x) <= rows:
+            pre = x[..., None] * w1 + b1
+            return x + (pre * expit(pre) * w2).sum(-1) + b2
+        out = np.empty(np.broadcast_shapes(x.shape, b2.shape))
+        for start in range(0, len(x), rows):
+            block = x[start:start + rows]
+            pre = block[..., None] * w1 + b1
+            out[start:start + rows] = block + (pre * expit(pre) * w2).sum(-1) + b2
+        return out
 
     def features(self, x: np.ndarray, genes: slice | np.ndarray = slice(None)) -> np.ndarray:
         """F = (f(u) − m)/s for data x (cells × the selected genes)."""
