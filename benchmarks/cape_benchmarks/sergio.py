@@ -46,7 +46,9 @@ def simulate_sergio(weights: np.ndarray, *, n_types: int = 5, cells_per_type: in
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         np.savez(src, sources=sources, targets=targets, signs=np.sign(weights[sources, targets]), n_types=n_types,
                  cells_per_type=cells_per_type, seed=seed)
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MPLBACKEND": "Agg"}
+        # SERGIO iterates over sets of gene-name strings: without a fixed hash seed the same seed gives other counts.
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MPLBACKEND": "Agg",
+               "PYTHONHASHSEED": "0"}
         proc = subprocess.run([python, str(_CHILD), str(src), str(dst)], capture_output=True, text=True,
                               timeout=timeout, env=env, cwd=tmp, check=False)
         if proc.returncode != 0 or not dst.exists():

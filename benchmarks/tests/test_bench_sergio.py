@@ -12,8 +12,10 @@ from cape_benchmarks import causal as bench_causal
 from cape_benchmarks import sergio
 
 FAKE_CHILD = """
+import os
 import sys
 import numpy as np
+assert os.environ["PYTHONHASHSEED"] == "0"
 data = np.load(sys.argv[1])
 genes = np.unique(np.concatenate([data["sources"], data["targets"]]))
 n = int(data["n_types"]) * int(data["cells_per_type"])
@@ -72,3 +74,5 @@ def test_real_sergio_simulates_counts_with_cell_types() -> None:
     assert list(np.bincount(cell_type)) == [30, 30]
     assert counts.shape == (60, 5) and list(genes) == [0, 1, 2, 3, 4]
     assert np.all(counts >= 0) and np.allclose(counts, np.round(counts)) and counts.sum() > 0
+    again, _, _ = sergio.simulate_sergio(W, n_types=2, cells_per_type=30, seed=0)  # a new process, same counts
+    np.testing.assert_array_equal(counts, again)
