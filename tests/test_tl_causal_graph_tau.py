@@ -250,6 +250,44 @@ def test_budget_keeps_as_many_edges_as_the_data_support(fitted, tmp_path) -> Non
     assert ad.read_h5ad(tmp_path / "a.h5ad").uns["cape"]["causal_graph"]["tau_rule"] == "budget"
 
 
+def test_budget_fdr_sets_the_rate_of_the_budget_test(fitted, tmp_path, capsys) -> None:
+    from cape.cli import main
+
+    X = _chain_data(seed=3)
+    X[:, 6:] += 0.15 * X[:, [0]]  # weak dependence: significant at a loose rate, not at a strict one
+    X -= X.min(axis=0)  # non-negative, as the CLI expects; partial correlations do not change
+    a = ad.AnnData(X.astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(12)]))
+    A = (np.random.default_rng(0).random((12, 12)) * 0.3).astype(np.float32)
+    np.fill_diagonal(A, 0)
+    fitted["A"] = A
+    pairs = {}
+    for fdr in (0.001, 0.3):
+        causal_graph(a, min_positioned=0, budget_fdr=fdr, **FAST)
+        record = a.uns["cape"]["causal_graph"]
+        pairs[fdr] = record["edge_budget"]["n_pairs"]
+        assert pairs[fdr] == cape.causal.edge_budget(X, fdr)
+        assert record["edge_budget"]["fdr"] == record["params"]["budget_fdr"] == fdr
+    assert pairs[0.001] < pairs[0.3]
+    src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"
+    a.write_h5ad(src)
+    assert main(["--quiet", "causal", "--input", str(src), "--output", str(out), "--budget-fdr", "0.001",
+                 "--min-positioned", "0", "--epochs", "2"]) == 0
+    assert ad.read_h5ad(out).uns["cape"]["causal_graph"]["edge_budget"]["n_pairs"] == pairs[0.001]
+    capsys.readouterr()
+    bad = tmp_path / "bad.h5ad"
+    assert main(["--quiet", "causal", "--input", str(src), "--output", str(bad), "--budget-fdr", "1"]) == 2
+    assert capsys.readouterr().err.strip() == "cape: error: budget_fdr must be a rate in (0, 1), got 1.0"
+    assert not bad.exists()
+    for value, ok in ((0.05, True), (0, False), (1, False)):
+        config = {"causal": {"budget_fdr": value}}
+        coerce_config(config, SCHEMA)
+        if ok:
+            validate_config(config, SCHEMA)
+        else:
+            with pytest.raises(CapeInputError, match="causal.budget_fdr"):
+                validate_config(config, SCHEMA)
+
+
 def test_budget_falls_back_to_auto_without_enough_cells_or_signal(fitted, caplog) -> None:
     fitted["A"] = _weights(top=0.9)
     a = _adata(n=25, m=20)  # 25 < 20 + 10 cells: no test

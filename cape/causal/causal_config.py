@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 from .._errors import CapeInputError
+from .postprocess import BUDGET_FDR
 
 __all__ = ["DENSE_MAX_GENES", "LAMBDA_DENSE", "LAMBDA_LOW_RANK", "LOW_RANK", "MODELS", "SCREENS", "STANDARDIZE",
            "CausalConfig", "NotearsConfig", "check_tau"]
@@ -76,8 +77,15 @@ class CausalConfig:
         below the K-th largest ``|A_ij|``, never at or below the noise floor 0.01. The test needs at least genes + 10
         cells (and at most 5,000 genes); otherwise the ``"auto"`` rule is used, and so it is when no pair is
         significant (with a warning); the record says so. Under the budget the ``min_positioned`` check only warns.
+        The rate is ``budget_fdr``.
         ``"auto"``: the paper's 0.2 where it already gives an edge to at least ``min_positioned`` of the genes, else
         the largest τ that does, but not below the noise floor.
+    budget_fdr
+        Benjamini–Hochberg rate of ``tau="budget"``'s partial-correlation test, in (0, 1); default 0.3
+        (:data:`cape.causal.BUDGET_FDR`, chosen on held-out simulations). A lower rate keeps fewer edges, each
+        better supported. Which rate is closer to the true network depends on the data: 0.3 on
+        ``simulate_grn_cells``' counts, 0.05 on SERGIO's, where cell-type programmes and dropout make most gene
+        pairs co-vary (docs/benchmarks/step1_counts.md).
     min_positioned
         Share of the genes that must get an edge: below it ``tau="auto"`` stops with the reason and a fixed τ warns;
         0 turns the check off (and the collapse check with it).
@@ -97,6 +105,7 @@ class CausalConfig:
     model: str = "variational"
     rank: int | str | None = "auto"
     tau: float | str = "budget"
+    budget_fdr: float = BUDGET_FDR
     min_positioned: float = 0.5
     lambda_sparse: float | None = None
     epochs: int = 100
@@ -111,6 +120,8 @@ class CausalConfig:
         if not (self.rank is None or self.rank == "auto" or (_is_int(self.rank) and self.rank >= 1)):
             raise CapeInputError(f"rank must be a positive integer, None (dense) or 'auto', got {self.rank!r}")
         object.__setattr__(self, "tau", check_tau(self.tau))
+        if not (_is_number(self.budget_fdr) and 0.0 < self.budget_fdr < 1.0):
+            raise CapeInputError(f"budget_fdr must be a rate in (0, 1), got {self.budget_fdr!r}")
         if not (_is_number(self.min_positioned) and 0.0 <= self.min_positioned <= 1.0):
             raise CapeInputError(f"min_positioned must be a fraction in [0, 1], got {self.min_positioned!r}")
         if self.lambda_sparse is not None and not (_is_number(self.lambda_sparse) and self.lambda_sparse >= 0):

@@ -42,9 +42,12 @@ def register(commands) -> None:
                              "without candidates dense up to 1,000 genes, else 40)")
     parser.add_argument("--tau", type=tau_value, default="budget",
                         help="edge threshold τ in [0, 1), or a rule: 'budget' (default): as many edges as gene pairs "
-                             "with a significant partial correlation (BH 30 %%); 'auto': the paper's 0.2 unless it "
-                             "leaves fewer than --min-positioned of the genes with an edge, then the largest τ "
-                             "that does")
+                             "with a significant partial correlation (BH at --budget-fdr); 'auto': the paper's 0.2 "
+                             "unless it leaves fewer than --min-positioned of the genes with an edge, then the "
+                             "largest τ that does")
+    parser.add_argument("--budget-fdr", type=float, default=0.3,
+                        help="Benjamini-Hochberg rate of the budget rule's partial-correlation test (0.3); a lower "
+                             "rate keeps fewer, better-supported edges")
     parser.add_argument("--min-positioned", type=float, default=0.5,
                         help="fraction of genes that must get an edge (0.5): below it, tau=auto stops with the "
                              "reason and a fixed tau warns; 0 turns the check off")
@@ -70,7 +73,8 @@ def register(commands) -> None:
 
 def config_from_args(args: argparse.Namespace) -> CausalConfig:
     """The :class:`~cape.causal.CausalConfig` of ``cape causal``'s flags (one flag per field)."""
-    return CausalConfig(model=args.model, rank=args.rank, tau=args.tau, min_positioned=args.min_positioned,
+    return CausalConfig(model=args.model, rank=args.rank, tau=args.tau, budget_fdr=args.budget_fdr,
+                        min_positioned=args.min_positioned,
                         lambda_sparse=args.lambda_sparse, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         h_every=args.h_every, screen=args.screen)
 

@@ -38,7 +38,6 @@ from ..causal.causal_config import (
 from ..causal.postprocess import (
     AUTO_TAU_FLOOR,
     AUTO_TAU_MAX,
-    BUDGET_FDR,
     SCREEN_FDR,
     choose_tau,
     edge_budget,
@@ -294,24 +293,24 @@ def _fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, cand
     return fit
 
 
-def _edge_budget(X, tests) -> tuple[int | None, dict]:
-    """``tau="budget"``'s number of edges (None: fall back on the ``"auto"`` rule) and its record."""
+def _edge_budget(X, tests, fdr: float) -> tuple[int | None, dict]:
+    """``tau="budget"``'s number of edges at rate ``fdr`` (None: fall back on the ``"auto"`` rule) and its record."""
     n_cells, n_genes = X.shape
     budget = None
     if n_genes > BUDGET_MAX_GENES:
         record = {"fallback": f"more than {BUDGET_MAX_GENES} genes: tau='auto' rule"}
     else:
-        budget = edge_budget(X, BUDGET_FDR, tests)
+        budget = edge_budget(X, fdr, tests)
         if budget is None:
             record = {"fallback": f"fewer than genes + 10 cells ({n_cells} for {n_genes} genes) for the "
                                   "partial-correlation test: tau='auto' rule"}
         elif budget == 0:
-            record = {"n_pairs": 0, "fdr": BUDGET_FDR,
-                      "fallback": f"no gene pair has a significant partial correlation (FDR {BUDGET_FDR:g}, "
+            record = {"n_pairs": 0, "fdr": fdr,
+                      "fallback": f"no gene pair has a significant partial correlation (FDR {fdr:g}, "
                                   f"{n_cells} cells, {n_genes} genes): tau='auto' rule, on weak evidence"}
             budget = None
         else:
-            record = {"n_pairs": int(budget), "fdr": BUDGET_FDR}
+            record = {"n_pairs": int(budget), "fdr": fdr}
     if budget is None:
         (logger.warning if record.get("n_pairs") == 0 else logger.info)("tau='budget': %s", record["fallback"])
     return budget, record
@@ -349,7 +348,7 @@ def _threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells:
                 graph.max_weight, _format_scan(graph.scan))
     if tau_rule == "budget":
         logger.info("tau='budget': %d gene pairs have a significant partial correlation (BH %g): kept the %d "
-                    "heaviest edges of the DAG (tau=%.3g)", budget, BUDGET_FDR, graph.n_edges, tau_used)
+                    "heaviest edges of the DAG (tau=%.3g)", budget, config.budget_fdr, graph.n_edges, tau_used)
     if n_positioned < config.min_positioned * n_genes:
         needed = tau_positioning(A, config.min_positioned)
         reason = (f"Step I kept {graph.n_edges} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) at "
@@ -369,6 +368,7 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
     """``params`` of the record: the options as given (``"auto"``/``"dense"``/``"none"`` for None)."""
     rank = config.rank
     return {"rank": "dense" if rank is None else rank if rank == "auto" else int(rank), "tau": config.tau,
+            "budget_fdr": float(config.budget_fdr),
             "lambda_sparse": "auto" if config.lambda_sparse is None else float(config.lambda_sparse),
             "epochs": int(config.epochs), "batch_size": int(config.batch_size), "lr": float(config.lr),
             "device": str(device), "seed": int(seed),
@@ -479,7 +479,7 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     tests, candidates, screen_record = _screen(config, data.X)
     seed = seed_everything(resolve_seed(seed))
     fit = _fit(config, data.X, resolve_device(device), seed, intervened, candidates)
-    budget, budget_record = _edge_budget(data.X, tests) if config.tau == "budget" else (None, None)
+    budget, budget_record = _edge_budget(data.X, tests, config.budget_fdr) if config.tau == "budget" else (None, None)
     graph = _threshold(fit.adjacency, config, budget, data.n_cells)
 
     rows, cols = np.nonzero(graph.dag)

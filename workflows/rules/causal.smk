@@ -26,7 +26,7 @@ rule causal:
     shell:
         "{params.cape} --threads {threads} causal"
         " --input {input:q} --output {output:q}"
-        " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --min-positioned {params.opts[min_positioned]}"
+        " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --budget-fdr {params.opts[budget_fdr]} --min-positioned {params.opts[min_positioned]}"
         " {params.lambda_sparse}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
         " --use-genes {params.opts[use_genes]} --h-every {params.h_every} --screen {params.opts[screen]}"
