@@ -45,9 +45,9 @@ def register(commands) -> None:
                              "with a significant partial correlation (BH at --budget-fdr); 'auto': the paper's 0.2 "
                              "unless it leaves fewer than --min-positioned of the genes with an edge, then the "
                              "largest τ that does")
-    parser.add_argument("--budget-fdr", type=float, default=0.3,
-                        help="Benjamini-Hochberg rate of the budget rule's partial-correlation test (0.3); a lower "
-                             "rate keeps fewer, better-supported edges")
+    parser.add_argument("--budget-fdr", type=float, default=CausalConfig.budget_fdr,
+                        help=f"Benjamini-Hochberg rate of the budget rule's partial-correlation test "
+                             f"({CausalConfig.budget_fdr:g}); a lower rate keeps fewer, better-supported edges")
     parser.add_argument("--min-positioned", type=float, default=0.5,
                         help="fraction of genes that must get an edge (0.5): below it, tau=auto stops with the "
                              "reason and a fixed tau warns; 0 turns the check off")
