@@ -23,14 +23,15 @@ true edges, 2,000 control cells in 5 cell types, NB counts with dropout) with th
 ``grn_knockout_2000`` the same with its knock-outs); each seed
 simulates a new network, ``cape.pp.preprocess(min_genes=20)`` log-normalises it, and every method sees that
 matrix. ``cape_default`` is what :func:`cape.tl.causal_graph` runs by default (rank ``"auto"``, λs ``None``,
-``screen="partial_correlation"``, ``tau="budget"``, and the knock-out labels where the setting has them);
-``cape_default_nolabels`` the same
-without the labels; ``cape_paper`` the paper's Step I (rank 40, λs 1, τ 0.2). The undirected peers
-``partial_correlation`` (pairs significant at 5 % FDR, :func:`cape.causal.edge_budget`) and ``graphical_lasso``
-(sklearn's ``GraphicalLasso``, α 0.02, on z-scored genes, its strongest pairs, as many as ``partial_correlation``
-keeps) return each pair in both directions: compare them on ``skeleton_f1`` (F1 of the undirected edges),
-``auprc`` and ``epr`` (BEELINE's early precision ratio of the same ranking); their ``f1`` is gcastle's, which
-credits an undirected pair in either direction. ``sachs_conditions`` is Sachs et al. (2005) as
+``screen="partial_correlation"``, ``tau="budget"``, and the knock-out labels where the setting has them, in the fit
+and to orient the kept edges by :func:`cape.causal.orient_by_shifts`); ``cape_default_nolabels`` the same
+without the labels, ``cape_default_leave_out`` with them in the fit only and ``cape_default_orient_only`` with them
+in the orientation only (``leave_out_targets=False``); ``cape_paper`` the paper's Step I (rank 40, λs 1, τ 0.2).
+The undirected peers ``partial_correlation`` (pairs significant at 5 % FDR, :func:`cape.causal.edge_budget`) and
+``graphical_lasso`` (sklearn's ``GraphicalLasso``, α 0.02, on z-scored genes, its strongest pairs, as many as
+``partial_correlation`` keeps) return each pair in both directions: compare them on ``skeleton_f1`` (F1 of the
+undirected edges), ``auprc`` and ``epr`` (BEELINE's early precision ratio of the same ranking); their ``f1`` is
+gcastle's, which credits an undirected pair in either direction. ``sachs_conditions`` is Sachs et al. (2005) as
 :func:`cape.data.sachs_interventions` labels it (the control cells and the 6 conditions that target a measured
 protein, 6,553 cells, log1p), with those labels for ``cape_default``; ``sachs_all_conditions`` all 7,466 cells,
 pma's cells labelled as a second intervention on PKC. ``bn_ecoli70`` and ``bn_arth150`` are
@@ -67,7 +68,16 @@ from cape._arrays import zscore_columns
 from cape._errors import CapeInputError
 from cape._io import save_figure, write_json, write_text
 from cape._tables import mean_sd_table
-from cape.causal import CausalConfig, fit_parents_mlp, fit_variational_notears, is_dag, make_dag
+from cape.causal import (
+    CausalConfig,
+    descendant_evidence,
+    fit_parents_mlp,
+    fit_variational_notears,
+    is_dag,
+    make_dag,
+    orient_by_shifts,
+    shift_tests,
+)
 from cape.causal.causal_config import LOW_RANK
 from cape.causal.postprocess import (
     AUTO_TAU_MAX,
@@ -142,8 +152,12 @@ CAPE_METHODS = {
     "cape_dense_raw": {"rank": None, "standardize": "none", "feature_norm": "data"},
     "cape_low_rank_raw": {"rank": "low", "standardize": "none", "feature_norm": "data"},
     # cape.tl.causal_graph's defaults (issue 31): rank "auto", λs None, tau "budget", labels where the setting has them.
-    "cape_default": {"rank": "auto", "tau": "budget", "labels": True},
+    # ("labels": each target's own equation left out of the fit; "orient": kept edges turned by the shift tests.)
+    "cape_default": {"rank": "auto", "tau": "budget", "labels": True, "orient": True},
     "cape_default_nolabels": {"rank": "auto", "tau": "budget", "labels": False},
+    # The labels in the fit only (the default before orient_by_shifts), and in the orientation only.
+    "cape_default_leave_out": {"rank": "auto", "tau": "budget", "labels": True},
+    "cape_default_orient_only": {"rank": "auto", "tau": "budget", "labels": False, "orient": True},
     "cape_default_noscreen": {"rank": "auto", "tau": "budget", "labels": True, "screen": False},
     # The default with a lower L1 price (λs 0.1 instead of the dense A's 0.3): weak screened candidates at scale.
     "cape_default_lambda0.1": {"rank": "auto", "tau": "budget", "labels": True, "lambda_sparse": 0.1},
@@ -331,6 +345,7 @@ def _run_cape(method: str, X: np.ndarray, seed: int, intervened=None) -> tuple[n
     options = dict(CAPE_METHODS[method])
     options.pop("tau", None)
     screen = options.pop("screen", True)
+    options.pop("orient", None)
     if options.pop("labels", False) and intervened is not None:
         options["intervened"] = intervened
     if options.pop("model", None) == "parents_mlp":
@@ -391,6 +406,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
             X_raw, truth, intervened = _dataset(setting, seed, n_samples)
             for kind in inputs:
                 X = X_raw if kind == "raw" else standardized(X_raw)
+                evidence = None if intervened is None else descendant_evidence(shift_tests(X, intervened))
                 for method in methods:
                     base = {"setting": setting, "input": kind, "method": method, "seed": seed,
                             "n_samples": int(X.shape[0]), "n_nodes": int(X.shape[1])}
@@ -402,6 +418,8 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                         graphs[method] = _thresholded(weights, X, CAPE_METHODS[method].get("tau", PAPER_TAU))
                         graphs.update({f"{method}@τ{t if isinstance(t, str) else f'{t:g}'}": _thresholded(weights, X, t)
                                        for t in taus})
+                        if CAPE_METHODS[method].get("orient") and evidence is not None:
+                            graphs = {k: orient_by_shifts(G, evidence).dag for k, G in graphs.items()}
                         ranking = weights
                     elif method in UNDIRECTED_PEERS:
                         start = time.perf_counter()

@@ -487,3 +487,28 @@ def test_sachs_settings_label_every_cell_that_targets_a_measured_protein(monkeyp
     pkc = GENES.index("PKC")
     assert mask_all[:, pkc].sum() == 10 and mask_some[:, pkc].sum() == 5  # g0076 and pma / g0076
     assert mask_all.sum(1).max() == 1 and mask_all.any(1).sum() == 35  # one target per perturbed cell; 10 controls
+
+
+def test_cape_default_turns_edges_by_the_labels_and_leave_out_keeps_the_fit(tmp_path, monkeypatch) -> None:
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(200, 3))
+    X[:50, 0] = -3.0  # cells 0-49: gene 0 knocked out
+    X[:, 1] += X[:, 0]
+    truth = np.zeros((3, 3))
+    truth[0, 1] = 1.0
+    mask = np.zeros((200, 3), dtype=bool)
+    mask[:50, 0] = True
+    monkeypatch.setitem(bench_causal.SETTINGS, "tiny_ko", {"kind": "grn", "cells": "all"})
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, truth, mask))
+
+    def reversed_fit(method, X, seed, intervened=None):
+        W = np.zeros((3, 3))
+        W[1, 0] = 0.5  # the fit got the pair backwards
+        return W, 1.0
+
+    monkeypatch.setattr(bench_causal, "_run_cape", reversed_fit)
+    records = bench_causal.run_causal_benchmark(
+        out=tmp_path, settings=["tiny_ko"], n_seeds=1,
+        methods=["cape_default", "cape_default_leave_out", "cape_default_orient_only"])
+    f1 = {r["method"]: r["value"] for r in records if r["metric"] == "f1"}
+    assert f1["cape_default"] == f1["cape_default_orient_only"] == 1.0 and f1["cape_default_leave_out"] == 0.0

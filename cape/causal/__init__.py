@@ -17,6 +17,7 @@ from .acyclicity_penalty import (
 )
 from .causal_config import CausalConfig, NotearsConfig
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
+from .intervention_orientation import Orientation, descendant_evidence, orient_by_shifts, shift_tests
 from .model import ElementwiseMLP, VariationalNotears
 from .parents_mlp import ParentsMLP, ParentsMLPConfig, fit_parents_mlp
 from .postprocess import (
@@ -47,6 +48,7 @@ __all__ = [
     "ElementwiseMLP",
     "LinearisedAcyclicity",
     "NotearsConfig",
+    "Orientation",
     "ParentsMLP",
     "ParentsMLPConfig",
     "StructuralEquations",
@@ -57,6 +59,7 @@ __all__ = [
     "acyclicity_power_series",
     "acyclicity_weights",
     "cpdag",
+    "descendant_evidence",
     "descendants",
     "edge_budget",
     "equivalence_class_effects",
@@ -71,9 +74,11 @@ __all__ = [
     "linear_equations",
     "local_parent_sets",
     "make_dag",
+    "orient_by_shifts",
     "partial_correlations",
     "positioned_genes",
     "screen_candidates",
+    "shift_tests",
     "tau_for_edges",
     "tau_positioning",
     "threshold",

@@ -61,7 +61,18 @@ def register(commands) -> None:
     parser.add_argument("--layer", default=None, help="use this layer instead of X")
     parser.add_argument("--interventions", default=None, metavar="OBS_KEY",
                         help="obs column of per-cell perturbation labels in GEARS form ('ctrl', 'A+ctrl', 'A+B'): "
-                             "each perturbed gene's own equation is left out for its cells, which orients edges")
+                             "each perturbed gene's own equation is left out for its cells, and kept edges are "
+                             "turned where the genes' shifts under the interventions contradict them")
+    parser.add_argument("--leave-out-targets", action=argparse.BooleanOptionalAction,
+                        default=CausalConfig.leave_out_targets,
+                        help="with --interventions: leave each perturbed gene's own equation out for its cells "
+                             "(knock-outs, knock-downs; default); --no-leave-out-targets fits every cell as "
+                             "observational and uses the labels only to orient (drugs acting on a protein's "
+                             "activity, not its level)")
+    parser.add_argument("--orient-by-shifts", action=argparse.BooleanOptionalAction,
+                        default=CausalConfig.orient_by_shifts,
+                        help="with --interventions: turn kept edges i → j where i shifted under j's intervention "
+                             "and j did not under i's (Welch t against the controls, BH 5 %%; default)")
     parser.add_argument("--screen", choices=SCREENS, default="partial_correlation",
                         help="candidate parents of a dense A: gene pairs with a significant partial correlation "
                              "(20 %% FDR; default), or 'none'")
@@ -76,7 +87,8 @@ def config_from_args(args: argparse.Namespace) -> CausalConfig:
     return CausalConfig(model=args.model, rank=args.rank, tau=args.tau, budget_fdr=args.budget_fdr,
                         min_positioned=args.min_positioned,
                         lambda_sparse=args.lambda_sparse, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                        h_every=args.h_every, screen=args.screen)
+                        h_every=args.h_every, screen=args.screen, leave_out_targets=args.leave_out_targets,
+                        orient_by_shifts=args.orient_by_shifts)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,6 +35,13 @@ from ..causal.causal_config import (
     SCREENS,
     CausalConfig,
 )
+from ..causal.intervention_orientation import (
+    MIN_SHIFT_CELLS,
+    ORIENT_FDR,
+    descendant_evidence,
+    orient_by_shifts,
+    shift_tests,
+)
 from ..causal.postprocess import (
     AUTO_TAU_FLOOR,
     AUTO_TAU_MAX,
@@ -364,6 +371,23 @@ def _threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells:
     return graph
 
 
+def _orient(graph: _Graph, X, intervened) -> dict:
+    """Turn ``graph``'s edges that the interventions contradict (:func:`~cape.causal.orient_by_shifts`); its record."""
+    P = shift_tests(X, intervened)
+    n_tested = int(np.isfinite(P).sum())
+    result = orient_by_shifts(graph.dag, descendant_evidence(P, ORIENT_FDR), n_tested)
+    graph.dag = result.dag
+    graph.n_positioned = int(((result.dag != 0).any(axis=0) | (result.dag != 0).any(axis=1)).sum())
+    if n_tested == 0:
+        logger.warning("orient_by_shifts: no test possible (needs %d control cells and %d cells per intervened gene): "
+                       "directions left as fitted", MIN_SHIFT_CELLS, MIN_SHIFT_CELLS)
+    else:
+        logger.info("orient_by_shifts: %d of %d (intervened gene, gene) pairs shifted (BH %g); %d edge(s) turned, %d "
+                    "removed to break cycles; %d of %d edges point as the interventions say", result.n_shifted_pairs,
+                    n_tested, ORIENT_FDR, result.n_turned, result.n_removed, result.n_supported, graph.n_edges)
+    return result.record(ORIENT_FDR)
+
+
 def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer, key_added, interventions) -> dict:
     """``params`` of the record: the options as given (``"auto"``/``"dense"``/``"none"`` for None)."""
     rank = config.rank
@@ -375,7 +399,8 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
             "use_genes": use_genes if isinstance(use_genes, str) else "custom", "layer": layer or "X",
             "key_added": key_added, "h_every": "auto" if config.h_every is None else int(config.h_every),
             "min_positioned": float(config.min_positioned), "model": config.model,
-            "interventions": interventions or "none", "screen": config.screen}
+            "interventions": interventions or "none", "screen": config.screen,
+            "leave_out_targets": bool(config.leave_out_targets), "orient_by_shifts": bool(config.orient_by_shifts)}
 
 
 def _record(params: dict, config: CausalConfig, data: _Selection, fit, graph: _Graph, extra: dict,
@@ -423,8 +448,10 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
         Use ``adata.layers[layer]`` instead of X.
     interventions
         ``obs`` column of per-cell intervention labels in GEARS form (``"ctrl"``, ``"A+ctrl"``, ``"A+B"``): for each
-        perturbed cell the perturbed gene's own structural equation is left out of the likelihood (SDCD, DCD-FG),
-        which orients the edges around it. ``None`` (default): every cell is observational.
+        perturbed cell the perturbed gene's own structural equation is left out of the likelihood (SDCD, DCD-FG;
+        ``leave_out_targets``), and after thresholding each kept edge is turned where the genes' shifts under the
+        interventions contradict it (``orient_by_shifts``). Control cells (``"ctrl"``) are what the shifts are
+        measured against. ``None`` (default): every cell is observational.
     key_added
         ``varp`` key of the result; its record goes to ``uns["cape"]["causal_graph"]`` for the default key
         ``"cape_dag"`` and to ``uns["cape"][key_added]`` for any other, so that graphs under two keys keep
@@ -452,9 +479,9 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
       ``converged``, ``collapsed``, ``peak_weight``, ``rank_used``, ``sparse_adjacency``, ``lambda_sparse_used``,
       ``rho_max``, timings); the graph (``n_edges``, ``tau_used``, ``tau_rule``, ``max_weight``, ``n_positioned``,
       ``positioned_fraction``, ``removed_cycle_edges``, ``dropped_constant_genes``, ``threshold_scan`` at
-      :data:`SCAN_TAUS`); ``edge_budget``,
-      ``screening`` and ``interventions`` where they applied; and ``equations``, the fitted structural equations
-      that :func:`cape.tl.predict_intervention` evaluates (:class:`cape.causal.StructuralEquations`).
+      :data:`SCAN_TAUS`); ``edge_budget``, ``screening``, ``interventions`` and ``orientation`` (tests, shifted
+      pairs, edges turned) where they applied; and ``equations``, the fitted structural equations that
+      :func:`cape.tl.predict_intervention` evaluates (:class:`cape.causal.StructuralEquations`).
 
     Returns
     -------
@@ -478,9 +505,11 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     _check_size(config, data)
     tests, candidates, screen_record = _screen(config, data.X)
     seed = seed_everything(resolve_seed(seed))
-    fit = _fit(config, data.X, resolve_device(device), seed, intervened, candidates)
+    fit = _fit(config, data.X, resolve_device(device), seed, intervened if config.leave_out_targets else None,
+               candidates)
     budget, budget_record = _edge_budget(data.X, tests, config.budget_fdr) if config.tau == "budget" else (None, None)
     graph = _threshold(fit.adjacency, config, budget, data.n_cells)
+    orientation = _orient(graph, data.X, intervened) if intervened is not None and config.orient_by_shifts else None
 
     rows, cols = np.nonzero(graph.dag)
     index = adata.var_names.get_indexer(data.genes)
@@ -491,6 +520,7 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
                             key_added=key_added, interventions=interventions)
     record = _record(params, config, data, fit, graph, {
         "interventions": intervention_record, "edge_budget": budget_record, "screening": screen_record,
+        "orientation": orientation,
         # a CausalFit built without its model (e.g. from a stored adjacency) has no equations
         "equations": None if fit.model is None else _equations_record(fit, data.X, graph.dag, data.genes, layer)},
         screened=candidates is not None)
