@@ -47,6 +47,17 @@ def test_shift_tests_are_welch_t_tests_of_the_single_target_cells_against_the_co
     np.testing.assert_allclose(shift_tests(sp.csr_matrix(X), sp.csr_matrix(mask)), P, rtol=1e-12, equal_nan=True)
 
 
+def test_column_moments_over_chunks_equal_numpys() -> None:
+    from cape.causal.intervention_orientation import _column_moments
+
+    X = np.random.default_rng(7).normal(size=(50, 4))
+    rows = np.arange(3, 47)
+    for data in (X, sp.csr_matrix(X)):
+        mean, var = _column_moments(data, rows, chunk=7)
+        np.testing.assert_allclose(mean, X[rows].mean(0), rtol=1e-12)
+        np.testing.assert_allclose(var, X[rows].var(0, ddof=1), rtol=1e-12)
+
+
 def test_shift_tests_need_control_cells_and_enough_intervened_cells() -> None:
     X, mask = _chain_cells(1)
     assert np.isnan(shift_tests(X[mask.any(1)], mask[mask.any(1)])).all()  # no control cells

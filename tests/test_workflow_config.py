@@ -63,7 +63,8 @@ def test_config_reaches_the_command_lines(workdir):
     (workdir / "scgpt_ckpt").mkdir()
     proc = snakemake(workdir, "-n", "-p", "--cores", "2", "--config", "device=cuda",
                      "train={'checkpoint': 'scgpt_ckpt', 'dropout': 0.1, 'pooling': 'cls', 'use_raw': True, "
-                     "'encoding_options': {'scale': 0.5}}", "causal={'h_every': 7, 'interventions': 'condition', 'leave_out_targets': False}")
+                     "'encoding_options': {'scale': 0.5}}",
+                     "causal={'h_every': 7, 'interventions': 'condition', 'leave_out_targets': False}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = {line.split(" -m cape ", 1)[1].split(" --input")[0].split()[-1]: line
                 for line in proc.stdout.splitlines() if " -m cape " in line}

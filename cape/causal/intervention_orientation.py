@@ -30,12 +30,18 @@ ORIENT_FDR = 0.05
 MIN_SHIFT_CELLS = 3
 
 
-def _column_moments(X, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-column mean and unbiased variance of ``X[rows]``."""
-    block = X[rows]
-    block = block.toarray() if sp.issparse(block) else np.asarray(block)
-    block = block.astype(np.float64, copy=False)
-    return block.mean(0), block.var(0, ddof=1)
+def _column_moments(X, rows: np.ndarray, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column mean and unbiased variance of ``X[rows]``, two passes over chunks of rows (a sparse X is densified
+    a chunk at a time)."""
+
+    def blocks():
+        for start in range(0, rows.size, chunk):
+            block = X[rows[start:start + chunk]]
+            yield (block.toarray() if sp.issparse(block) else np.asarray(block)).astype(np.float64, copy=False)
+
+    mean = sum(block.sum(0) for block in blocks()) / rows.size
+    var = sum(((block - mean) ** 2).sum(0) for block in blocks()) / (rows.size - 1)
+    return mean, var
 
 
 def shift_tests(X, intervened) -> np.ndarray:

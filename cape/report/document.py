@@ -150,6 +150,13 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                     given = info[step]["interventions"]
                     line += (f"; interventions obs[{given['key']!r}]: {int(given['n_intervened_cells'])} perturbed "
                              "cells")
+                    if not info[step].get("params", {}).get("leave_out_targets", True):
+                        line += " (used to orient only)"
+                if "orientation" in info[step]:
+                    turned = info[step]["orientation"]
+                    line += (f"; {int(turned['n_edges_turned'])} edge(s) turned by the perturbed genes' shifts "
+                             f"({int(turned['n_shifted_pairs'])} of {int(turned['n_tested_pairs'])} tested pairs "
+                             f"shifted, FDR {float(turned['fdr']):g})")
             at_origin = info[step].get("fraction_at_origin") if step == "hyperbolic_embedding" else None
             if at_origin is not None:  # such genes get no rotation: a rotary encoding cannot tell them apart
                 line += f"; {float(at_origin):.1%} of the genes within 1e-3 of the origin"
