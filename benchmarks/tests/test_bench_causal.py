@@ -278,15 +278,21 @@ def test_standardized_leaves_constant_columns_centred() -> None:
     np.testing.assert_allclose(Z[:, 1], 0.0)
 
 
+def _labelled_setting(monkeypatch, name: str, X: np.ndarray, perturbed: int, n_perturbed: int) -> np.ndarray:
+    """A count-data setting ``name`` whose data are X, the truth 0 → 1 and the first cells perturbed on one gene."""
+    truth = np.zeros((X.shape[1],) * 2)
+    truth[0, 1] = 1.0
+    mask = np.zeros(X.shape, dtype=bool)
+    mask[:n_perturbed, perturbed] = True
+    monkeypatch.setitem(bench_causal.SETTINGS, name, {"kind": "grn", "cells": "all"})
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, truth, mask))
+    return mask
+
+
 def test_count_data_settings_pass_the_knockout_labels_and_score_undirected_peers(tmp_path, monkeypatch) -> None:
     X = np.random.default_rng(0).normal(size=(60, 5))
     X[:, 1] += X[:, 0]
-    truth = np.zeros((5, 5))
-    truth[0, 1] = 1.0
-    mask = np.zeros((60, 5), dtype=bool)
-    mask[:20, 1] = True
-    monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "all"})
-    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, truth, mask))
+    mask = _labelled_setting(monkeypatch, "tiny_grn", X, perturbed=1, n_perturbed=20)
     seen = {}
 
     def fake(method, X, seed, intervened=None):
@@ -494,12 +500,7 @@ def test_cape_default_turns_edges_by_the_labels_and_leave_out_keeps_the_fit(tmp_
     X = rng.normal(size=(200, 3))
     X[:50, 0] = -3.0  # cells 0-49: gene 0 knocked out
     X[:, 1] += X[:, 0]
-    truth = np.zeros((3, 3))
-    truth[0, 1] = 1.0
-    mask = np.zeros((200, 3), dtype=bool)
-    mask[:50, 0] = True
-    monkeypatch.setitem(bench_causal.SETTINGS, "tiny_ko", {"kind": "grn", "cells": "all"})
-    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, truth, mask))
+    _labelled_setting(monkeypatch, "tiny_ko", X, perturbed=0, n_perturbed=50)
 
     def reversed_fit(method, X, seed, intervened=None):
         W = np.zeros((3, 3))

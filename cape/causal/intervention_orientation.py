@@ -26,7 +26,7 @@ __all__ = ["MIN_SHIFT_CELLS", "ORIENT_FDR", "Orientation", "descendant_evidence"
 
 #: Benjamini–Hochberg rate over all (intervened gene, other gene) tests.
 ORIENT_FDR = 0.05
-#: Fewest intervened (or control) cells a test needs: Welch's variance estimate needs two, a little more for sense.
+#: Fewest intervened (or control) cells a test needs: Welch's test needs two a side; three keep one odd cell out.
 MIN_SHIFT_CELLS = 3
 
 
