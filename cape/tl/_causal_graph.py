@@ -280,7 +280,9 @@ def _screen(config: CausalConfig, X) -> tuple[tuple | None, np.ndarray | None, d
 
 
 def _fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, candidates):
-    """Step I's model fitted to X (a divergence becomes a one-line error; a collapse raises or warns)."""
+    """Step I's model fitted to X (a divergence becomes a one-line error; a collapse raises or warns); the targets'
+    own equations left out for their cells when ``config.leave_out_targets``."""
+    intervened = intervened if config.leave_out_targets else None
     rank = config.rank_for(X.shape[1], screened=candidates is not None)
     lambda_used = config.lambda_for(rank)
     try:
@@ -371,8 +373,11 @@ def _threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells:
     return graph
 
 
-def _orient(graph: _Graph, X, intervened) -> dict:
-    """Turn ``graph``'s edges that the interventions contradict (:func:`~cape.causal.orient_by_shifts`); its record."""
+def _orient(config: CausalConfig, graph: _Graph, X, intervened) -> dict | None:
+    """Turn ``graph``'s edges that the interventions contradict (:func:`~cape.causal.orient_by_shifts`); its record
+    (``None`` without labels or with ``orient_by_shifts`` off)."""
+    if intervened is None or not config.orient_by_shifts:
+        return None
     P = shift_tests(X, intervened)
     n_tested = int(np.isfinite(P).sum())
     result = orient_by_shifts(graph.dag, descendant_evidence(P, ORIENT_FDR), n_tested)
@@ -449,9 +454,8 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     interventions
         ``obs`` column of per-cell intervention labels in GEARS form (``"ctrl"``, ``"A+ctrl"``, ``"A+B"``): for each
         perturbed cell the perturbed gene's own structural equation is left out of the likelihood (SDCD, DCD-FG;
-        ``leave_out_targets``), and after thresholding each kept edge is turned where the genes' shifts under the
-        interventions contradict it (``orient_by_shifts``). Control cells (``"ctrl"``) are what the shifts are
-        measured against. ``None`` (default): every cell is observational.
+        ``leave_out_targets``), and kept edges that the genes' shifts against the ``"ctrl"`` cells contradict are
+        turned (``orient_by_shifts``). ``None`` (default): every cell is observational.
     key_added
         ``varp`` key of the result; its record goes to ``uns["cape"]["causal_graph"]`` for the default key
         ``"cape_dag"`` and to ``uns["cape"][key_added]`` for any other, so that graphs under two keys keep
@@ -505,12 +509,10 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     _check_size(config, data)
     tests, candidates, screen_record = _screen(config, data.X)
     seed = seed_everything(resolve_seed(seed))
-    fit = _fit(config, data.X, resolve_device(device), seed, intervened if config.leave_out_targets else None,
-               candidates)
+    fit = _fit(config, data.X, resolve_device(device), seed, intervened, candidates)
     budget, budget_record = _edge_budget(data.X, tests, config.budget_fdr) if config.tau == "budget" else (None, None)
     graph = _threshold(fit.adjacency, config, budget, data.n_cells)
-    orientation = _orient(graph, data.X, intervened) if intervened is not None and config.orient_by_shifts else None
-
+    orientation = _orient(config, graph, data.X, intervened)
     rows, cols = np.nonzero(graph.dag)
     index = adata.var_names.get_indexer(data.genes)
     adata.varp[key_added] = sp.csr_matrix((graph.dag[rows, cols].astype(np.float32), (index[rows], index[cols])),
