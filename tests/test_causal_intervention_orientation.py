@@ -96,7 +96,10 @@ def test_a_reversed_edge_is_turned_and_supported_or_untested_edges_are_kept() ->
     expected[0, 1], expected[1, 2], expected[3, 1] = 0.7, -0.4, 0.2
     np.testing.assert_array_equal(result.dag, expected)
     assert (result.n_turned, result.n_removed, result.n_supported) == (1, 0, 1)  # 0 → 1 is supported; 1 → 2 untested
-    assert result.record(0.05)["n_tested_pairs"] == 6
+    record = result.record(0.05, np.array(["a", "b", "c", "d"]))
+    assert record["n_tested_pairs"] == 6 and "supported_source" not in result.record(0.05)
+    assert list(record["supported_source"]) == ["a"] and list(record["supported_target"]) == ["b"]
+    assert list(record["turned_source"]) == ["a"] and list(record["turned_target"]) == ["b"]
 
 
 def test_evidence_both_ways_keeps_the_fit_and_cycles_from_turns_are_broken_lightest_first() -> None:
@@ -113,6 +116,7 @@ def test_evidence_both_ways_keeps_the_fit_and_cycles_from_turns_are_broken_light
     evidence[2, 0] = True
     result = orient_by_shifts(fitted, evidence)
     assert is_dag(result.dag) and result.n_turned == 1 and result.n_removed == 1
+    assert result.turned[0].size == 0  # the turned edge did not survive: none is listed
     assert result.dag[2, 0] == 0 and result.dag[0, 1] == 0.9 and result.dag[1, 2] == 0.8
 
 
@@ -139,7 +143,7 @@ def _chain_adata(seed: int) -> ad.AnnData:
     return a
 
 
-def test_causal_graph_orients_by_the_labels_and_records_it(monkeypatch) -> None:
+def test_causal_graph_orients_by_the_labels_and_records_it(monkeypatch, tmp_path) -> None:
     import cape.tl._causal_graph as tl_causal
 
     seen = []
@@ -161,6 +165,12 @@ def test_causal_graph_orients_by_the_labels_and_records_it(monkeypatch) -> None:
     dag = a.varp["cape_dag"].toarray()
     assert is_dag(dag) and dag[1, 0] == 0 and dag[2, 0] == 0  # nothing points into the knocked-out source g0
     assert record["n_edges"] == np.count_nonzero(dag)
+    named = set(zip(orientation["supported_source"], orientation["supported_target"], strict=True))
+    assert len(named) == orientation["n_edges_supported"] and all(dag[int(s[1]), int(t[1])] for s, t in named)
+    assert {s for s, _ in named} <= {"g0", "g2"}  # only a perturbed gene's edges can be supported
+    a.write_h5ad(tmp_path / "oriented.h5ad")
+    back = ad.read_h5ad(tmp_path / "oriented.h5ad").uns["cape"]["causal_graph"]["orientation"]
+    assert list(back["supported_source"]) == list(orientation["supported_source"])
 
     b = _chain_adata(5)
     causal_graph(b, rank=None, tau=0.0, epochs=10, batch_size=128, device="cpu", interventions="condition",

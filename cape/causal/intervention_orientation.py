@@ -111,20 +111,32 @@ def descendant_evidence(P: np.ndarray, fdr: float = ORIENT_FDR) -> np.ndarray:
 
 @dataclass
 class Orientation:
-    """What :func:`orient_by_shifts` did to a graph."""
+    """What :func:`orient_by_shifts` did to a graph: the result, its figures, the kept edges the evidence supports
+    and the turned edges still in ``dag`` (index pairs into the graph's genes, as the edges point in ``dag``)."""
 
     dag: np.ndarray
     n_tested_pairs: int
     n_shifted_pairs: int
-    n_supported: int
+    supported: tuple[np.ndarray, np.ndarray]
+    turned: tuple[np.ndarray, np.ndarray]
     n_turned: int
     n_removed: int
 
-    def record(self, fdr: float) -> dict:
-        """The figures for ``uns`` (h5ad-serialisable)."""
-        return {"fdr": float(fdr), "n_tested_pairs": self.n_tested_pairs, "n_shifted_pairs": self.n_shifted_pairs,
-                "n_edges_supported": self.n_supported, "n_edges_turned": self.n_turned,
-                "n_removed_cycle_edges": self.n_removed}
+    @property
+    def n_supported(self) -> int:
+        return int(self.supported[0].size)
+
+    def record(self, fdr: float, genes: np.ndarray | None = None) -> dict:
+        """The figures for ``uns`` (h5ad-serialisable); with ``genes``, the supported and turned edges by name
+        (``supported_source``/``supported_target``, ``turned_source``/``turned_target``)."""
+        out = {"fdr": float(fdr), "n_tested_pairs": self.n_tested_pairs, "n_shifted_pairs": self.n_shifted_pairs,
+               "n_edges_supported": self.n_supported, "n_edges_turned": self.n_turned,
+               "n_removed_cycle_edges": self.n_removed}
+        if genes is not None:
+            names = np.asarray([str(g) for g in genes], dtype=object)
+            for key, (source, target) in (("supported", self.supported), ("turned", self.turned)):
+                out[f"{key}_source"], out[f"{key}_target"] = names[source], names[target]
+        return out
 
 
 def orient_by_shifts(dag: np.ndarray, evidence: np.ndarray, n_tested: int = 0) -> Orientation:
@@ -132,8 +144,9 @@ def orient_by_shifts(dag: np.ndarray, evidence: np.ndarray, n_tested: int = 0) -
 
     ``evidence`` is :func:`descendant_evidence`'s matrix; ``n_tested`` (the number of tests) is only recorded. A
     turned edge keeps its weight (on z-scored genes a pair's regression slope is the same both ways). Where turns
-    close a cycle, :func:`~cape.causal.make_dag` drops the lightest edge on it. ``n_supported`` counts the kept
-    edges whose final direction the evidence supports.
+    close a cycle, :func:`~cape.causal.make_dag` drops the lightest edge on it. ``supported`` lists the kept edges
+    whose final direction the evidence supports, ``turned`` the turned edges that were kept (``n_turned`` counts them
+all).
     """
     dag = np.asarray(dag)
     if evidence.shape != dag.shape:
@@ -145,5 +158,7 @@ def orient_by_shifts(dag: np.ndarray, evidence: np.ndarray, n_tested: int = 0) -
     out[cols[turn], rows[turn]] = dag[rows[turn], cols[turn]]
     out, removed = make_dag(out, 0.0)
     kept_rows, kept_cols = np.nonzero(out)
-    return Orientation(out, int(n_tested), int(evidence.sum()), int(evidence[kept_rows, kept_cols].sum()),
-                       int(turn.sum()), int(removed))
+    supported = evidence[kept_rows, kept_cols]
+    turned_kept = out[cols[turn], rows[turn]] != 0
+    return Orientation(out, int(n_tested), int(evidence.sum()), (kept_rows[supported], kept_cols[supported]),
+                       (cols[turn][turned_kept], rows[turn][turned_kept]), int(turn.sum()), int(removed))

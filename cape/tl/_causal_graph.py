@@ -373,7 +373,7 @@ def _threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells:
     return graph
 
 
-def _orient(config: CausalConfig, graph: _Graph, X, intervened) -> dict | None:
+def _orient(config: CausalConfig, graph: _Graph, X, intervened, genes: np.ndarray) -> dict | None:
     """Turn ``graph``'s edges that the interventions contradict (:func:`~cape.causal.orient_by_shifts`); its record
     (``None`` without labels or with ``orient_by_shifts`` off)."""
     if intervened is None or not config.orient_by_shifts:
@@ -390,7 +390,7 @@ def _orient(config: CausalConfig, graph: _Graph, X, intervened) -> dict | None:
         logger.info("orient_by_shifts: %d of %d (intervened gene, gene) pairs shifted (BH %g); %d edge(s) turned, %d "
                     "removed to break cycles; %d of %d edges point as the interventions say", result.n_shifted_pairs,
                     n_tested, ORIENT_FDR, result.n_turned, result.n_removed, result.n_supported, graph.n_edges)
-    return result.record(ORIENT_FDR)
+    return result.record(ORIENT_FDR, genes)
 
 
 def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer, key_added, interventions) -> dict:
@@ -484,8 +484,8 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
       ``rho_max``, timings); the graph (``n_edges``, ``tau_used``, ``tau_rule``, ``max_weight``, ``n_positioned``,
       ``positioned_fraction``, ``removed_cycle_edges``, ``dropped_constant_genes``, ``threshold_scan`` at
       :data:`SCAN_TAUS`); ``edge_budget``, ``screening``, ``interventions`` and ``orientation`` (tests, shifted
-      pairs, edges turned) where they applied; and ``equations``, the fitted structural equations that
-      :func:`cape.tl.predict_intervention` evaluates (:class:`cape.causal.StructuralEquations`).
+      pairs, supported and turned edges) where they applied; and ``equations``, the fitted structural equations
+      that :func:`cape.tl.predict_intervention` evaluates (:class:`cape.causal.StructuralEquations`).
 
     Returns
     -------
@@ -512,7 +512,7 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     fit = _fit(config, data.X, resolve_device(device), seed, intervened, candidates)
     budget, budget_record = _edge_budget(data.X, tests, config.budget_fdr) if config.tau == "budget" else (None, None)
     graph = _threshold(fit.adjacency, config, budget, data.n_cells)
-    orientation = _orient(config, graph, data.X, intervened)
+    orientation = _orient(config, graph, data.X, intervened, data.genes)
     rows, cols = np.nonzero(graph.dag)
     index = adata.var_names.get_indexer(data.genes)
     adata.varp[key_added] = sp.csr_matrix((graph.dag[rows, cols].astype(np.float32), (index[rows], index[cols])),
