@@ -106,7 +106,7 @@ class CausalConfig:
         for drugs that change what a protein does rather than its measured level (Sachs' kinase inhibitors).
     orient_by_shifts
         With intervention labels: after thresholding, turn each kept edge i → j where i's level shifted in the cells
-        intervened on j and j's did not shift in those intervened on i (Welch's t against the control cells,
+        intervened on j and j's did not shift in those intervened on i (a t-test against the control cells,
         Benjamini–Hochberg at 5 %; :func:`cape.causal.orient_by_shifts`). Default ``True``.
     """
 

@@ -3,7 +3,7 @@
 Under a DAG, an intervention on gene i can only change the distribution of i's descendants. So if gene j's level
 differs between the cells intervened on i alone and the control cells, j descends from i and an edge j → i would close a
 cycle: a kept edge between them must point i → j. :func:`shift_tests` tests every (intervened gene, other gene)
-pair with Welch's t-test, :func:`descendant_evidence` keeps the pairs that pass Benjamini–Hochberg, and
+pair with a two-sample t-test, :func:`descendant_evidence` keeps the pairs that pass Benjamini–Hochberg, and
 :func:`orient_by_shifts` turns each kept edge that contradicts the evidence (and is not contradicted the other way)
 around, then breaks any cycle the turns close with :func:`~cape.causal.make_dag`. The skeleton is unchanged
 except for edges dropped to break such cycles.
@@ -22,17 +22,21 @@ from scipy import stats
 
 from .postprocess import make_dag
 
-__all__ = ["MIN_SHIFT_CELLS", "ORIENT_FDR", "Orientation", "descendant_evidence", "orient_by_shifts", "shift_tests"]
+__all__ = ["MIN_DETECTING_CELLS", "MIN_SHIFT_CELLS", "ORIENT_FDR", "Orientation", "descendant_evidence",
+           "orient_by_shifts", "shift_tests"]
 
 #: Benjamini–Hochberg rate over all (intervened gene, other gene) tests.
 ORIENT_FDR = 0.05
-#: Fewest intervened (or control) cells a test needs: Welch's test needs two a side; three keep one odd cell out.
+#: Fewest intervened (or control) cells a test needs: a variance needs two; three keep one odd cell out.
 MIN_SHIFT_CELLS = 3
+#: A gene is tested only where the intervened cells would hold at least this many cells that detect it (its share
+#: of nonzero control cells × their number): the t distribution of a mean of mostly zeros is far off in the tail.
+MIN_DETECTING_CELLS = 5
 
 
-def _column_moments(X, rows: np.ndarray, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """Per-column mean and unbiased variance of ``X[rows]``, two passes over chunks of rows (a sparse X is densified
-    a chunk at a time)."""
+def _column_moments(X, rows: np.ndarray, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-column mean, unbiased variance and share of nonzero entries of ``X[rows]``, two passes over chunks of rows
+    (a sparse X is densified a chunk at a time)."""
 
     def blocks():
         for start in range(0, rows.size, chunk):
@@ -41,14 +45,21 @@ def _column_moments(X, rows: np.ndarray, chunk: int = 4096) -> tuple[np.ndarray,
 
     mean = sum(block.sum(0) for block in blocks()) / rows.size
     var = sum(((block - mean) ** 2).sum(0) for block in blocks()) / (rows.size - 1)
-    return mean, var
+    detected = sum((block != 0).sum(0) for block in blocks()) / rows.size
+    return mean, var, detected
 
 
 def shift_tests(X, intervened) -> np.ndarray:
-    """Every (intervened gene g, gene j) pair's two-sided Welch p-value for j's mean differing between the cells
-    intervened on g alone and the control cells (cells with no intervention).
+    """Every (intervened gene g, gene j) pair's two-sided p-value for j's mean differing between the cells intervened
+    on g alone and the control cells (cells with no intervention): Student's two-sample t with the pooled variance.
 
-    Cells intervened on g and another gene are left out of g's tests: the other target's effects would pass for g's.
+    The null hypothesis is that g's intervention leaves j's distribution as it is in the control cells, and under it
+    the two groups share one variance, which the many control cells estimate well. Welch's test would take the
+    variance of the few intervened cells at its word: in sparse counts, tens of cells that happen to be all zero
+    for a gene have variance 0 and would make any control mean look shifted. A gene is tested for g only where g's
+    cells would hold at least :data:`MIN_DETECTING_CELLS` cells that detect it at its control rate, since the t
+    distribution of a mean of mostly zeros is far off in the tail that a false discovery rate reads. Cells
+    intervened on g and another gene are left out of g's tests: the other target's effects would pass for g's.
 
     Parameters
     ----------
@@ -60,8 +71,8 @@ def shift_tests(X, intervened) -> np.ndarray:
     Returns
     -------
     P, genes × genes: ``P[g, j]`` the p-value; NaN on the diagonal, for genes with fewer than :data:`MIN_SHIFT_CELLS`
-    cells intervened on them alone, for all genes when there are fewer control cells than that, and where both
-    sides are constant.
+    cells intervened on them alone, for all genes when there are fewer control cells than that, for genes detected
+    too rarely (above), and where both sides are constant.
     """
     mask = intervened.toarray() if sp.issparse(intervened) else np.asarray(intervened)
     mask = mask.astype(bool, copy=False)
@@ -75,18 +86,17 @@ def shift_tests(X, intervened) -> np.ndarray:
     if control.size < MIN_SHIFT_CELLS:
         return P
     n0 = float(control.size)
-    mean0, var0 = _column_moments(X, control)
+    mean0, var0, detected0 = _column_moments(X, control)
     for g in np.flatnonzero(single.sum(axis=0) >= MIN_SHIFT_CELLS):
         cells = np.flatnonzero(single[:, g])
         n1 = float(cells.size)
-        mean1, var1 = _column_moments(X, cells)
-        s1, s0 = var1 / n1, var0 / n0  # squared standard errors of the two means
-        se2 = s1 + s0
+        mean1, var1, _ = _column_moments(X, cells)
+        dof = n0 + n1 - 2.0
+        pooled = ((n0 - 1.0) * var0 + (n1 - 1.0) * var1) / dof
+        se2 = pooled * (1.0 / n0 + 1.0 / n1)
         with np.errstate(divide="ignore", invalid="ignore"):
-            t = (mean1 - mean0) / np.sqrt(se2)
-            dof = se2**2 / (s1**2 / (n1 - 1.0) + s0**2 / (n0 - 1.0))  # Welch–Satterthwaite
-            p = 2.0 * stats.t.sf(np.abs(t), dof)
-        p[~(se2 > 0) | ~np.isfinite(p)] = np.nan
+            p = 2.0 * stats.t.sf(np.abs(mean1 - mean0) / np.sqrt(se2), dof)
+        p[~(se2 > 0) | ~np.isfinite(p) | (n1 * detected0 < MIN_DETECTING_CELLS)] = np.nan
         p[g] = np.nan
         P[g] = p
     return P

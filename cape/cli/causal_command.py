@@ -72,7 +72,7 @@ def register(commands) -> None:
     parser.add_argument("--orient-by-shifts", action=argparse.BooleanOptionalAction,
                         default=CausalConfig.orient_by_shifts,
                         help="with --interventions: turn kept edges i → j where i shifted under j's intervention "
-                             "and j did not under i's (Welch t against the controls, BH 5 %%; default)")
+                             "and j did not under i's (t-test against the controls, BH 5 %%; default)")
     parser.add_argument("--screen", choices=SCREENS, default="partial_correlation",
                         help="candidate parents of a dense A: gene pairs with a significant partial correlation "
                              "(20 %% FDR; default), or 'none'")
