@@ -20,7 +20,8 @@ Count data (issue 31): ``grn_control`` is :func:`cape.data.simulate_grn_cells` a
 true edges, 2,000 control cells in 5 cell types, NB counts with dropout) with the control cells only, and
 ``grn_knockout`` the same plus its 30 single and 30 double knock-outs (1,800 cells) with their labels
 (``grn_control_2000``: the control cells of the same design at 2,000 genes, 3,000 edges and 10,000 cells,
-``grn_knockout_2000`` the same with its knock-outs); each seed
+``grn_knockout_2000`` the same with its knock-outs; ``grn_knockout_100cells`` and ``grn_knockout_300cells`` the quick
+design with 100 or 300 cells per knock-out instead of 30); each seed
 simulates a new network, ``cape.pp.preprocess(min_genes=20)`` log-normalises it, and every method sees that
 matrix. ``cape_default`` is what :func:`cape.tl.causal_graph` runs by default (rank ``"auto"``, λs ``None``,
 ``screen="partial_correlation"``, ``tau="budget"``, and the knock-out labels where the setting has them, in the fit
@@ -120,6 +121,9 @@ SETTINGS = {
     "grn_knockout_2000": {"kind": "grn", "cells": "all", "size": "scale"},
     # Between the two: 500 genes, 800 edges, 5,000 control cells (GRN_SIMULATIONS["full"], 8 cell types, 5 programs).
     "grn_control_500": {"kind": "grn", "cells": "control", "size": "full"},
+    # The quick knock-out design with 100 or 300 cells per knock-out instead of 30: what the labels add once each
+    # knock-out's effects on its descendants can be seen.
+    **{f"grn_knockout_{n}cells": {"kind": "grn", "cells": "all", "per_knockout": n} for n in (100, 300)},
     "sachs_conditions": {"kind": "sachs", "cells": "conditions"},
     # All 7,466 cells with their labels: pma (PKC activator) joins g0076 (PKC inhibitor) as "PKC+ctrl".
     "sachs_all_conditions": {"kind": "sachs", "cells": "all_conditions"},
@@ -239,9 +243,13 @@ def _low_rank(n_nodes: int) -> int:
     return max(1, min(40, n_nodes // 2))
 
 
-def _grn_dataset(cells: str, seed: int, size: str = "quick"):
-    """simulate_grn_cells (``size``, this seed), preprocessed; X, truth and the knock-out mask (or None)."""
-    a = simulate_grn_cells(**{**GRN_SIMULATIONS[size], "seed": seed})
+def _grn_dataset(cells: str, seed: int, size: str = "quick", per_knockout: int | None = None):
+    """simulate_grn_cells (``size``, this seed, ``per_knockout`` cells per knock-out if given), preprocessed; X, truth
+    and the knock-out mask (or None)."""
+    design = {**GRN_SIMULATIONS[size], "seed": seed}
+    if per_knockout is not None:
+        design["n_cells_per_perturbation"] = per_knockout
+    a = simulate_grn_cells(**design)
     preprocess(a, min_genes=20)
     if cells == "control":
         a = a[a.obs["condition"].astype(str) == "ctrl"].copy()
@@ -263,7 +271,7 @@ def _dataset(setting: str, seed: int, n_samples: int | None):
                          sem=spec.get("sem", "mlp"), seed=seed)
         return np.asarray(a.X, dtype=np.float64), a.varp["true_dag"].toarray(), None
     if spec["kind"] == "grn":
-        return _grn_dataset(spec["cells"], seed, spec.get("size", "quick"))
+        return _grn_dataset(spec["cells"], seed, spec.get("size", "quick"), spec.get("per_knockout"))
     if spec["kind"] == "sergio":  # the network's DAG and signs; SERGIO's kinetics, cell types and noise per seed
         bn = read_gaussian_bn(data.fetch(spec["network"])["network"], name=spec["network"])
         counts, _, genes = simulate_sergio(bn.weights, seed=seed)

@@ -251,7 +251,7 @@ def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undir
     truth = np.zeros((6, 6))
     truth[0, 1] = truth[1, 2] = truth[2, 3] = 1.0
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "control"})
-    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, truth, None))
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda *_: (X, truth, None))
     W = np.triu(np.abs(bench_causal.partial_correlations(X)), 1)
     monkeypatch.setattr(bench_causal, "_run_cape", lambda method, X, seed, intervened=None: (W, 1.0))
     records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny_grn"], n_seeds=1,
@@ -285,7 +285,7 @@ def _labelled_setting(monkeypatch, name: str, X: np.ndarray, perturbed: int, n_p
     mask = np.zeros(X.shape, dtype=bool)
     mask[:n_perturbed, perturbed] = True
     monkeypatch.setitem(bench_causal.SETTINGS, name, {"kind": "grn", "cells": "all"})
-    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, truth, mask))
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda *_: (X, truth, mask))
     return mask
 
 
@@ -371,7 +371,7 @@ def test_bnlearn_settings_draw_new_cells_per_seed_with_knockdown_labels(tmp_path
 def test_a_failing_graphical_lasso_is_recorded_not_fatal(tmp_path, monkeypatch) -> None:
     X = np.random.default_rng(0).normal(size=(60, 4))
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "control"})
-    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, np.eye(4, k=1), None))
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda *_: (X, np.eye(4, k=1), None))
 
     def ill_conditioned(method, X, seed):
         raise FloatingPointError("Non SPD result: the system is too ill-conditioned for this solver")
@@ -451,7 +451,7 @@ def test_a_ranking_peer_is_cut_at_capes_budget_and_ranked_by_its_scores(tmp_path
     truth = np.zeros((4, 4))
     truth[0, 1] = 1.0
     monkeypatch.setitem(bench_causal.SETTINGS, "tiny_grn", {"kind": "grn", "cells": "control"})
-    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda cells, seed, size="quick": (X, truth, None))
+    monkeypatch.setattr(bench_causal, "_grn_dataset", lambda *_: (X, truth, None))
     scores = np.full((4, 4), 0.1)
     scores[0, 1], scores[1, 0] = 5.0, 2.0
     monkeypatch.setattr(bench_causal, "run_peer", lambda method, X, **kw: PeerResult(
@@ -513,3 +513,17 @@ def test_cape_default_turns_edges_by_the_labels_and_leave_out_keeps_the_fit(tmp_
         methods=["cape_default", "cape_default_leave_out", "cape_default_orient_only"])
     f1 = {r["method"]: r["value"] for r in records if r["metric"] == "f1"}
     assert f1["cape_default"] == f1["cape_default_orient_only"] == 1.0 and f1["cape_default_leave_out"] == 0.0
+
+
+def test_grn_dataset_takes_the_cells_per_knockout(monkeypatch) -> None:
+    small = dict(n_genes=60, n_edges=90, n_control=60, n_cell_types=3, n_programs=2, n_single=4, n_double=2,
+                 n_cells_per_perturbation=5, seed=0)
+    monkeypatch.setitem(bench_causal.GRN_SIMULATIONS, "quick", small)
+    X, truth, mask = bench_causal._grn_dataset("all", 0)
+    X12, _, mask12 = bench_causal._grn_dataset("all", 0, per_knockout=12)
+    # Cells with fewer than 20 detected genes are dropped by the preprocessing, so count the knock-out cells left.
+    knocked, knocked12 = (int((np.asarray(m.sum(axis=1)).ravel() > 0).sum()) for m in (mask, mask12))
+    assert mask.shape == X.shape and truth.shape == (X.shape[1],) * 2
+    assert 0 < knocked <= 6 * 5 < knocked12 <= 6 * 12
+    assert X12.shape[0] - knocked12 == X.shape[0] - knocked
+    assert bench_causal.SETTINGS["grn_knockout_300cells"]["per_knockout"] == 300
