@@ -183,7 +183,8 @@ def test_cli_tau_auto_and_bad_tau(fitted, tmp_path, capsys) -> None:
     *(("tau", value, ok) for value, ok in [("auto", True), ("budget", True), (0.05, True), ("0.05", True), (0, True),
                                            (".1", True), (1.5, False), ("1.5", False), ("autox", False),
                                            (-0.1, False)]),
-    ("budget_fdr", 0.05, True), ("budget_fdr", 0, False), ("budget_fdr", 1, False)])
+    ("budget_fdr", 0.05, True), ("budget_fdr", 0, False), ("budget_fdr", 1, False), ("budget_cells", 500, True),
+    ("budget_cells", None, True), ("budget_cells", 0, False), ("budget_cells", "some", False)])
 def test_schema_accepts_a_threshold_rule_or_a_number_in_unit_interval(key, value, ok) -> None:
     config = {"causal": {key: value}}
     coerce_config(config, SCHEMA)
@@ -281,6 +282,55 @@ def test_budget_fdr_sets_the_rate_of_the_budget_test(fitted, tmp_path, capsys) -
     assert main(["--quiet", "causal", "--input", str(src), "--output", str(bad), "--budget-fdr", "1"]) == 2
     assert capsys.readouterr().err.strip() == "cape: error: budget_fdr must be a rate in (0, 1), got 1.0"
     assert not bad.exists()
+
+
+def test_budget_rows_caps_the_cells_at_the_larger_of_the_cap_and_ten_per_gene() -> None:
+    from cape.causal import BUDGET_CELLS, budget_rows
+
+    assert budget_rows(BUDGET_CELLS, 200) is None and budget_rows(10**6, 50, None) is None  # within the cap; off
+    rows = budget_rows(5000, 50, 2000, seed=3)
+    assert rows.size == 2000 and np.all(np.diff(rows) > 0) and rows.min() >= 0 and rows.max() < 5000
+    assert np.array_equal(rows, budget_rows(5000, 50, 2000, seed=3))  # the seed fixes the draw ...
+    assert not np.array_equal(rows, budget_rows(5000, 50, 2000, seed=4))  # ... and another seed draws anew
+    assert budget_rows(5000, 300, 2000).size == 3000  # 10 per gene beyond the cap
+    assert budget_rows(3000, 300, 2000) is None and budget_rows(5000, 300, 100).size == 3000
+    with pytest.raises(ValueError, match="max_cells"):
+        budget_rows(5000, 50, 0)
+
+
+def test_budget_counts_on_a_seeded_subset_of_many_cells(fitted, tmp_path, capsys) -> None:
+    from cape.causal import budget_rows, edge_budget
+    from cape.cli import main
+
+    # A chain plus a weak common factor on the other genes: on 12,000 cells those weak partial correlations are
+    # significant, on 2,000 they mostly are not, so that a count on every cell grows with the cells.
+    X = _chain_data(n=12000, seed=5)
+    X[:, 6:] += 0.04 * np.random.default_rng(6).normal(size=(12000, 1))
+    X -= X.min(axis=0)
+    a = ad.AnnData(X.astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(12)]))
+    A = (np.random.default_rng(0).random((12, 12)) * 0.3).astype(np.float32)
+    np.fill_diagonal(A, 0)
+    fitted["A"] = A
+    records = {}
+    for cells in (2000, None):
+        causal_graph(a, min_positioned=0, budget_cells=cells, seed=7, **FAST)
+        records[cells] = a.uns["cape"]["causal_graph"]["edge_budget"]
+    rows = budget_rows(12000, 12, 2000, seed=7)
+    assert records[2000]["n_pairs"] == edge_budget(X[rows], BUDGET_FDR) < records[None]["n_pairs"]
+    assert records[None]["n_pairs"] == edge_budget(X, BUDGET_FDR)
+    assert records[2000]["n_cells_tested"] == 2000 and records[2000]["cells_tested"] == "random subset (seed 7)"
+    assert records[None]["n_cells_tested"] == 12000 and records[None]["cells_tested"] == "all"
+    assert a.uns["cape"]["causal_graph"]["params"]["budget_cells"] == "all"
+    src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"
+    a.write_h5ad(src)
+    assert main(["--quiet", "--seed", "7", "causal", "--input", str(src), "--output", str(out), "--min-positioned",
+                 "0", "--epochs", "2", "--budget-cells", "all"]) == 0
+    assert ad.read_h5ad(out).uns["cape"]["causal_graph"]["edge_budget"]["n_pairs"] == records[None]["n_pairs"]
+    capsys.readouterr()
+    bad = tmp_path / "bad.h5ad"
+    with pytest.raises(SystemExit) as usage:
+        main(["--quiet", "causal", "--input", str(src), "--output", str(bad), "--budget-cells", "0"])
+    assert usage.value.code == 2 and "budget-cells" in capsys.readouterr().err and not bad.exists()
 
 
 def test_budget_falls_back_to_auto_without_enough_cells_or_signal(fitted, caplog) -> None:

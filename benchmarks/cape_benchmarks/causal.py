@@ -82,7 +82,9 @@ from cape.causal import (
 from cape.causal.causal_config import LOW_RANK
 from cape.causal.postprocess import (
     AUTO_TAU_MAX,
+    BUDGET_CELLS,
     BUDGET_FDR,
+    budget_rows,
     choose_tau,
     edge_budget,
     partial_correlations,
@@ -212,10 +214,17 @@ def _budget_fdr(tau: float | str) -> float | None:
     return BUDGET_FDR if tau == "budget" else float(tau.removeprefix("budget"))
 
 
-def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str) -> np.ndarray:
+def _budget(X: np.ndarray, fdr: float, seed: int) -> int | None:
+    """cape's edge budget at ``fdr`` as :func:`cape.tl.causal_graph` counts it: on at most the default
+    ``budget_cells`` cells, drawn with the fit's seed."""
+    rows = budget_rows(*X.shape, BUDGET_CELLS, seed)
+    return edge_budget(X if rows is None else X[rows], fdr)
+
+
+def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int) -> np.ndarray:
     """cape's graph at one threshold rule (a budget rule counts the data's significant pairs at its FDR)."""
     fdr = _budget_fdr(tau)
-    rule, budget = ("budget", edge_budget(X, fdr)) if fdr is not None else (tau, None)
+    rule, budget = ("budget", _budget(X, fdr, seed)) if fdr is not None else (tau, None)
     return make_dag(weights, choose_tau(weights, rule, AUTO_MIN_POSITIONED, budget)[0])[0]
 
 
@@ -423,9 +432,9 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                     if method in CAPE_METHODS:
                         weights, seconds = _run_cape(method, X, seed, intervened)
                         status = "ok"
-                        graphs[method] = _thresholded(weights, X, CAPE_METHODS[method].get("tau", PAPER_TAU))
-                        graphs.update({f"{method}@τ{t if isinstance(t, str) else f'{t:g}'}": _thresholded(weights, X, t)
-                                       for t in taus})
+                        graphs[method] = _thresholded(weights, X, CAPE_METHODS[method].get("tau", PAPER_TAU), seed)
+                        graphs.update({f"{method}@τ{t if isinstance(t, str) else f'{t:g}'}":
+                                       _thresholded(weights, X, t, seed) for t in taus})
                         if CAPE_METHODS[method].get("orient") and evidence is not None:
                             graphs = {k: orient_by_shifts(G, evidence).dag for k, G in graphs.items()}
                         ranking = weights
@@ -438,7 +447,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                             graphs[method], seconds, status = None, time.perf_counter() - start, "failed"
                         else:
                             # The same pairs' ranking cut at each budget's count, for a like-for-like comparison.
-                            graphs.update({f"{method}@τ{t}": _top_pairs(ranking, edge_budget(X, _budget_fdr(t)) or 0)
+                            graphs.update({f"{method}@τ{t}": _top_pairs(ranking, _budget(X, _budget_fdr(t), seed) or 0)
                                            for t in taus if _budget_fdr(t) is not None})
                             status = "ok"
                     else:
@@ -448,7 +457,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                         if method in RANKING_PEERS and result.adjacency is not None:
                             # Scores of every ordered pair: the graph is the top pairs, as many as cape's budget.
                             ranking = result.adjacency
-                            graphs[method] = _top_directed(ranking, edge_budget(X) or 0)
+                            graphs[method] = _top_directed(ranking, _budget(X, BUDGET_FDR, seed) or 0)
                     for name, W in graphs.items():
                         row = {**base, "method": name}
                         records.append({**row, "metric": "seconds", "value": float(seconds), "status": status})

@@ -21,6 +21,9 @@ from .intervention_orientation import Orientation, descendant_evidence, orient_b
 from .model import ElementwiseMLP, VariationalNotears
 from .parents_mlp import ParentsMLP, ParentsMLPConfig, fit_parents_mlp
 from .postprocess import (
+    BUDGET_CELLS,
+    BUDGET_FDR,
+    budget_rows,
     edge_budget,
     is_dag,
     make_dag,
@@ -42,6 +45,8 @@ from .structural_equations import (
 from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
 
 __all__ = [
+    "BUDGET_CELLS",
+    "BUDGET_FDR",
     "MIN_CELLS",
     "CausalConfig",
     "CausalFit",
@@ -58,6 +63,7 @@ __all__ = [
     "acyclicity_low_rank",
     "acyclicity_power_series",
     "acyclicity_weights",
+    "budget_rows",
     "cpdag",
     "descendant_evidence",
     "descendants",

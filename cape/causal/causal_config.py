@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 from .._errors import CapeInputError
-from .postprocess import BUDGET_FDR
+from .postprocess import BUDGET_CELLS, BUDGET_FDR
 
 __all__ = ["DENSE_MAX_GENES", "LAMBDA_DENSE", "LAMBDA_LOW_RANK", "LOW_RANK", "MODELS", "SCREENS", "STANDARDIZE",
            "CausalConfig", "NotearsConfig", "check_tau"]
@@ -85,6 +85,11 @@ class CausalConfig:
         better supported. Which rate is closer to the true network depends on the data: 0.3 on
         ``simulate_grn_cells``' counts, 0.05 on SERGIO's, where cell-type programmes and dropout make most gene
         pairs co-vary (docs/benchmarks/step1_counts.md).
+    budget_cells
+        The most cells ``tau="budget"``'s test counts on: max(``budget_cells``, 10 · genes), drawn at random with
+        the fit's seed (:func:`cape.causal.budget_rows`); default 2,000 (:data:`cape.causal.BUDGET_CELLS`, the size
+        the rate was chosen at). On many more cells, weak partial correlations between genes without an edge become
+        significant and the count grows with the cells rather than with the regulation. ``None``: every cell.
     min_positioned
         Share of the genes that must get an edge: below it ``tau="auto"`` stops with the reason and a fixed τ warns;
         0 turns the check off (and the collapse check with it).
@@ -114,6 +119,7 @@ class CausalConfig:
     rank: int | str | None = "auto"
     tau: float | str = "budget"
     budget_fdr: float = BUDGET_FDR
+    budget_cells: int | None = BUDGET_CELLS
     min_positioned: float = 0.5
     lambda_sparse: float | None = None
     epochs: int = 100
@@ -132,6 +138,9 @@ class CausalConfig:
         object.__setattr__(self, "tau", check_tau(self.tau))
         if not (_is_number(self.budget_fdr) and 0.0 < self.budget_fdr < 1.0):
             raise CapeInputError(f"budget_fdr must be a rate in (0, 1), got {self.budget_fdr!r}")
+        if not (self.budget_cells is None or (_is_int(self.budget_cells) and self.budget_cells >= 1)):
+            raise CapeInputError(f"budget_cells must be a positive number of cells or None (every cell), "
+                                 f"got {self.budget_cells!r}")
         if not (_is_number(self.min_positioned) and 0.0 <= self.min_positioned <= 1.0):
             raise CapeInputError(f"min_positioned must be a fraction in [0, 1], got {self.min_positioned!r}")
         if self.lambda_sparse is not None and not (_is_number(self.lambda_sparse) and self.lambda_sparse >= 0):

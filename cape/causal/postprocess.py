@@ -8,9 +8,10 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 from scipy.stats import norm
 
-__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "BUDGET_FDR", "BUDGET_MIN_EXTRA_CELLS", "SCREEN_FDR", "choose_tau",
-           "edge_budget", "is_dag", "make_dag", "partial_correlation_tests", "partial_correlations",
-           "positioned_genes", "screen_candidates", "tau_for_edges", "tau_positioning", "threshold"]
+__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "BUDGET_CELLS", "BUDGET_CELLS_PER_GENE", "BUDGET_FDR",
+           "BUDGET_MIN_EXTRA_CELLS", "SCREEN_FDR", "budget_rows", "choose_tau", "edge_budget", "is_dag", "make_dag",
+           "partial_correlation_tests", "partial_correlations", "positioned_genes", "screen_candidates",
+           "tau_for_edges", "tau_positioning", "threshold"]
 
 #: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
 AUTO_TAU_MAX = 0.2
@@ -22,6 +23,12 @@ AUTO_TAU_FLOOR = 0.01
 BUDGET_FDR = 0.3
 #: ... which need at least this many cells beyond the number of genes (their degrees of freedom are n − M − 1).
 BUDGET_MIN_EXTRA_CELLS = 10
+#: The budget's test counts on at most max(BUDGET_CELLS, BUDGET_CELLS_PER_GENE · M) cells, a seeded random subset
+#: (:func:`budget_rows`): the rate was chosen on 2,000 cells of 200 genes, and on many more cells weak partial
+#: correlations between genes without an edge become significant, so that the count grows with the cells rather
+#: than with the edges (docs/benchmarks/step1_counts.md).
+BUDGET_CELLS = 2000
+BUDGET_CELLS_PER_GENE = 10
 #: Candidate parents for a dense A (:func:`screen_candidates`): pairs significant at this looser false discovery rate.
 SCREEN_FDR = 0.2
 
@@ -184,6 +191,22 @@ def edge_budget(X, fdr: float = BUDGET_FDR, tests: tuple | None = None) -> int |
     """
     tests = tests if tests is not None else partial_correlation_tests(X)
     return None if tests is None else _bh_count(tests[1], fdr)
+
+
+def budget_rows(n_cells: int, n_genes: int, max_cells: int | None = BUDGET_CELLS,
+                seed: int = 0) -> np.ndarray | None:
+    """The cells :func:`edge_budget` tests on: ``None`` (all of them) when there are at most
+    max(``max_cells``, :data:`BUDGET_CELLS_PER_GENE` · ``n_genes``) or ``max_cells`` is ``None``; else that many
+    row indices, drawn without replacement by ``numpy.random.default_rng(seed)`` and sorted.
+    """
+    if max_cells is None:
+        return None
+    if max_cells < 1:
+        raise ValueError(f"max_cells must be a positive number of cells or None, got {max_cells}")
+    cap = max(int(max_cells), BUDGET_CELLS_PER_GENE * int(n_genes))
+    if n_cells <= cap:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n_cells, cap, replace=False))
 
 
 def screen_candidates(X, fdr: float = SCREEN_FDR, tests: tuple | None = None) -> np.ndarray | None:

@@ -23,6 +23,12 @@ def _rank(value: str) -> int | str | None:
         raise argparse.ArgumentTypeError(f"rank must be an integer, 'dense' or 'auto', got {value!r}") from err
 
 
+def _budget_cells(value: str) -> int | None:
+    if value.lower() == "all":
+        return None
+    return positive_int(value, "budget-cells to be a positive number of cells or 'all'")
+
+
 def _h_every(value: str) -> int | None:
     if value.lower() == "auto":
         return None
@@ -48,6 +54,9 @@ def register(commands) -> None:
     parser.add_argument("--budget-fdr", type=float, default=CausalConfig.budget_fdr,
                         help=f"Benjamini-Hochberg rate of the budget rule's partial-correlation test "
                              f"({CausalConfig.budget_fdr:g}); a lower rate keeps fewer, better-supported edges")
+    parser.add_argument("--budget-cells", type=_budget_cells, default=CausalConfig.budget_cells,
+                        help=f"the most cells the budget rule's test counts on, at least 10 per gene, drawn at "
+                             f"random with the run's seed ({CausalConfig.budget_cells}), or 'all'")
     parser.add_argument("--min-positioned", type=float, default=0.5,
                         help="fraction of genes that must get an edge (0.5): below it, tau=auto stops with the "
                              "reason and a fixed tau warns; 0 turns the check off")
@@ -85,7 +94,7 @@ def register(commands) -> None:
 def config_from_args(args: argparse.Namespace) -> CausalConfig:
     """The :class:`~cape.causal.CausalConfig` of ``cape causal``'s flags (one flag per field)."""
     return CausalConfig(model=args.model, rank=args.rank, tau=args.tau, budget_fdr=args.budget_fdr,
-                        min_positioned=args.min_positioned,
+                        budget_cells=args.budget_cells, min_positioned=args.min_positioned,
                         lambda_sparse=args.lambda_sparse, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         h_every=args.h_every, screen=args.screen, leave_out_targets=args.leave_out_targets,
                         orient_by_shifts=args.orient_by_shifts)

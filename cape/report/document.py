@@ -142,8 +142,11 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                     line += f" at τ {float(info[step]['tau_used']):.3g}"
                     rule, budget = info[step].get("tau_rule"), info[step].get("edge_budget", {})
                     if rule == "budget":
+                        subset = budget.get("cells_tested", "all") != "all"
                         line += (f" (threshold rule budget: {int(budget['n_pairs'])} gene pairs with a significant "
-                                 f"partial correlation, FDR {float(budget['fdr']):g})")
+                                 f"partial correlation, FDR {float(budget['fdr']):g}"
+                                 + (f", tested on a random {int(budget['n_cells_tested'])} cells" if subset else "")
+                                 + ")")
                     elif rule:
                         line += f" (threshold rule {rule})"
                 if "interventions" in info[step]:

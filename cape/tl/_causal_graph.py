@@ -46,6 +46,7 @@ from ..causal.postprocess import (
     AUTO_TAU_FLOOR,
     AUTO_TAU_MAX,
     SCREEN_FDR,
+    budget_rows,
     choose_tau,
     edge_budget,
     partial_correlation_tests,
@@ -262,11 +263,12 @@ def _check_size(config: CausalConfig, data: _Selection) -> None:
 
 
 def _screen(config: CausalConfig, X) -> tuple[tuple | None, np.ndarray | None, dict | None]:
-    """The partial-correlation tests (for the budget and the screen), the candidate parents and their record."""
+    """The partial-correlation tests on every cell (for the screen, and the budget where it tests every cell), the
+    candidate parents and their record."""
     wants_screen = (config.screen == "partial_correlation" and config.model == "variational"
                     and config.rank_for(X.shape[1], screened=True) is None)
     tests = None
-    if (config.tau == "budget" or wants_screen) and X.shape[1] <= BUDGET_MAX_GENES:
+    if wants_screen and X.shape[1] <= BUDGET_MAX_GENES:
         tests = partial_correlation_tests(X)
     if not wants_screen:
         return tests, None, None
@@ -302,24 +304,34 @@ def _fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, cand
     return fit
 
 
-def _edge_budget(X, tests, fdr: float) -> tuple[int | None, dict]:
-    """``tau="budget"``'s number of edges at rate ``fdr`` (None: fall back on the ``"auto"`` rule) and its record."""
+def _edge_budget(X, tests, config: CausalConfig, seed: int) -> tuple[int | None, dict]:
+    """``tau="budget"``'s number of edges (None: fall back on the ``"auto"`` rule) and its record; ``tests``: the
+    partial-correlation tests on every cell, if already made."""
     n_cells, n_genes = X.shape
+    fdr = config.budget_fdr
     budget = None
     if n_genes > BUDGET_MAX_GENES:
         record = {"fallback": f"more than {BUDGET_MAX_GENES} genes: tau='auto' rule"}
     else:
+        rows = budget_rows(n_cells, n_genes, config.budget_cells, seed)
+        if rows is not None:
+            logger.info("tau='budget': the partial-correlation test counts on a random %d of the %d cells "
+                        "(budget_cells=%d, at least 10 per gene)", rows.size, n_cells, config.budget_cells)
+            tests = partial_correlation_tests(X[rows])
         budget = edge_budget(X, fdr, tests)
+        cells = {"n_cells_tested": n_cells if rows is None else int(rows.size),
+                 "cells_tested": "all" if rows is None else f"random subset (seed {seed})"}
         if budget is None:
             record = {"fallback": f"fewer than genes + 10 cells ({n_cells} for {n_genes} genes) for the "
                                   "partial-correlation test: tau='auto' rule"}
         elif budget == 0:
-            record = {"n_pairs": 0, "fdr": fdr,
+            record = {"n_pairs": 0, "fdr": fdr, **cells,
                       "fallback": f"no gene pair has a significant partial correlation (FDR {fdr:g}, "
-                                  f"{n_cells} cells, {n_genes} genes): tau='auto' rule, on weak evidence"}
+                                  f"{cells['n_cells_tested']} cells, {n_genes} genes): tau='auto' rule, on weak "
+                                  "evidence"}
             budget = None
         else:
-            record = {"n_pairs": int(budget), "fdr": fdr}
+            record = {"n_pairs": int(budget), "fdr": fdr, **cells}
     if budget is None:
         (logger.warning if record.get("n_pairs") == 0 else logger.info)("tau='budget': %s", record["fallback"])
     return budget, record
@@ -398,6 +410,7 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
     rank = config.rank
     return {"rank": "dense" if rank is None else rank if rank == "auto" else int(rank), "tau": config.tau,
             "budget_fdr": float(config.budget_fdr),
+            "budget_cells": "all" if config.budget_cells is None else int(config.budget_cells),
             "lambda_sparse": "auto" if config.lambda_sparse is None else float(config.lambda_sparse),
             "epochs": int(config.epochs), "batch_size": int(config.batch_size), "lr": float(config.lr),
             "device": str(device), "seed": int(seed),
@@ -510,7 +523,7 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     tests, candidates, screen_record = _screen(config, data.X)
     seed = seed_everything(resolve_seed(seed))
     fit = _fit(config, data.X, resolve_device(device), seed, intervened, candidates)
-    budget, budget_record = _edge_budget(data.X, tests, config.budget_fdr) if config.tau == "budget" else (None, None)
+    budget, budget_record = _edge_budget(data.X, tests, config, seed) if config.tau == "budget" else (None, None)
     graph = _threshold(fit.adjacency, config, budget, data.n_cells)
     orientation = _orient(config, graph, data.X, intervened, data.genes)
     rows, cols = np.nonzero(graph.dag)

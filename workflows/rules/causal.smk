@@ -15,6 +15,7 @@ rule causal:
         lambda_sparse=(f"--lambda-sparse {config['causal']['lambda_sparse']}"
                        if config["causal"]["lambda_sparse"] is not None else ""),
         h_every=config["causal"]["h_every"] or "auto",
+        budget_cells=config["causal"]["budget_cells"] or "all",
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
         interventions=(f"--interventions {config['causal']['interventions']}"
                        + ("" if config["causal"].get("leave_out_targets", True) else " --no-leave-out-targets")
@@ -28,7 +29,8 @@ rule causal:
     shell:
         "{params.cape} --threads {threads} causal"
         " --input {input:q} --output {output:q}"
-        " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --budget-fdr {params.opts[budget_fdr]} --min-positioned {params.opts[min_positioned]}"
+        " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --budget-fdr {params.opts[budget_fdr]}"
+        " --budget-cells {params.budget_cells} --min-positioned {params.opts[min_positioned]}"
         " {params.lambda_sparse}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
         " --use-genes {params.opts[use_genes]} --h-every {params.h_every} --screen {params.opts[screen]}"
