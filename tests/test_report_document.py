@@ -42,6 +42,10 @@ def test_report_names_the_step_one_model_and_its_edges(trained_adata, tmp_path):
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert ("17 edges at τ 0.2 (threshold rule budget: 20 gene pairs with a significant partial correlation, "
             "FDR 0.05); interventions obs['condition']: 40 perturbed cells") in text
+    adata.uns["cape"]["causal_graph"]["edge_budget"] |= {"n_cells_tested": 2000,
+                                                         "cells_tested": "random subset (seed 0)"}
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert "partial correlation, FDR 0.05, tested on a random 2000 cells); interventions" in text
     adata.uns["cape"]["causal_graph"]["params"]["leave_out_targets"] = False
     adata.uns["cape"]["causal_graph"]["orientation"] = {"n_edges_turned": 3, "n_shifted_pairs": 12,
                                                         "n_tested_pairs": 60, "fdr": 0.05}
