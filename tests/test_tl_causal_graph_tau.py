@@ -10,6 +10,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.sparse as sp
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -321,6 +322,9 @@ def test_budget_counts_on_a_seeded_subset_of_many_cells(fitted, tmp_path, capsys
     assert records[2000]["n_cells_tested"] == 2000 and records[2000]["cells_tested"] == "random subset (seed 7)"
     assert records[None]["n_cells_tested"] == 12000 and records[None]["cells_tested"] == "all"
     assert a.uns["cape"]["causal_graph"]["params"]["budget_cells"] == "all"
+    sparse = ad.AnnData(sp.csr_matrix(a.X), var=a.var.copy())  # counts arrive sparse: the same rows, the same count
+    causal_graph(sparse, min_positioned=0, seed=7, **FAST)
+    assert sparse.uns["cape"]["causal_graph"]["edge_budget"] == records[2000]
     src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"
     a.write_h5ad(src)
     assert main(["--quiet", "--seed", "7", "causal", "--input", str(src), "--output", str(out), "--min-positioned",
