@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ... import encodings
 from ..._errors import CapeInputError
 from ...encodings import EncodingContext, GenePositions, PositionalEncoding
+from .dropout import Dropout
 
 #: ``integration=`` values (module docstring).
 INTEGRATIONS = ("complement", "replace")
@@ -195,7 +196,7 @@ class Backbone(nn.Module):
 
 
 def feed_forward(d_model: int, d_ff: int, dropout: float, activation: type[nn.Module]) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(d_model, d_ff), activation(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+    return nn.Sequential(nn.Linear(d_model, d_ff), activation(), Dropout(dropout), nn.Linear(d_ff, d_model))
 
 
 def init_uniform_(embedding: nn.Embedding, bound: float = 0.1) -> None:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ...encodings import EncodingContext, GenePositions, PositionalEncoding
 from .backbone import BACKBONE_NETWORK, Backbone, NetworkConfig, feed_forward, init_uniform_
+from .dropout import Dropout
 from .self_attention import PerformerSelfAttention, SelfAttention
 
 
@@ -36,7 +37,7 @@ class PerformerLayer(nn.Module):
             seed=seed)
         self.norm2 = nn.LayerNorm(d_model)
         self.ff = feed_forward(d_model, d_ff, dropout, nn.GELU)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: EncodingContext, layer: int) -> Tensor:
         x = x + self.dropout(self.self_attn(self.norm1(x), encoding, ctx, layer))
@@ -91,7 +92,7 @@ class ScBERTBackbone(Backbone):
         self.gene_emb = nn.Embedding(vocab_size, d_model, padding_idx=pad_id) if self.use_gene_embedding else None
         if self.gene_emb is not None:
             init_uniform_(self.gene_emb)
-        self.emb_dropout = nn.Dropout(dropout)
+        self.emb_dropout = Dropout(dropout)
         self.layers = nn.ModuleList(
             PerformerLayer(d_model, self.n_heads, self.d_ff, dropout, n_features=n_features,
                            feature_redraw_interval=feature_redraw_interval, seed=self.seed + i,

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ..._errors import CapeInputError
 from ...encodings import EncodingContext, GenePositions, PositionalEncoding
 from .backbone import BACKBONE_NETWORK, Backbone, NetworkConfig, init_uniform_
+from .dropout import Dropout
 from .self_attention import SelfAttention
 
 
@@ -43,7 +44,7 @@ class ContinuousValueEncoder(nn.Module):
         self.activation = nn.ReLU()
         self.linear2 = nn.Linear(d_model, d_model)
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.max_value = float(max_value)
 
     def forward(self, values: Tensor) -> Tensor:
@@ -62,9 +63,9 @@ class PostNormEncoderLayer(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
 
     def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: EncodingContext, layer: int) -> Tensor:
         x = self.norm1(x + self.dropout1(self.self_attn(x, encoding, ctx, layer)))

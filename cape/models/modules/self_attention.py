@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ..._errors import CapeInputError
 from ...encodings import EncodingContext, PositionalEncoding
+from .dropout import Dropout
 
 
 def _check_heads(d_model: int, n_heads: int) -> int:
@@ -124,7 +125,7 @@ class PerformerSelfAttention(nn.Module):
         self.n_features = n_features or max(1, int(self.head_dim * math.log(max(self.head_dim, 2))))
         self.feature_redraw_interval = feature_redraw_interval
         self.seed = int(seed)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.register_buffer("projection", self._draw(0))
