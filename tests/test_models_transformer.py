@@ -39,7 +39,11 @@ def test_pretraining_lowers_the_masked_loss(adata, architecture):
 
 def test_train_predict_embed(adata):
     model = CellTransformer(adata, "scgpt", "rope", **SMALL, seed=0)
+    n_params = sum(p.numel() for p in model.module.parameters())
+    assert repr(model).startswith("CellTransformer(scgpt, encoding='rope', integration='complement', ")
+    assert f"d_model=32, n_layers=2, n_heads=4, dropout=0.0, {n_params:,} parameters, cpu; untrained)" in repr(model)
     model.train(adata, "cell_type", epochs=12, batch_size=16, lr=3e-3, validation_fraction=0.0)
+    assert repr(model).endswith("; train)")
     labels = model.predict(adata, key_added="pred")
     assert list(labels.categories) == ["b", "nk", "t"]
     accuracy = np.mean(np.asarray(labels) == adata.obs["cell_type"].to_numpy())

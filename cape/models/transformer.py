@@ -170,6 +170,15 @@ class CellTransformer(CellData):
         self.device = device
         self.amp = (self.device.type == "cuda") if amp == "auto" else bool(amp)
 
+    def __repr__(self) -> str:
+        net = self.network
+        n_params = sum(p.numel() for p in self.module.parameters())
+        trained = ", ".join(k for k in ("pretrain", "train") if k in self.history) or "untrained"
+        return (f"CellTransformer({self.architecture}, encoding={self.encoding_name!r}, integration="
+                f"{net.integration!r}, {len(self.vocab.genes)} genes, max_len={self.tokenizer.max_len}, "
+                f"d_model={net.d_model}, n_layers={net.n_layers}, n_heads={net.n_heads}, dropout={net.dropout}, "
+                f"{n_params:,} parameters, {self.device}; {trained})")
+
     def _build(self) -> None:
         seed_everything(self.seed)
         options = dict(self.backbone_options)
