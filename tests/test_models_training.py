@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cape import CapeInputError
-from cape.models import CellTransformer
+from cape.models import CellTransformer, TrainingPlan
 from cape.models.modules.heads import ClsDecoder, pool_cells, pooled_width
-from cape.models.training.engine import lr_factor
+from cape.models.training.engine import _fused_adamw, _Step, lr_factor
 from cape.models.training.objectives import balanced_class_weights
 
 SMALL = dict(d_model=32, n_heads=4, n_layers=1, max_len=32, dropout=0.0)
@@ -177,3 +177,11 @@ def test_cape_train_passes_the_fine_tuning_options(tmp_path):
     fit = record["history"]["train"]
     assert len(fit["epoch"]) == 3 and {"val_accuracy", "val_balanced_accuracy", "lr"} <= set(fit)
     assert fit["lr"][-1] == pytest.approx(0.0, abs=1e-12)              # cosine ends at 0
+
+
+def test_adamw_runs_fused_where_torch_has_the_kernel():
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    assert _fused_adamw([torch.nn.Parameter(torch.zeros(2))]) is ((major, minor) >= (2, 4))
+    assert _fused_adamw([]) is ((major, minor) >= (2, 4))
+    step = _Step(torch.nn.Linear(3, 2), TrainingPlan(), total_steps=4, scaled=False)
+    assert bool(step.optimizer.defaults["fused"]) is _fused_adamw(step.params)

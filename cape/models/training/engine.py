@@ -127,6 +127,14 @@ class TrainingPlan:
     num_workers: int = 0
 
 
+def _fused_adamw(params: list[Tensor]) -> bool:
+    """Whether AdamW's fused kernel runs here: CUDA, or CPU from torch 2.4 (one pass over each parameter instead
+    of about a dozen small kernels; a third of the optimiser's time on a small backbone)."""
+    device = params[0].device.type if params else "cpu"
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return device == "cuda" or (device == "cpu" and (major, minor) >= (2, 4))
+
+
 class _Step:
     """AdamW with gradient clipping, the plan's learning-rate schedule and (float16 autocast) a gradient scaler:
     one call per batch loss."""
@@ -134,7 +142,8 @@ class _Step:
     def __init__(self, task: nn.Module, plan: TrainingPlan, *, total_steps: int, scaled: bool) -> None:
         self.params = [p for p in task.parameters() if p.requires_grad]
         self.grad_clip = plan.grad_clip
-        self.optimizer = torch.optim.AdamW(self.params, lr=plan.lr, weight_decay=plan.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.params, lr=plan.lr, weight_decay=plan.weight_decay,
+                                           fused=_fused_adamw(self.params) or None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, total_steps, plan.lr_schedule, plan.warmup_fraction))
         self.scaler = torch.amp.GradScaler("cuda", enabled=scaled)
