@@ -129,7 +129,7 @@ class TrainingPlan:
 
 def _fused_adamw(params: list[Tensor]) -> bool:
     """Whether AdamW's fused kernel runs here: CUDA, or CPU from torch 2.4 (one pass over each parameter instead
-    of about a dozen small kernels; a third of the optimiser's time on a small backbone)."""
+    of about a dozen small kernels)."""
     device = params[0].device.type if params else "cpu"
     major, minor = (int(part) for part in torch.__version__.split(".")[:2])
     return device == "cuda" or (device == "cpu" and (major, minor) >= (2, 4))
