@@ -1,4 +1,5 @@
-"""The backbones' dropout: its exact scale, its drop rate, independence of the 16-bit shares, seeds, gradients."""
+"""The backbones' dropout: its exact scale, its drop rate, independence of the 16-bit shares, seeds, gradients;
+and (CUDA only, marked gpu) torch's own dropout there with a fused, gradient-scaled AdamW step."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from cape.models import NetworkConfig, ScBERTBackbone, ScGPTBackbone
+from cape.models import NetworkConfig, ScBERTBackbone, ScGPTBackbone, TrainingPlan
 from cape.models.modules.dropout import MASK_LEVELS, Dropout, cpu_keep_mask, dropout
+from cape.models.training.engine import _Step
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5, 0.9])
@@ -87,3 +89,23 @@ def test_backbones_use_it_everywhere(backbone):
     kinds = {type(m) for m in model.modules()}
     assert Dropout in kinds and nn.Dropout not in kinds
     assert all(m.p == 0.2 for m in model.modules() if isinstance(m, Dropout))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_uses_torch_dropout_and_a_fused_scaled_step_trains():
+    torch.manual_seed(0)
+    x = torch.ones(1_000_000, device="cuda")
+    y = dropout(x, 0.2)
+    assert y.device.type == "cuda" and abs((y == 0).float().mean().item() - 0.2) < 0.005
+    net = nn.Sequential(nn.Linear(8, 32), Dropout(0.1), nn.ReLU(), nn.Linear(32, 1)).cuda()
+    step = _Step(net, TrainingPlan(lr=1e-2), total_steps=50, scaled=True)
+    assert step.optimizer.defaults["fused"]
+    inputs, target = torch.randn(256, 8, device="cuda"), torch.randn(256, 1, device="cuda")
+    losses = []
+    for _ in range(50):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = nn.functional.mse_loss(net(inputs).float(), target)
+        step(loss)
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
