@@ -60,6 +60,12 @@ def test_any_shape_and_its_gradient(shape):
     assert torch.equal(y.detach(), x.detach() * x.grad)
 
 
+def test_a_rate_next_to_one_keeps_a_finite_scale():
+    torch.manual_seed(6)
+    y = dropout(torch.ones(1_000_000), 0.9999999)
+    assert torch.isfinite(y).all() and set(y.unique().tolist()) <= {0.0, float(MASK_LEVELS)}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_dtype_is_kept(dtype):
     assert dropout(torch.ones(10, dtype=dtype), 0.5).dtype == dtype

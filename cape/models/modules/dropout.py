@@ -11,6 +11,8 @@ default generator, so ``torch.manual_seed`` makes them repeatable. On other devi
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -20,10 +22,9 @@ MASK_LEVELS = 1 << 16
 
 def cpu_keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> Tensor:
     """Mask (``dtype``) of 0 and ``1 / (1 − p̂)`` with ``p̂ = round(p · 2¹⁶) / 2¹⁶``, drawn on CPU."""
-    n = 1
-    for size in shape:
-        n *= size
-    drop = round(p * MASK_LEVELS)
+    n = math.prod(shape)
+    # At least one level kept: p within 2⁻¹⁷ of 1 would otherwise drop everything and divide by zero.
+    drop = min(round(p * MASK_LEVELS), MASK_LEVELS - 1)
     # The full 64-bit range: ``random_()`` alone leaves the sign bit, and so a quarter of the shares, non-negative.
     draws = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)
     # int16 shares are in [−2¹⁵, 2¹⁵): shifting the threshold by −2¹⁵ keeps the comparison in int16.
