@@ -285,6 +285,22 @@ def test_preprocess_uses_only_varying_genes(tmp_path, capsys):
     assert used.sum() <= 10 and not used.iloc[:50].any()
 
 
+def test_preprocess_uses_the_perturbed_genes_and_refuses_unknown_labels(tmp_path, capsys):
+    adata = _counts(30)
+    adata.obs["condition"] = ["ctrl"] * 20 + ["G3+ctrl"] * 10
+    out = tmp_path / "pp.h5ad"
+    args = ["preprocess", "-i", _write(tmp_path, adata, "in.h5ad"), "-o", str(out), "--n-top-genes", "5",
+            "--min-genes", "1", "--interventions"]
+    plain = tmp_path / "plain.h5ad"
+    assert run(capsys, *args[:3], "-o", str(plain), *args[5:-1]).returncode == 0
+    proc = run(capsys, *args, "condition")
+    assert proc.returncode == 0, proc.stderr
+    assert ad.read_h5ad(out).var.loc["G3", "cape_used"] and not ad.read_h5ad(plain).var.loc["G3", "cape_used"]
+    out.unlink()
+    assert_refused(run(capsys, *args, "perturbation"), "interventions='perturbation'", "no such column",
+                   outputs=[out])
+
+
 def test_causal_refuses_fewer_cells_than_step1_minimum(tmp_path, capsys):
     from cape.causal import MIN_CELLS
 

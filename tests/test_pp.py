@@ -75,3 +75,54 @@ def test_negative_input_rejected(counts_adata):
     counts_adata.X[0, 0] = -1
     with pytest.raises(CapeInputError, match="negative values"):
         cape.pp.preprocess(counts_adata)
+
+
+def _labelled(adata, targets: list[str]):
+    """Half the cells control, the rest perturbed on ``targets`` in turn (GEARS labels in obs["condition"])."""
+    n = adata.n_obs
+    labels = ["ctrl"] * (n // 2) + [f"{targets[i % len(targets)]}+ctrl" for i in range(n - n // 2)]
+    adata.obs["condition"] = labels
+    return adata
+
+
+def test_perturbed_genes_join_the_highly_variable_ones(counts_adata):
+    counts_adata.X[:, 399] = 0  # never detected: constant, nothing to fit, so never used
+    _labelled(counts_adata, ["G100", "G200", "G399", "G5"])
+    hvg = cape.pp.preprocess(counts_adata, n_top_genes=50, copy=True)
+    used_by_hvg = set(hvg.var_names[hvg.var["cape_used"]])
+    out = cape.pp.preprocess(counts_adata, n_top_genes=50, interventions="condition", copy=True)
+    used = set(out.var_names[out.var["cape_used"]])
+    varying_targets = {"G100", "G200", "G5"}
+    assert used == used_by_hvg | varying_targets and "G399" not in used
+    assert (out.var["highly_variable"] == hvg.var["highly_variable"]).all()  # scanpy's selection is kept as it is
+    rec = out.uns["cape"]["preprocess"]
+    assert rec["params"]["interventions"] == "condition" and hvg.uns["cape"]["preprocess"]["params"][
+        "interventions"] == "none"
+    assert rec["targets"] == {"n_targets": 4, "n_added": len(varying_targets - used_by_hvg), "n_constant": 1}
+    assert rec["n_used"] == len(used)
+
+
+def test_min_cells_never_drops_a_perturbed_gene(counts_adata):
+    counts_adata.X[:, 7] = 0
+    counts_adata.X[:3, 7] = 1  # detected in 3 cells only
+    _labelled(counts_adata, ["G7"])
+    plain = cape.pp.preprocess(counts_adata, min_cells=10, n_top_genes=50, copy=True)
+    kept = cape.pp.preprocess(counts_adata, min_cells=10, n_top_genes=50, interventions="condition", copy=True)
+    assert "G7" not in plain.var_names and "G7" in kept.var_names and kept.var.loc["G7", "cape_used"]
+    assert kept.n_vars == plain.n_vars + 1
+
+
+@pytest.mark.parametrize(("labels", "match"), [
+    (None, "no such column in adata.obs"),
+    ("X+ctrl", "not in var_names, e.g. 'X'"),
+    ("A+B+C", "not in GEARS format"),
+])
+def test_bad_perturbation_labels_stop_before_any_change(counts_adata, labels, match):
+    if labels is not None:
+        counts_adata.obs["condition"] = ["ctrl"] * 299 + [labels]
+    before = counts_adata.X.copy()
+    with pytest.raises(CapeInputError, match=match) as err:
+        cape.pp.preprocess(counts_adata, n_top_genes=50, interventions="condition")
+    assert "\n" not in str(err.value)
+    np.testing.assert_array_equal(counts_adata.X, before)
+    assert "cape" not in counts_adata.uns

@@ -77,13 +77,15 @@ def test_config_reaches_the_command_lines(workdir):
     assert "--layer" not in train  # null keeps the CLI default
     assert "--h-every 7" in commands["causal"] and "--layer" not in commands["causal"]
     assert "--interventions condition --no-leave-out-targets" in commands["causal"]
+    assert " --interventions condition " in commands["preprocess"]  # the targets join the HVGs
     assert "orient-by-shifts" not in commands["causal"]  # true keeps the CLI default
     for name, line in commands.items():  # every rule passes its {threads}
         assert "--device cuda --threads " in line, name
     gpus = [line for line in proc.stdout.splitlines() if line.strip().startswith("resources:") and "gpu=" in line]
     assert len(gpus) == 6 and all("gpu=1" in line for line in gpus)
-    cpu = snakemake(workdir, "-n", "--cores", "2")
+    cpu = snakemake(workdir, "-n", "-p", "--cores", "2")
     assert cpu.returncode == 0 and "gpu=1" not in cpu.stdout and "gpu=0" in cpu.stdout
+    assert "--interventions" not in cpu.stdout  # causal.interventions null: no labels anywhere
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,9 @@ def register(commands) -> None:
     parser.add_argument("--no-log1p", dest="log1p", action="store_false", help="skip log1p after normalisation")
     parser.add_argument("--n-top-genes", type=int, default=2000, help="highly variable genes to use (2000)")
     parser.add_argument("--hvg-flavor", default="seurat", choices=["seurat", "cell_ranger", "seurat_v3"])
+    parser.add_argument("--interventions", default=None, metavar="OBS_KEY",
+                        help="obs column of per-cell perturbation labels (ctrl, A+ctrl, A+B): use every perturbed "
+                             "gene that varies besides the HVGs, so that `cape causal --interventions` can use them")
     parser.set_defaults(func=run)
 
 
@@ -27,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     out = check_output(args.output, args.input)
     adata = read_input(args.input)
     preprocess(adata, min_genes=args.min_genes, target_sum=args.target_sum, log1p=args.log1p,
-               n_top_genes=args.n_top_genes, min_cells=args.min_cells, hvg_flavor=args.hvg_flavor)
+               n_top_genes=args.n_top_genes, min_cells=args.min_cells, hvg_flavor=args.hvg_flavor,
+               interventions=args.interventions)
     write_h5ad(adata, out)
     return 0

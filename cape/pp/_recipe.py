@@ -14,6 +14,7 @@ import scipy.sparse as sp
 from .._errors import CapeInputError
 from ..causal import MIN_CELLS as STEP1_MIN_CELLS
 from ..data.user_files import validate_adata
+from ..tasks.perturbation import intervention_labels
 
 logger = logging.getLogger("cape")
 
@@ -66,6 +67,7 @@ def preprocess(
     *,
     min_cells: int = 0,
     hvg_flavor: str = "seurat",
+    interventions: str | None = None,
     copy: bool = False,
 ) -> ad.AnnData | None:
     """Quality control, normalisation and gene selection as in the CAPE paper (Supp. F.1.1).
@@ -79,7 +81,10 @@ def preprocess(
        (scanpy's ``uns["log1p"]`` marker, or non-integer values no larger than 30) is not normalised again.
     3. Highly variable genes (``sc.pp.highly_variable_genes``, ``n_top_genes``, flavor ``hvg_flavor``) mark
        the genes that take part in the causal graph: ``var["cape_used"]``. With ``n_top_genes`` ≥ the number
-       of genes, every gene is used.
+       of genes, every gene is used. With ``interventions``, every perturbed gene that varies is used as well,
+       highly variable or not, and no ``min_cells`` filter drops it: Step I can then leave its equation out for
+       its cells and orient its edges (:func:`cape.tl.causal_graph` with the same ``interventions``). Perturbed
+       genes are seldom among the most variable ones.
 
     Parameters
     ----------
@@ -97,12 +102,15 @@ def preprocess(
         Minimum number of cells a gene must be detected in (0: keep all genes).
     hvg_flavor
         ``"seurat"`` (log data, default), ``"cell_ranger"`` or ``"seurat_v3"`` (needs counts and scikit-misc).
+    interventions
+        ``obs`` column of per-cell perturbation labels in GEARS form (``"ctrl"``, ``"A+ctrl"``, ``"A+B"``), e.g.
+        ``"condition"``: the perturbed genes are used besides the highly variable ones. ``None``: HVGs only.
     copy
         Return a modified copy instead of working in place.
 
     Reads
     -----
-    ``X`` (counts or log-normalised expression) and ``uns["log1p"]`` when present.
+    ``X`` (counts or log-normalised expression), ``uns["log1p"]`` when present, ``obs[interventions]``.
 
     Writes
     ------
@@ -120,16 +128,19 @@ def preprocess(
         adata = adata.copy()
     _check_params(adata, min_genes, target_sum, n_top_genes, min_cells)
     validate_adata(adata, source="input", expect_counts=True)
+    targets = _perturbed_genes(adata, interventions)
     record: dict[str, Any] = {
         "params": {"min_genes": min_genes, "target_sum": target_sum, "log1p": log1p, "n_top_genes": n_top_genes,
-                   "min_cells": min_cells, "hvg_flavor": hvg_flavor},
+                   "min_cells": min_cells, "hvg_flavor": hvg_flavor, "interventions": interventions or "none"},
         "n_obs_in": adata.n_obs, "n_vars_in": adata.n_vars,
     }
 
     start = time.perf_counter()
-    _filter(adata, min_genes, min_cells, record["n_obs_in"])
+    _filter(adata, min_genes, min_cells, record["n_obs_in"], targets)
     record["input_scale"], record["normalised"] = _normalise(adata, target_sum, log1p)
     _mark_used_genes(adata, n_top_genes, hvg_flavor)
+    if interventions is not None:
+        record["targets"] = _use_targets(adata, targets, interventions)
     record.update(n_obs=adata.n_obs, n_vars=adata.n_vars, n_used=int(adata.var["cape_used"].sum()),
                   seconds=time.perf_counter() - start)
     adata.uns.setdefault("cape", {})["preprocess"] = record
@@ -138,9 +149,34 @@ def preprocess(
     return adata if copy else None
 
 
-def _filter(adata: ad.AnnData, min_genes: int, min_cells: int, n_obs_in: int) -> None:
+def _perturbed_genes(adata: ad.AnnData, key: str | None) -> list[str]:
+    """The genes that ``obs[key]``'s labels perturb (none without a key), checked by
+    :func:`~cape.tasks.perturbation.intervention_labels`."""
+    if key is None:
+        return []
+    _, targets = intervention_labels(adata, key)
+    return list(dict.fromkeys(g for t in targets.values() for g in t))
+
+
+def _use_targets(adata: ad.AnnData, genes: list[str], key: str) -> dict[str, int]:
+    """Add the perturbed ``genes`` that vary to ``var["cape_used"]`` in place; what was added, for ``uns``."""
+    targets = adata.var_names.isin(genes)
+    varying = _varying_genes(adata.X)
+    used = adata.var["cape_used"].to_numpy(dtype=bool)
+    added = targets & varying & ~used
+    constant = targets & ~varying
+    adata.var["cape_used"] = used | added
+    out = {"n_targets": int(targets.sum()), "n_added": int(added.sum()), "n_constant": int(constant.sum())}
+    logger.info("interventions=%r: %d perturbed gene(s), %d of them added to the %d highly variable ones; %d constant "
+                "after QC and normalisation (left out: nothing to fit)", key, out["n_targets"], out["n_added"],
+                int(used.sum()), out["n_constant"])
+    return out
+
+
+def _filter(adata: ad.AnnData, min_genes: int, min_cells: int, n_obs_in: int, keep_genes: list[str]) -> None:
     """QC in place: drop cells with fewer than ``min_genes`` detected genes (sets ``obs["n_genes"]``) and genes
-    detected in fewer than ``min_cells`` cells; too few cells left for Step I is an error here, not there."""
+    detected in fewer than ``min_cells`` cells, except ``keep_genes``; too few cells left for Step I is an error
+    here, not there."""
     if min_genes > 0:
         n_genes = np.asarray((adata.X > 0).sum(axis=1)).ravel()
         keep = n_genes >= min_genes
@@ -153,7 +189,8 @@ def _filter(adata: ad.AnnData, min_genes: int, min_cells: int, n_obs_in: int) ->
         adata._inplace_subset_obs(keep)
         adata.obs["n_genes"] = n_genes[keep]
     if min_cells > 0:
-        sc.pp.filter_genes(adata, min_cells=min_cells)
+        detected, _ = sc.pp.filter_genes(adata, min_cells=min_cells, inplace=False)
+        adata._inplace_subset_var(detected | adata.var_names.isin(keep_genes))
         if adata.n_vars == 0:
             raise CapeInputError(f"no gene is detected in at least min_cells={min_cells} cells")
 

@@ -47,6 +47,35 @@ def condition_genes(condition: str) -> tuple[str, ...]:
     return tuple(p for p in parts if p != CONTROL)
 
 
+def intervention_labels(adata: ad.AnnData, key: str) -> tuple[np.ndarray, dict[str, tuple[str, ...]]]:
+    """Every cell's GEARS label in ``obs[key]`` and the genes each label targets, checked against ``var_names``.
+
+    What Step I's ``interventions=`` reads (:func:`cape.tl.intervention_mask`, :func:`cape.pp.preprocess`).
+    Raises :class:`cape.CapeInputError` for a missing column, an unlabelled cell, a label not in GEARS form
+    (``"ctrl"``, ``"A+ctrl"``, ``"A+B"``) or a target that is not a gene of ``adata``.
+
+    Returns
+    -------
+    The labels as strings (one per cell), and each distinct label's targets (``()`` for control), in order of
+    first appearance.
+    """
+    if key not in adata.obs:
+        raise CapeInputError(f"interventions={key!r}: no such column in adata.obs (it should hold per-cell GEARS "
+                             f"labels: '{CONTROL}', 'A+{CONTROL}', 'A+B')")
+    labels = adata.obs[key]
+    if labels.isna().any():
+        raise CapeInputError(f"obs[{key!r}] has {int(labels.isna().sum())} missing label(s): label every cell "
+                             f"('{CONTROL}' for controls)")
+    labels = labels.astype(str).to_numpy()
+    targets = {c: condition_genes(c) for c in dict.fromkeys(labels)}
+    genes = set(map(str, adata.var_names))
+    unknown = [g for g in dict.fromkeys(g for t in targets.values() for g in t) if g not in genes]
+    if unknown:
+        raise CapeInputError(f"obs[{key!r}] names {len(unknown)} intervened gene(s) not in var_names, e.g. "
+                             f"{unknown[0]!r} (labels must be GEARS conditions: '{CONTROL}', 'A+{CONTROL}', 'A+B')")
+    return labels, targets
+
+
 def validate_perturbation_data(adata: ad.AnnData, *, condition_key: str = "condition", control: str = CONTROL,
                                min_cells: int = 2) -> list[str]:
     """Check GEARS-format input and return the usable perturbation conditions (control excluded).

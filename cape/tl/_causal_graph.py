@@ -53,7 +53,7 @@ from ..causal.postprocess import (
     screen_candidates,
 )
 from ..causal.trainer import gene_moments
-from ..tasks.perturbation import CONTROL, condition_genes
+from ..tasks.perturbation import CONTROL, intervention_labels
 from ._uns import DAG_KEY, step_key
 
 __all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "DATA_KEYS", "DENSE_MAX_GENES", "LAMBDA_DENSE", "LAMBDA_LOW_RANK",
@@ -142,26 +142,15 @@ def intervention_mask(adata: ad.AnnData, key: str, genes: np.ndarray) -> tuple[s
     not a gene of ``adata`` is an error; one that is a gene but not in the graph (not selected, or constant) is
     logged, and its cells keep every equation (nothing to leave out).
     """
-    if key not in adata.obs:
-        raise CapeInputError(f"interventions={key!r}: no such column in adata.obs (it should hold per-cell GEARS "
-                             f"labels: '{CONTROL}', 'A+{CONTROL}', 'A+B')")
-    labels = adata.obs[key]
-    if labels.isna().any():
-        raise CapeInputError(f"obs[{key!r}] has {int(labels.isna().sum())} missing label(s): label every cell "
-                             f"('{CONTROL}' for controls)")
-    labels = labels.astype(str).to_numpy()
-    conditions = list(dict.fromkeys(labels))
-    targets = {c: condition_genes(c) for c in conditions}
+    labels, targets = intervention_labels(adata, key)
+    conditions = list(targets)
     all_targets = list(dict.fromkeys(g for t in targets.values() for g in t))
-    unknown = [g for g in all_targets if g not in adata.var_names]
-    if unknown:
-        raise CapeInputError(f"obs[{key!r}] names {len(unknown)} intervened gene(s) not in var_names, e.g. "
-                             f"{unknown[0]!r} (labels must be GEARS conditions: '{CONTROL}', 'A+{CONTROL}', 'A+B')")
     position = {str(g): i for i, g in enumerate(genes)}
     outside = [g for g in all_targets if g not in position]
     if outside:
-        logger.warning("interventions: %d intervened gene(s) are not in the causal graph (not selected or "
-                       "constant), e.g. %s; their cells keep every equation", len(outside), outside[0])
+        logger.warning("interventions: %d intervened gene(s) are not in the causal graph (not selected, or constant), "
+                       "e.g. %s; their cells keep every equation (cape.pp.preprocess(..., interventions=%r) selects "
+                       "every varying target)", len(outside), outside[0], key)
     code = {c: i for i, c in enumerate(conditions)}
     per_cell = np.array([code[c] for c in labels])
     rows, cols = [], []

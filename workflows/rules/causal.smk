@@ -17,7 +17,7 @@ rule causal:
         h_every=config["causal"]["h_every"] or "auto",
         budget_cells=config["causal"]["budget_cells"] or "all",
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
-        interventions=(f"--interventions {config['causal']['interventions']}"
+        interventions=(interventions_flag()
                        + ("" if config["causal"].get("leave_out_targets", True) else " --no-leave-out-targets")
                        + ("" if config["causal"].get("orient_by_shifts", True) else " --no-orient-by-shifts")
                        if config["causal"].get("interventions") else ""),

@@ -64,6 +64,12 @@ def cli_options(section, skip=()):
     return " ".join(flags)
 
 
+def interventions_flag():
+    """`--interventions KEY` of `cape preprocess` and `cape causal` (causal.interventions), or nothing."""
+    key = config["causal"].get("interventions")
+    return f"--interventions {shlex.quote(str(key))}" if key else ""
+
+
 def input_spec():
     """What `cape preprocess --input` reads: the user's file, or `dataset:NAME`."""
     return config["input"] if config["input"] else f"dataset:{config['dataset']}"

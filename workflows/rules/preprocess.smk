@@ -13,6 +13,8 @@ rule preprocess:
         source=input_spec(),
         opts=config["preprocess"],
         log1p="" if config["preprocess"]["log1p"] else "--no-log1p",
+        # Step I's perturbation labels: their targets join the HVGs, or Step I could not use them
+        interventions=interventions_flag(),
     threads: 1
     resources:
         mem_mb=2000,  # max_rss 0.82 GB on a sparse 5,000 cells × 33,000 genes UMI matrix
@@ -23,5 +25,5 @@ rule preprocess:
         " --min-genes {params.opts[min_genes]} --min-cells {params.opts[min_cells]}"
         " --target-sum {params.opts[target_sum]} --n-top-genes {params.opts[n_top_genes]}"
         " --hvg-flavor {params.opts[hvg_flavor]}"
-        " {params.log1p}"
+        " {params.log1p} {params.interventions}"
         " > {log:q} 2>&1"
