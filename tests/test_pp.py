@@ -126,3 +126,18 @@ def test_bad_perturbation_labels_stop_before_any_change(counts_adata, labels, ma
     assert "\n" not in str(err.value)
     np.testing.assert_array_equal(counts_adata.X, before)
     assert "cape" not in counts_adata.uns
+
+
+def test_pearson_residuals_rank_the_raw_counts(counts_adata):
+    counts_adata.X[:, 0] = 0  # never detected: constant, so not ranked
+    out = cape.pp.preprocess(counts_adata, n_top_genes=50, hvg_flavor="pearson_residuals", copy=True)
+    assert out.var["cape_used"].sum() == 50 and not out.var.loc["G0", "cape_used"]
+    assert out.var["highly_variable"].sum() == 50
+    assert out.var["cape_used"].iloc[1:40].sum() >= 35  # the genes raised in half the cells vary the most
+    logged = counts_adata.copy()
+    cape.pp.preprocess(logged, n_top_genes=50)
+    del logged.layers["counts"]
+    with pytest.raises(CapeInputError, match="needs raw counts"):
+        cape.pp.preprocess(logged, n_top_genes=50, hvg_flavor="pearson_residuals")
+    with pytest.raises(CapeInputError, match="hvg_flavor must be one of"):
+        cape.pp.preprocess(counts_adata, hvg_flavor="dispersion")

@@ -6,6 +6,7 @@ import argparse
 
 from .._io import write_h5ad
 from ..pp import preprocess
+from ..pp._recipe import HVG_FLAVORS
 from ._command_io import check_output, read_input
 
 
@@ -19,7 +20,9 @@ def register(commands) -> None:
     parser.add_argument("--target-sum", type=float, default=1e4, help="library size after normalisation (1e4)")
     parser.add_argument("--no-log1p", dest="log1p", action="store_false", help="skip log1p after normalisation")
     parser.add_argument("--n-top-genes", type=int, default=2000, help="highly variable genes to use (2000)")
-    parser.add_argument("--hvg-flavor", default="seurat", choices=["seurat", "cell_ranger", "seurat_v3"])
+    parser.add_argument("--hvg-flavor", default="seurat", choices=HVG_FLAVORS,
+                        help="how to rank genes: seurat (default), cell_ranger; on raw counts seurat_v3 "
+                             "(needs scikit-misc) or pearson_residuals")
     parser.add_argument("--interventions", default=None, metavar="OBS_KEY",
                         help="obs column of per-cell perturbation labels (ctrl, A+ctrl, A+B): use every perturbed "
                              "gene that varies besides the HVGs, so that `cape causal --interventions` can use them")

@@ -18,6 +18,12 @@ from ..tasks.perturbation import intervention_labels
 
 logger = logging.getLogger("cape")
 
+#: ``hvg_flavor`` choices: scanpy's three, and analytic Pearson residuals of the raw counts (Lause et al. 2021,
+#: ``sc.experimental.pp.highly_variable_genes``), which rank low-expressed genes without the mean bins' extremes.
+HVG_FLAVORS = ("seurat", "cell_ranger", "seurat_v3", "pearson_residuals")
+#: The flavors that rank the raw counts (``layers["counts"]``), not the log-normalised X.
+_COUNT_FLAVORS = ("seurat_v3", "pearson_residuals")
+
 #: Above this maximum a non-integer matrix is not log-scale expression (log1p(1e4-normalised counts) ≤ ~9.3;
 #: a generous margin covers other target sums).
 _LOG_SCALE_MAX = 30.0
@@ -101,7 +107,9 @@ def preprocess(
     min_cells
         Minimum number of cells a gene must be detected in (0: keep all genes).
     hvg_flavor
-        ``"seurat"`` (log data, default), ``"cell_ranger"`` or ``"seurat_v3"`` (needs counts and scikit-misc).
+        ``"seurat"`` (log data, default), ``"cell_ranger"``, ``"seurat_v3"`` (needs counts and scikit-misc) or
+        ``"pearson_residuals"`` (needs counts: scanpy's analytic Pearson residuals, Lause et al. 2021, which do not
+        rank genes within bins of mean expression as ``"seurat"`` does).
     interventions
         ``obs`` column of per-cell perturbation labels in GEARS form (``"ctrl"``, ``"A+ctrl"``, ``"A+B"``), e.g.
         ``"condition"``: the perturbed genes are used besides the highly variable ones. ``None``: HVGs only.
@@ -126,7 +134,7 @@ def preprocess(
     """
     if copy:
         adata = adata.copy()
-    _check_params(adata, min_genes, target_sum, n_top_genes, min_cells)
+    _check_params(adata, min_genes, target_sum, n_top_genes, min_cells, hvg_flavor)
     validate_adata(adata, source="input", expect_counts=True)
     targets = _perturbed_genes(adata, interventions)
     record: dict[str, Any] = {
@@ -232,12 +240,18 @@ def _mark_used_genes(adata: ad.AnnData, n_top_genes: int, hvg_flavor: str) -> No
         logger.info("n_top_genes=%d ≥ %d genes that vary: using all of them", n_top_genes, n_varying)
         adata.var["highly_variable"] = varying
     else:
-        if hvg_flavor == "seurat_v3" and "counts" not in adata.layers:
-            raise CapeInputError("hvg_flavor='seurat_v3' needs raw counts, but the input has none")
-        sc.pp.highly_variable_genes(
-            adata, n_top_genes=n_top_genes, flavor=hvg_flavor,
-            layer="counts" if hvg_flavor == "seurat_v3" else None,
-        )
+        if hvg_flavor in _COUNT_FLAVORS and "counts" not in adata.layers:
+            raise CapeInputError(f"hvg_flavor={hvg_flavor!r} needs raw counts, but the input has none")
+        layer = "counts" if hvg_flavor in _COUNT_FLAVORS else None
+        if hvg_flavor == "pearson_residuals":
+            # genes constant in the cells would divide by zero in the residuals; they are never used anyway
+            ranked = adata[:, varying].copy()
+            sc.experimental.pp.highly_variable_genes(ranked, flavor=hvg_flavor, n_top_genes=n_top_genes,
+                                                     layer=layer)
+            adata.var["highly_variable"] = False
+            adata.var.loc[ranked.var_names, "highly_variable"] = ranked.var["highly_variable"].to_numpy()
+        else:
+            sc.pp.highly_variable_genes(adata, n_top_genes=n_top_genes, flavor=hvg_flavor, layer=layer)
     adata.var["cape_used"] = adata.var["highly_variable"].astype(bool).to_numpy() & varying
     if not adata.var["cape_used"].any():
         raise CapeInputError(f"every highly variable gene is constant across the {adata.n_obs} cells; "
@@ -257,7 +271,10 @@ def _varying_genes(x) -> np.ndarray:
     return hi - lo > 1e-6 * np.maximum(1.0, np.abs(hi))
 
 
-def _check_params(adata: ad.AnnData, min_genes: int, target_sum: float, n_top_genes: int, min_cells: int) -> None:
+def _check_params(adata: ad.AnnData, min_genes: int, target_sum: float, n_top_genes: int, min_cells: int,
+                  hvg_flavor: str) -> None:
+    if hvg_flavor not in HVG_FLAVORS:
+        raise CapeInputError(f"hvg_flavor must be one of {', '.join(HVG_FLAVORS)}, got {hvg_flavor!r}")
     if min_genes < 0:
         raise CapeInputError(f"min_genes must be ≥ 0, got {min_genes}")
     if min_genes > adata.n_vars:
