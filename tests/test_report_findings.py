@@ -202,6 +202,15 @@ def test_an_encoding_without_positions_is_named():
     assert plain.name == "the transformer (scBERT + none)"
 
 
+def test_without_labels_the_headline_claims_no_comparison(trained_adata):
+    trained_adata.var["cape_embedded"] = [True] * 9 + [False] * 3  # positions fine: the headline says no problems
+    findings = verdict(trained_adata, evaluate_run(trained_adata, None), stage_resources(None))
+    assert [f.level for f in findings] == [OK] * len(findings)
+    text = headline(findings)
+    assert text.startswith("No problems found") and "not compared with baselines" in text
+    assert "no baseline beats" not in text
+
+
 def test_without_labels_the_verdict_says_so(trained_adata, tmp_path):
     records = evaluate_run(trained_adata, None)
     findings = verdict(trained_adata, records)
