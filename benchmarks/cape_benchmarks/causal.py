@@ -28,7 +28,8 @@ matrix. ``cape_default`` is what :func:`cape.tl.causal_graph` runs by default (r
 and to orient the kept edges by :func:`cape.causal.orient_by_shifts`); ``cape_default_nolabels`` the same
 without the labels, ``cape_default_leave_out`` with them in the fit only and ``cape_default_orient_only`` with them
 in the orientation only (``leave_out_targets=False``); ``cape_paper`` the paper's Step I (rank 40, λs 1, τ 0.2).
-The undirected peers ``partial_correlation`` (pairs significant at 5 % FDR, :func:`cape.causal.edge_budget`) and
+The undirected peers ``partial_correlation`` (pairs significant at 5 % FDR by Fisher's z, the test users know,
+:func:`cape.causal.edge_budget` with ``test="fisher"``) and
 ``graphical_lasso`` (sklearn's ``GraphicalLasso``, α 0.02, on z-scored genes, its strongest pairs, as many as
 ``partial_correlation`` keeps) return each pair in both directions: compare them on ``skeleton_f1`` (F1 of the
 undirected edges), ``auprc`` and ``epr`` (BEELINE's early precision ratio of the same ranking); their ``f1`` is
@@ -215,8 +216,8 @@ def _budget_fdr(tau: float | str) -> float | None:
 
 
 def _budget(X: np.ndarray, fdr: float, seed: int) -> int | None:
-    """cape's edge budget at ``fdr`` as :func:`cape.tl.causal_graph` counts it: on at most the default
-    ``budget_cells`` cells, drawn with the fit's seed."""
+    """cape's edge budget at ``fdr`` as :func:`cape.tl.causal_graph` counts it: by the default test, on at most the
+    default ``budget_cells`` cells, drawn with the fit's seed."""
     rows = budget_rows(*X.shape, BUDGET_CELLS, seed)
     return edge_budget(X if rows is None else X[rows], fdr)
 
@@ -329,7 +330,7 @@ def _run_undirected(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, 
     start = time.perf_counter()
     if method == "partial_correlation":
         scores = np.abs(partial_correlations(X))
-        k = edge_budget(X, PEER_FDR) or 0
+        k = edge_budget(X, PEER_FDR, test="fisher") or 0
     else:
         from sklearn.covariance import GraphicalLasso
 
@@ -338,7 +339,7 @@ def _run_undirected(method: str, X: np.ndarray, seed: int) -> tuple[np.ndarray, 
         scores = np.abs(precision / np.outer(d, d))
         np.fill_diagonal(scores, 0.0)
         # At α 0.02 most pairs stay nonzero (8,000 of 19,900 on grn_control): keep as many as partial correlation.
-        k = min(edge_budget(X, PEER_FDR) or 0, int(np.count_nonzero(np.triu(scores > 1e-8, 1))))
+        k = min(edge_budget(X, PEER_FDR, test="fisher") or 0, int(np.count_nonzero(np.triu(scores > 1e-8, 1))))
     return _top_pairs(scores, k), scores, time.perf_counter() - start
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 from .._errors import CapeInputError
-from .postprocess import BUDGET_CELLS, BUDGET_FDR
+from .postprocess import BUDGET_CELLS, BUDGET_FDR, BUDGET_TEST, BUDGET_TESTS
 
 __all__ = ["DENSE_MAX_GENES", "LAMBDA_DENSE", "LAMBDA_LOW_RANK", "LOW_RANK", "MODELS", "SCREENS", "STANDARDIZE",
            "CausalConfig", "NotearsConfig", "check_tau"]
@@ -73,8 +73,9 @@ class CausalConfig:
     tau
         Edge threshold τ ∈ [0, 1): ``|A_ij| ≤ τ`` is dropped (the paper uses 0.2), or a rule. ``"budget"`` (default):
         keep as many edges as the data support, the number K of gene pairs whose partial correlation given all other
-        genes is significant (Fisher's z, Benjamini–Hochberg at ``budget_fdr``, :func:`cape.causal.edge_budget`): τ is
-        just below the K-th largest ``|A_ij|``, never at or below the noise floor 0.01. The test needs at least genes +
+        genes is significant (``budget_test``, Benjamini–Hochberg at ``budget_fdr``,
+        :func:`cape.causal.edge_budget`): τ is just below the K-th largest ``|A_ij|``, never at or below the noise
+        floor 0.01. The test needs at least genes +
         10 cells (and at most 5,000 genes); otherwise the ``"auto"`` rule is used, and so it is when no pair is
         significant (with a warning); the record says so. Under the budget the ``min_positioned`` check only warns.
         ``"auto"``: the paper's 0.2 where it already gives an edge to at least ``min_positioned`` of the genes, else
@@ -85,6 +86,12 @@ class CausalConfig:
         better supported. Which rate is closer to the true network depends on the data: 0.3 on
         ``simulate_grn_cells``' counts, 0.05 on SERGIO's, where cell-type programmes and dropout make most gene
         pairs co-vary (docs/benchmarks/step1_counts.md).
+    budget_test
+        How ``tau="budget"`` tests a pair. ``"robust"`` (default): a heteroscedasticity-robust (sandwich) test of
+        the partial correlation, on the pairs whose genes are both detected in at least 10 cells
+        (:func:`cape.causal.robust_partial_correlation_tests`). ``"fisher"``: Fisher's z on every pair, which
+        assumes one variance per gene; where cell types switch genes on and off it calls many pairs of independent
+        genes significant (docs/benchmarks/step1_counts.md).
     budget_cells
         The most cells ``tau="budget"``'s test counts on: max(``budget_cells``, 10 · genes), drawn at random with
         the fit's seed (:func:`cape.causal.budget_rows`); default 2,000 (:data:`cape.causal.BUDGET_CELLS`, the size
@@ -119,6 +126,7 @@ class CausalConfig:
     rank: int | str | None = "auto"
     tau: float | str = "budget"
     budget_fdr: float = BUDGET_FDR
+    budget_test: str = BUDGET_TEST
     budget_cells: int | None = BUDGET_CELLS
     min_positioned: float = 0.5
     lambda_sparse: float | None = None
@@ -138,6 +146,8 @@ class CausalConfig:
         object.__setattr__(self, "tau", check_tau(self.tau))
         if not (_is_number(self.budget_fdr) and 0.0 < self.budget_fdr < 1.0):
             raise CapeInputError(f"budget_fdr must be a rate in (0, 1), got {self.budget_fdr!r}")
+        if self.budget_test not in BUDGET_TESTS:
+            raise CapeInputError(f"budget_test must be one of {', '.join(BUDGET_TESTS)}, got {self.budget_test!r}")
         if not (self.budget_cells is None or (_is_int(self.budget_cells) and self.budget_cells >= 1)):
             raise CapeInputError(f"budget_cells must be a positive number of cells or None (every cell), "
                                  f"got {self.budget_cells!r}")

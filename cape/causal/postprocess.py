@@ -9,9 +9,10 @@ from scipy.sparse.csgraph import connected_components
 from scipy.stats import norm
 
 __all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "BUDGET_CELLS", "BUDGET_CELLS_PER_GENE", "BUDGET_FDR",
-           "BUDGET_MIN_EXTRA_CELLS", "SCREEN_FDR", "budget_rows", "choose_tau", "edge_budget", "is_dag", "make_dag",
-           "partial_correlation_tests", "partial_correlations", "positioned_genes", "screen_candidates",
-           "tau_for_edges", "tau_positioning", "threshold"]
+           "BUDGET_MIN_EXTRA_CELLS", "BUDGET_TEST", "BUDGET_TESTS", "MIN_DETECTED_CELLS", "SCREEN_FDR", "budget_rows",
+           "choose_tau", "edge_budget", "is_dag", "make_dag", "partial_correlation_tests", "partial_correlations",
+           "positioned_genes", "robust_partial_correlation_tests", "screen_candidates", "tau_for_edges",
+           "tau_positioning", "threshold"]
 
 #: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
 AUTO_TAU_MAX = 0.2
@@ -29,6 +30,16 @@ BUDGET_MIN_EXTRA_CELLS = 10
 #: than with the edges (docs/benchmarks/step1_counts.md).
 BUDGET_CELLS = 2000
 BUDGET_CELLS_PER_GENE = 10
+#: How the budget's test judges a pair: ``"robust"`` (:func:`robust_partial_correlation_tests`) or ``"fisher"``
+#: (:func:`partial_correlation_tests`). Fisher's z assumes one variance per gene; where cell types switch genes on and
+#: off it calls hundreds of pairs of independent genes significant (docs/benchmarks/step1_counts.md).
+BUDGET_TESTS = ("robust", "fisher")
+BUDGET_TEST = "robust"
+#: The robust test leaves out the pairs of a gene whose variance rests on fewer cells than this (a gene detected in
+#: k cells: k): a sum over a handful of cells has no normal limit, and the sandwich variance is then far too small.
+MIN_DETECTED_CELLS = 10
+#: Cells per block of the robust test's residuals (memory: a block × genes array of float64).
+_ROBUST_BLOCK_CELLS = 4096
 #: Candidate parents for a dense A (:func:`screen_candidates`): pairs significant at this looser false discovery rate.
 SCREEN_FDR = 0.2
 
@@ -171,25 +182,84 @@ def partial_correlation_tests(X) -> tuple[np.ndarray, np.ndarray] | None:
     return pairs, 2.0 * norm.sf(z)
 
 
+def robust_partial_correlation_tests(X, min_detected: int = MIN_DETECTED_CELLS) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every gene pair's two-sided p-value for a zero partial correlation, with a variance that allows each cell its
+    own (a heteroscedasticity-robust, sandwich test).
+
+    With e_i each gene's least-squares residual on all the other genes (e_i = X̃Θ_{·i}/Θ_ii, X̃ the centred data,
+    Θ the inverse covariance), the sample partial correlation is ∓corr(e_i, e_j), and
+
+        T_ij = Σ_c e_ci·e_cj / √(Σ_c e_ci²·e_cj²) · √((n − M − 1)/n)  ~  N(0, 1)
+
+    under the null hypothesis, whether or not the genes' variances change from cell to cell. The factor makes T as
+    wide as Fisher's z on homoscedastic Gaussian data (the residuals have n − M degrees of freedom). Fisher's z
+    (:func:`partial_correlation_tests`) assumes one variance per gene: where cell types switch genes on and off,
+    genes independent within every type get p-values far too small.
+
+    Pairs with a gene whose variance rests on fewer than ``min_detected`` cells ((Σ x²)² / Σ x⁴ of its centred
+    values: k for a gene detected in k cells) are not tested (p = NaN): with so few cells the sums have no normal
+    limit, and the sandwich variance is far too small. Returns ``(pairs, p)`` as :func:`partial_correlation_tests` does,
+    ``None`` under the same conditions.
+    """
+    X = X.toarray() if sp.issparse(X) else np.asarray(X)
+    n, m = X.shape
+    if m < 2 or n < m + BUDGET_MIN_EXTRA_CELLS:
+        return None
+    X = np.asarray(X, dtype=np.float64)
+    centred = X - X.mean(axis=0)
+    cov = centred.T @ centred / (n - 1)
+    cov[np.diag_indices_from(cov)] += 1e-8 * max(float(np.mean(np.diag(cov))), 1e-300)
+    precision = np.linalg.inv(cov)
+    to_residuals = precision / np.clip(np.diag(precision), 1e-300, None)
+    cross = np.zeros((m, m))
+    squares = np.zeros((m, m))
+    for start in range(0, n, _ROBUST_BLOCK_CELLS):  # in blocks of cells: no n × M residual array at once
+        residuals = centred[start:start + _ROBUST_BLOCK_CELLS] @ to_residuals
+        cross += residuals.T @ residuals
+        residuals **= 2
+        squares += residuals.T @ residuals
+    pairs = np.triu_indices(m, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = cross[pairs] / np.sqrt(squares[pairs]) * np.sqrt((n - m - 1) / n)
+    p = 2.0 * norm.sf(np.abs(z))
+    cells = _effective_cells(centred)
+    p[(cells[pairs[0]] < min_detected) | (cells[pairs[1]] < min_detected) | ~np.isfinite(z)] = np.nan
+    return pairs, p
+
+
+def _effective_cells(centred: np.ndarray) -> np.ndarray:
+    """Per gene, the number of cells its variance rests on, (Σ x²)² / Σ x⁴ of its centred values: k for a gene
+    detected in k of many cells, n/3 for a Gaussian one; unchanged by shifting or rescaling the gene."""
+    squares = centred ** 2
+    total = squares.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, total ** 2 / (squares ** 2).sum(axis=0), 0.0)
+
+
 def _bh_count(p: np.ndarray, fdr: float) -> int:
-    """Number of hypotheses Benjamini–Hochberg rejects at ``fdr``."""
+    """Number of hypotheses Benjamini–Hochberg rejects at ``fdr`` (NaN p-values: pairs not tested, not counted)."""
     if not 0 < fdr < 1:
         raise ValueError(f"fdr must be in (0, 1), got {fdr}")
-    ranked = np.sort(p)
+    p = np.asarray(p)
+    ranked = np.sort(p[np.isfinite(p)])
     passed = np.flatnonzero(ranked <= fdr * np.arange(1, ranked.size + 1) / max(ranked.size, 1))
     return int(passed[-1] + 1) if passed.size else 0
 
 
-def edge_budget(X, fdr: float = BUDGET_FDR, tests: tuple | None = None) -> int | None:
+def edge_budget(X, fdr: float = BUDGET_FDR, tests: tuple | None = None, test: str = BUDGET_TEST) -> int | None:
     """How many gene pairs the data support: pairs whose partial correlation is significant at ``fdr``.
 
-    Each pair's partial correlation (given every other gene) is tested with Fisher's z
-    (:func:`partial_correlation_tests`, or its result passed as ``tests``) and the p-values of the M(M − 1)/2 pairs
-    are cut by Benjamini–Hochberg. ``None`` when X has fewer than M + :data:`BUDGET_MIN_EXTRA_CELLS` cells. The
-    count is of gene pairs, the skeleton's edges: a graph thresholded to that many directed edges keeps about as
-    many regulations as a partial-correlation network that controls its false discoveries.
+    Each pair's partial correlation (given every other gene) is tested, by default robustly
+    (:func:`robust_partial_correlation_tests`; ``test="fisher"``: Fisher's z, :func:`partial_correlation_tests`; or
+    pass a test's result as ``tests``), and the p-values of the pairs tested are cut by Benjamini–Hochberg. ``None``
+    when X has fewer than M + :data:`BUDGET_MIN_EXTRA_CELLS` cells. The count is of gene pairs, the skeleton's
+    edges: a graph thresholded to that many directed edges keeps about as many regulations as a
+    partial-correlation network that controls its false discoveries.
     """
-    tests = tests if tests is not None else partial_correlation_tests(X)
+    if tests is None:
+        if test not in BUDGET_TESTS:
+            raise ValueError(f"test must be one of {', '.join(BUDGET_TESTS)}, got {test!r}")
+        tests = robust_partial_correlation_tests(X) if test == "robust" else partial_correlation_tests(X)
     return None if tests is None else _bh_count(tests[1], fdr)
 
 

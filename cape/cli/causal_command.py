@@ -7,6 +7,7 @@ import argparse
 from .._errors import CapeInputError
 from .._io import write_h5ad
 from ..causal.causal_config import MODELS, SCREENS, CausalConfig
+from ..causal.postprocess import BUDGET_TESTS
 from ..pp._recipe import detect_scale
 from ..tl._causal_graph import causal_graph
 from ._command_io import check_output, positive_int, read_input, tau_value
@@ -54,6 +55,10 @@ def register(commands) -> None:
     parser.add_argument("--budget-fdr", type=float, default=CausalConfig.budget_fdr,
                         help=f"Benjamini-Hochberg rate of the budget rule's partial-correlation test "
                              f"({CausalConfig.budget_fdr:g}); a lower rate keeps fewer, better-supported edges")
+    parser.add_argument("--budget-test", choices=BUDGET_TESTS, default=CausalConfig.budget_test,
+                        help="how the budget rule tests a pair: 'robust' (default): a sandwich test that allows each "
+                             "cell its own variance, on pairs of genes detected in at least 10 cells; 'fisher': "
+                             "Fisher's z on every pair, too liberal where cell types switch genes on and off")
     parser.add_argument("--budget-cells", type=_budget_cells, default=CausalConfig.budget_cells,
                         help=f"the most cells the budget rule's test counts on, at least 10 per gene, drawn at "
                              f"random with the run's seed ({CausalConfig.budget_cells}), or 'all'")
@@ -94,8 +99,9 @@ def register(commands) -> None:
 def config_from_args(args: argparse.Namespace) -> CausalConfig:
     """The :class:`~cape.causal.CausalConfig` of ``cape causal``'s flags (one flag per field)."""
     return CausalConfig(model=args.model, rank=args.rank, tau=args.tau, budget_fdr=args.budget_fdr,
-                        budget_cells=args.budget_cells, min_positioned=args.min_positioned,
-                        lambda_sparse=args.lambda_sparse, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                        budget_test=args.budget_test, budget_cells=args.budget_cells,
+                        min_positioned=args.min_positioned, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
+                        batch_size=args.batch_size, lr=args.lr,
                         h_every=args.h_every, screen=args.screen, leave_out_targets=args.leave_out_targets,
                         orient_by_shifts=args.orient_by_shifts)
 

@@ -143,8 +143,9 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                     rule, budget = info[step].get("tau_rule"), info[step].get("edge_budget", {})
                     if rule == "budget":
                         subset = budget.get("cells_tested", "all") != "all"
+                        test = f"{budget['test']} test, " if "test" in budget else ""
                         line += (f" (threshold rule budget: {int(budget['n_pairs'])} gene pairs with a significant "
-                                 f"partial correlation, FDR {float(budget['fdr']):g}"
+                                 f"partial correlation, {test}FDR {float(budget['fdr']):g}"
                                  + (f", tested on a random {int(budget['n_cells_tested'])} cells" if subset else "")
                                  + ")")
                     elif rule:

@@ -50,6 +50,7 @@ from ..causal.postprocess import (
     choose_tau,
     edge_budget,
     partial_correlation_tests,
+    robust_partial_correlation_tests,
     screen_candidates,
 )
 from ..causal.trainer import gene_moments
@@ -294,8 +295,8 @@ def _fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, cand
 
 
 def _edge_budget(X, tests, config: CausalConfig, seed: int) -> tuple[int | None, dict]:
-    """``tau="budget"``'s number of edges (None: fall back on the ``"auto"`` rule) and its record; ``tests``: the
-    partial-correlation tests on every cell, if already made."""
+    """``tau="budget"``'s number of edges (None: fall back on the ``"auto"`` rule) and its record; ``tests``: Fisher's
+    partial-correlation tests on every cell, if the screen already made them."""
     n_cells, n_genes = X.shape
     fdr = config.budget_fdr
     budget = None
@@ -306,18 +307,23 @@ def _edge_budget(X, tests, config: CausalConfig, seed: int) -> tuple[int | None,
         if rows is not None:
             logger.info("tau='budget': the partial-correlation test counts on a random %d of the %d cells "
                         "(budget_cells=%d, at least 10 per gene)", rows.size, n_cells, config.budget_cells)
-            tests = partial_correlation_tests(X[rows])
-        budget = edge_budget(X, fdr, tests)
-        cells = {"n_cells_tested": n_cells if rows is None else int(rows.size),
-                 "cells_tested": "all" if rows is None else f"random subset (seed {seed})"}
+        tested = X if rows is None else X[rows]
+        if config.budget_test == "robust":
+            tests = robust_partial_correlation_tests(tested)
+        elif rows is not None or tests is None:
+            tests = partial_correlation_tests(tested)
+        budget = None if tests is None else edge_budget(tested, fdr, tests)
+        cells = {"test": config.budget_test, "n_cells_tested": n_cells if rows is None else int(rows.size),
+                 "cells_tested": "all" if rows is None else f"random subset (seed {seed})",
+                 "n_pairs_tested": 0 if tests is None else int(np.isfinite(tests[1]).sum())}
         if budget is None:
             record = {"fallback": f"fewer than genes + 10 cells ({n_cells} for {n_genes} genes) for the "
                                   "partial-correlation test: tau='auto' rule"}
         elif budget == 0:
             record = {"n_pairs": 0, "fdr": fdr, **cells,
-                      "fallback": f"no gene pair has a significant partial correlation (FDR {fdr:g}, "
-                                  f"{cells['n_cells_tested']} cells, {n_genes} genes): tau='auto' rule, on weak "
-                                  "evidence"}
+                      "fallback": f"no gene pair has a significant partial correlation ({config.budget_test} test, "
+                                  f"FDR {fdr:g}, {cells['n_cells_tested']} cells, {n_genes} genes, "
+                                  f"{cells['n_pairs_tested']} pairs tested): tau='auto' rule, on weak evidence"}
             budget = None
         else:
             record = {"n_pairs": int(budget), "fdr": fdr, **cells}
@@ -357,8 +363,9 @@ def _threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells:
                 "edges (positioned genes) by tau: %s", graph.n_edges, n_positioned, n_genes, tau_used, tau_rule,
                 graph.max_weight, _format_scan(graph.scan))
     if tau_rule == "budget":
-        logger.info("tau='budget': %d gene pairs have a significant partial correlation (BH %g): kept the %d "
-                    "heaviest edges of the DAG (tau=%.3g)", budget, config.budget_fdr, graph.n_edges, tau_used)
+        logger.info("tau='budget': %d gene pairs have a significant partial correlation (%s test, BH %g): kept the "
+                    "%d heaviest edges of the DAG (tau=%.3g)", budget, config.budget_test, config.budget_fdr,
+                    graph.n_edges, tau_used)
     if n_positioned < config.min_positioned * n_genes:
         needed = tau_positioning(A, config.min_positioned)
         reason = (f"Step I kept {graph.n_edges} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) at "
@@ -398,7 +405,7 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
     """``params`` of the record: the options as given (``"auto"``/``"dense"``/``"none"`` for None)."""
     rank = config.rank
     return {"rank": "dense" if rank is None else rank if rank == "auto" else int(rank), "tau": config.tau,
-            "budget_fdr": float(config.budget_fdr),
+            "budget_fdr": float(config.budget_fdr), "budget_test": config.budget_test,
             "budget_cells": "all" if config.budget_cells is None else int(config.budget_cells),
             "lambda_sparse": "auto" if config.lambda_sparse is None else float(config.lambda_sparse),
             "epochs": int(config.epochs), "batch_size": int(config.batch_size), "lr": float(config.lr),
