@@ -184,7 +184,8 @@ def test_cli_tau_auto_and_bad_tau(fitted, tmp_path, capsys) -> None:
     *(("tau", value, ok) for value, ok in [("auto", True), ("budget", True), (0.05, True), ("0.05", True), (0, True),
                                            (".1", True), (1.5, False), ("1.5", False), ("autox", False),
                                            (-0.1, False)]),
-    ("budget_fdr", 0.05, True), ("budget_fdr", 0, False), ("budget_fdr", 1, False), ("budget_cells", 500, True),
+    ("budget_fdr", 0.05, True), ("budget_fdr", 0, False), ("budget_fdr", 1, False), ("budget_test", "fisher", True),
+    ("budget_test", "robust", True), ("budget_test", "spearman", False), ("budget_cells", 500, True),
     ("budget_cells", None, True), ("budget_cells", 0, False), ("budget_cells", "some", False)])
 def test_schema_accepts_a_threshold_rule_or_a_number_in_unit_interval(key, value, ok) -> None:
     config = {"causal": {key: value}}
@@ -283,6 +284,39 @@ def test_budget_fdr_sets_the_rate_of_the_budget_test(fitted, tmp_path, capsys) -
     assert main(["--quiet", "causal", "--input", str(src), "--output", str(bad), "--budget-fdr", "1"]) == 2
     assert capsys.readouterr().err.strip() == "cape: error: budget_fdr must be a rate in (0, 1), got 1.0"
     assert not bad.exists()
+
+
+def test_budget_test_chooses_how_the_budget_counts(fitted, tmp_path, capsys) -> None:
+    from cape.cli import main
+
+    rng = np.random.default_rng(5)
+    group = rng.integers(0, 5, 600)
+    X = rng.normal(size=(600, 40)) * np.exp(rng.normal(0.0, 2.0, size=(5, 40)))[group]  # independent genes
+    X -= X.min(axis=0)
+    a = ad.AnnData(X.astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(40)]))
+    A = (rng.random((40, 40)) * 0.3).astype(np.float32)
+    np.fill_diagonal(A, 0)
+    fitted["A"] = A
+    counts = {}
+    for test in ("fisher", "robust"):
+        causal_graph(a, min_positioned=0, budget_test=test, **FAST)
+        record = a.uns["cape"]["causal_graph"]
+        counts[test] = record["edge_budget"].get("n_pairs", 0)
+        assert record["edge_budget"]["test"] == record["params"]["budget_test"] == test
+        assert record["edge_budget"]["n_pairs_tested"] == 40 * 39 // 2
+        assert counts[test] == cape.causal.edge_budget(X, 0.3, test=test)
+    assert counts["robust"] <= 2 and counts["fisher"] >= 10  # Fisher's z counts independent genes whose spread varies
+    src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"
+    a.write_h5ad(src)
+    assert main(["--quiet", "causal", "--input", str(src), "--output", str(out), "--budget-test", "fisher",
+                 "--min-positioned", "0", "--epochs", "2"]) == 0
+    assert ad.read_h5ad(out).uns["cape"]["causal_graph"]["edge_budget"]["n_pairs"] == counts["fisher"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as usage:
+        main(["--quiet", "causal", "--input", str(src), "--output", str(tmp_path / "bad.h5ad"),
+              "--budget-test", "spearman"])
+    assert usage.value.code == 2 and "--budget-test: invalid choice: 'spearman'" in capsys.readouterr().err
+    assert not (tmp_path / "bad.h5ad").exists()
 
 
 def test_budget_rows_caps_the_cells_at_the_larger_of_the_cap_and_ten_per_gene() -> None:
