@@ -75,11 +75,10 @@ class CausalConfig:
         keep as many edges as the data support, the number K of gene pairs whose partial correlation given all other
         genes is significant (``budget_test``, Benjamini–Hochberg at ``budget_fdr``,
         :func:`cape.causal.edge_budget`): τ is just below the K-th largest ``|A_ij|``, never at or below the noise
-        floor 0.01. The test needs at least genes +
-        10 cells (and at most 5,000 genes); otherwise the ``"auto"`` rule is used, and so it is when no pair is
-        significant (with a warning); the record says so. Under the budget the ``min_positioned`` check only warns.
-        ``"auto"``: the paper's 0.2 where it already gives an edge to at least ``min_positioned`` of the genes, else
-        the largest τ that does, but not below the noise floor.
+        floor 0.01. The test needs at least genes + 10 cells (and at most 5,000 genes); otherwise the ``"auto"``
+        rule is used, and so it is when no pair is significant (with a warning); the record says so. Under the
+        budget the ``min_positioned`` check only warns. ``"auto"``: the paper's 0.2 where it already gives an edge to
+        at least ``min_positioned`` of the genes, else the largest τ that does, but not below the noise floor.
     budget_fdr
         Benjamini–Hochberg rate of ``tau="budget"``'s partial-correlation test, in (0, 1); default 0.3
         (:data:`cape.causal.BUDGET_FDR`, chosen on held-out simulations). A lower rate keeps fewer edges, each
@@ -88,10 +87,10 @@ class CausalConfig:
         pairs co-vary (docs/benchmarks/step1_counts.md).
     budget_test
         How ``tau="budget"`` tests a pair. ``"robust"`` (default): a heteroscedasticity-robust (sandwich) test of
-        the partial correlation, on the pairs whose genes are both detected in at least 10 cells
-        (:func:`cape.causal.robust_partial_correlation_tests`). ``"fisher"``: Fisher's z on every pair, which
-        assumes one variance per gene; where cell types switch genes on and off it calls many pairs of independent
-        genes significant (docs/benchmarks/step1_counts.md).
+        the partial correlation, on the pairs of genes whose variance rests on at least 10 cells each (a gene
+        detected in k cells: k; :func:`cape.causal.robust_partial_correlation_tests`). ``"fisher"``: Fisher's z on
+        every pair, which assumes one variance per gene; where cell types switch genes on and off it calls many
+        pairs of independent genes significant (docs/benchmarks/step1_counts.md).
     budget_cells
         The most cells ``tau="budget"``'s test counts on: max(``budget_cells``, 10 · genes), drawn at random with
         the fit's seed (:func:`cape.causal.budget_rows`); default 2,000 (:data:`cape.causal.BUDGET_CELLS`, the size
