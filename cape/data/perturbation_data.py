@@ -58,13 +58,17 @@ def sem_sample(w: np.ndarray, basal: np.ndarray, topo: list[int], n_cells: int, 
     if not (half > 0 and n > 0):
         raise CapeInputError(f"hill must be (K > 0, n > 0), got {hill}")
     x = np.zeros((n_cells, w.shape[0]))
+    # h(x) of the genes set so far (h(0) = 0 for the others): each column is computed once, when its gene is set,
+    # not the whole matrix per gene (at 2,000 genes × 10,000 cells that cost most of an hour)
+    regulation = np.zeros_like(x)
     eps = rng.normal(0.0, noise, size=x.shape)
     for j in topo:
         if j in knocked:
             continue  # do(x_j = 0): the gene's own mechanism is cut; its children see 0
-        powered = x**n
-        drive = basal[..., j] + (powered / (half**n + powered)) @ w[:, j] + eps[:, j]
+        drive = basal[..., j] + regulation @ w[:, j] + eps[:, j]
         x[:, j] = np.logaddexp(0.0, drive)
+        powered = x[:, j] ** n
+        regulation[:, j] = powered / (half**n + powered)
     return x
 
 
