@@ -10,6 +10,7 @@ import cape.causal.postprocess as postprocess
 from cape import CapeInputError
 from cape.causal import (
     CausalConfig,
+    budget_tests,
     edge_budget,
     partial_correlation_tests,
     partial_correlations,
@@ -43,7 +44,23 @@ def test_robust_test_holds_its_rate_where_fishers_z_does_not() -> None:
     assert np.mean(p_fisher < 0.05) > 0.055      # too many small p-values: every pair is null here
     assert 0.04 <= np.mean(p_robust < 0.05) <= 0.055
     assert edge_budget(X, 0.3, test="fisher") > 50
-    assert edge_budget(X, 0.3) <= 2
+    assert edge_budget(X, 0.3, test="robust") <= 2 and edge_budget(X, 0.3) <= 2
+
+
+def test_both_counts_a_pair_only_where_both_tests_call_it() -> None:
+    X = _heteroscedastic_null(800, 30, seed=7)
+    X[:, 1] += X[:, 0] / X[:, 0].std() * X[:, 1].std()            # one real pair
+    X[:, 2] = 0.0
+    X[np.arange(5), 2] = 1.0                                          # a gene detected in 5 cells: not tested robustly
+    _, fisher = budget_tests(X, "fisher")
+    _, robust = budget_tests(X, "robust")
+    _, both = budget_tests(X, "both")
+    tested = np.isfinite(robust)
+    np.testing.assert_array_equal(both[tested], np.maximum(fisher, robust)[tested])
+    assert np.isnan(both[~tested]).all() and (~tested).sum() == 29   # the 29 pairs of gene 2
+    for fdr in (0.05, 0.3):
+        assert edge_budget(X, fdr) <= min(edge_budget(X, fdr, test="fisher"), edge_budget(X, fdr, test="robust"))
+    assert edge_budget(X, 0.05) >= 1
 
 
 def test_robust_test_finds_a_real_partial_correlation() -> None:
@@ -110,8 +127,8 @@ def test_barely_detected_genes_are_not_tested() -> None:
 def test_too_few_cells_and_unknown_test() -> None:
     X = np.random.default_rng(6).normal(size=(15, 10))
     assert robust_partial_correlation_tests(X) is None and edge_budget(X) is None
-    with pytest.raises(ValueError, match="test must be one of robust, fisher"):
+    with pytest.raises(ValueError, match="test must be one of both, robust, fisher"):
         edge_budget(np.random.default_rng(6).normal(size=(100, 3)), test="spearman")
-    with pytest.raises(CapeInputError, match="budget_test must be one of robust, fisher, got 'spearman'"):
+    with pytest.raises(CapeInputError, match="budget_test must be one of both, robust, fisher, got 'spearman'"):
         CausalConfig(budget_test="spearman")
-    assert CausalConfig().budget_test == "robust"
+    assert CausalConfig().budget_test == "both"

@@ -10,9 +10,9 @@ from scipy.stats import norm
 
 __all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "BUDGET_CELLS", "BUDGET_CELLS_PER_GENE", "BUDGET_FDR",
            "BUDGET_MIN_EXTRA_CELLS", "BUDGET_TEST", "BUDGET_TESTS", "MIN_DETECTED_CELLS", "SCREEN_FDR", "budget_rows",
-           "choose_tau", "edge_budget", "is_dag", "make_dag", "partial_correlation_tests", "partial_correlations",
-           "positioned_genes", "robust_partial_correlation_tests", "screen_candidates", "tau_for_edges",
-           "tau_positioning", "threshold"]
+           "budget_tests", "choose_tau", "edge_budget", "is_dag", "make_dag", "partial_correlation_tests",
+           "partial_correlations", "positioned_genes", "robust_partial_correlation_tests", "screen_candidates",
+           "tau_for_edges", "tau_positioning", "threshold"]
 
 #: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
 AUTO_TAU_MAX = 0.2
@@ -30,11 +30,14 @@ BUDGET_MIN_EXTRA_CELLS = 10
 #: than with the edges (docs/benchmarks/step1_counts.md).
 BUDGET_CELLS = 2000
 BUDGET_CELLS_PER_GENE = 10
-#: How the budget's test judges a pair: ``"robust"`` (:func:`robust_partial_correlation_tests`) or ``"fisher"``
-#: (:func:`partial_correlation_tests`). Fisher's z assumes one variance per gene; where cell types switch genes on and
-#: off it calls hundreds of pairs of independent genes significant (docs/benchmarks/step1_counts.md).
-BUDGET_TESTS = ("robust", "fisher")
-BUDGET_TEST = "robust"
+#: How the budget's test judges a pair (:func:`budget_tests`): ``"both"`` (Fisher's z and the robust test must
+#: agree), ``"robust"`` (:func:`robust_partial_correlation_tests`) or ``"fisher"``
+#: (:func:`partial_correlation_tests`). Fisher's z assumes one variance per gene: where cell types switch genes on
+#: and off it calls hundreds of pairs of independent genes significant. The robust test allows for that, but on genes
+#: detected in few cells its sandwich variance is too small. Each failure is the other's strength; on nulls made from
+#: real and simulated counts only their agreement held its rate (docs/benchmarks/step1_counts.md).
+BUDGET_TESTS = ("both", "robust", "fisher")
+BUDGET_TEST = "both"
 #: The robust test leaves out the pairs of a gene whose variance rests on fewer cells than this (a gene detected in
 #: k cells: k): a sum over a handful of cells has no normal limit, and the sandwich variance is then far too small.
 MIN_DETECTED_CELLS = 10
@@ -236,6 +239,23 @@ def _effective_cells(centred: np.ndarray) -> np.ndarray:
         return np.where(total > 0, total ** 2 / (squares ** 2).sum(axis=0), 0.0)
 
 
+def budget_tests(X, test: str = BUDGET_TEST) -> tuple[np.ndarray, np.ndarray] | None:
+    """The budget's p-value for every gene pair, by ``test`` (:data:`BUDGET_TESTS`); ``None`` as for the tests.
+
+    ``"both"``: the larger of Fisher's and the robust test's p-values, so a pair counts only where both call it
+    significant; a pair the robust test leaves out (a gene detected in too few cells) stays untested (NaN). The
+    larger p-value is valid wherever either test is.
+    """
+    if test not in BUDGET_TESTS:
+        raise ValueError(f"test must be one of {', '.join(BUDGET_TESTS)}, got {test!r}")
+    if test == "fisher":
+        return partial_correlation_tests(X)
+    robust = robust_partial_correlation_tests(X)
+    if test == "robust" or robust is None:
+        return robust
+    return robust[0], np.maximum(partial_correlation_tests(X)[1], robust[1])  # NaN (not tested) stays NaN
+
+
 def _bh_count(p: np.ndarray, fdr: float) -> int:
     """Number of hypotheses Benjamini–Hochberg rejects at ``fdr`` (NaN p-values: pairs not tested, not counted)."""
     if not 0 < fdr < 1:
@@ -249,17 +269,14 @@ def _bh_count(p: np.ndarray, fdr: float) -> int:
 def edge_budget(X, fdr: float = BUDGET_FDR, tests: tuple | None = None, test: str = BUDGET_TEST) -> int | None:
     """How many gene pairs the data support: pairs whose partial correlation is significant at ``fdr``.
 
-    Each pair's partial correlation (given every other gene) is tested, by default robustly
-    (:func:`robust_partial_correlation_tests`; ``test="fisher"``: Fisher's z, :func:`partial_correlation_tests`; or
-    pass a test's result as ``tests``), and the p-values of the pairs tested are cut by Benjamini–Hochberg. ``None``
+    Each pair's partial correlation (given every other gene) is tested by ``test`` (:func:`budget_tests`; by default
+    both Fisher's z and the robust test must call it significant), or pass a test's result as ``tests``, and the
+    p-values of the pairs tested are cut by Benjamini–Hochberg. ``None``
     when X has fewer than M + :data:`BUDGET_MIN_EXTRA_CELLS` cells. The count is of gene pairs, the skeleton's
     edges: a graph thresholded to that many directed edges keeps about as many regulations as a
     partial-correlation network that controls its false discoveries.
     """
-    if tests is None:
-        if test not in BUDGET_TESTS:
-            raise ValueError(f"test must be one of {', '.join(BUDGET_TESTS)}, got {test!r}")
-        tests = robust_partial_correlation_tests(X) if test == "robust" else partial_correlation_tests(X)
+    tests = tests if tests is not None else budget_tests(X, test)
     return None if tests is None else _bh_count(tests[1], fdr)
 
 

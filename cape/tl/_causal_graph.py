@@ -47,10 +47,10 @@ from ..causal.postprocess import (
     AUTO_TAU_MAX,
     SCREEN_FDR,
     budget_rows,
+    budget_tests,
     choose_tau,
     edge_budget,
     partial_correlation_tests,
-    robust_partial_correlation_tests,
     screen_candidates,
 )
 from ..causal.trainer import gene_moments
@@ -308,10 +308,8 @@ def _edge_budget(X, tests, config: CausalConfig, seed: int) -> tuple[int | None,
             logger.info("tau='budget': the partial-correlation test counts on a random %d of the %d cells "
                         "(budget_cells=%d, at least 10 per gene)", rows.size, n_cells, config.budget_cells)
         tested = X if rows is None else X[rows]
-        if config.budget_test == "robust":
-            tests = robust_partial_correlation_tests(tested)
-        elif rows is not None or tests is None:
-            tests = partial_correlation_tests(tested)
+        if config.budget_test != "fisher" or rows is not None or tests is None:  # else: the screen's, on every cell
+            tests = budget_tests(tested, config.budget_test)
         budget = None if tests is None else edge_budget(tested, fdr, tests)
         cells = {"test": config.budget_test, "n_cells_tested": n_cells if rows is None else int(rows.size),
                  "cells_tested": "all" if rows is None else f"random subset (seed {seed})",
