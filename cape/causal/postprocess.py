@@ -8,11 +8,33 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 from scipy.stats import norm
 
-__all__ = ["AUTO_TAU_FLOOR", "AUTO_TAU_MAX", "BUDGET_CELLS", "BUDGET_CELLS_PER_GENE", "BUDGET_FDR",
-           "BUDGET_MIN_EXTRA_CELLS", "BUDGET_TEST", "BUDGET_TESTS", "MIN_DETECTED_CELLS", "SCREEN_FDR", "budget_rows",
-           "budget_tests", "choose_tau", "edge_budget", "is_dag", "make_dag", "partial_correlation_tests",
-           "partial_correlations", "positioned_genes", "robust_partial_correlation_tests", "screen_candidates",
-           "tau_for_edges", "tau_positioning", "threshold"]
+__all__ = [
+    "AUTO_TAU_FLOOR",
+    "AUTO_TAU_MAX",
+    "BUDGET_CELLS",
+    "BUDGET_CELLS_PER_GENE",
+    "BUDGET_FDR",
+    "BUDGET_MIN_EXTRA_CELLS",
+    "BUDGET_TEST",
+    "BUDGET_TESTS",
+    "BUDGET_TEST_NAMES",
+    "MIN_DETECTED_CELLS",
+    "SCREEN_FDR",
+    "budget_rows",
+    "budget_tests",
+    "choose_tau",
+    "edge_budget",
+    "is_dag",
+    "make_dag",
+    "partial_correlation_tests",
+    "partial_correlations",
+    "positioned_genes",
+    "robust_partial_correlation_tests",
+    "screen_candidates",
+    "tau_for_edges",
+    "tau_positioning",
+    "threshold",
+]
 
 #: ``tau="auto"`` never goes above the paper's τ: where 0.2 already positions enough genes, it is 0.2.
 AUTO_TAU_MAX = 0.2
@@ -38,6 +60,8 @@ BUDGET_CELLS_PER_GENE = 10
 #: real and simulated counts only their agreement held its rate (docs/benchmarks/step1_counts.md).
 BUDGET_TESTS = ("both", "robust", "fisher")
 BUDGET_TEST = "both"
+#: Each test in words, for logs and reports.
+BUDGET_TEST_NAMES = {"both": "Fisher's z and the robust test", "robust": "robust test", "fisher": "Fisher's z"}
 #: The robust test leaves out the pairs of a gene whose variance rests on fewer cells than this (a gene detected in
 #: k cells: k): a sum over a handful of cells has no normal limit, and the sandwich variance is then far too small.
 MIN_DETECTED_CELLS = 10

@@ -15,6 +15,7 @@ from sklearn.decomposition import PCA
 from .. import pl
 from .._io import save_figure, write_json, write_text
 from .._tables import html_page, html_table, markdown_table, mean_sd_table, parse_markdown_table
+from ..causal.postprocess import BUDGET_TEST_NAMES
 from .findings import verdict, verdict_html, verdict_markdown
 from .resources import resources_from_records
 from .statistics import N_BOOTSTRAP
@@ -143,7 +144,7 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                     rule, budget = info[step].get("tau_rule"), info[step].get("edge_budget", {})
                     if rule == "budget":
                         subset = budget.get("cells_tested", "all") != "all"
-                        test = f"{budget['test']} test, " if "test" in budget else ""
+                        test = f"{BUDGET_TEST_NAMES.get(budget['test'], budget['test'])}, " if "test" in budget else ""
                         line += (f" (threshold rule budget: {int(budget['n_pairs'])} gene pairs with a significant "
                                  f"partial correlation, {test}FDR {float(budget['fdr']):g}"
                                  + (f", tested on a random {int(budget['n_cells_tested'])} cells" if subset else "")

@@ -45,6 +45,7 @@ from ..causal.intervention_orientation import (
 from ..causal.postprocess import (
     AUTO_TAU_FLOOR,
     AUTO_TAU_MAX,
+    BUDGET_TEST_NAMES,
     SCREEN_FDR,
     budget_rows,
     budget_tests,
@@ -319,7 +320,8 @@ def _edge_budget(X, tests, config: CausalConfig, seed: int) -> tuple[int | None,
                                   "partial-correlation test: tau='auto' rule"}
         elif budget == 0:
             record = {"n_pairs": 0, "fdr": fdr, **cells,
-                      "fallback": f"no gene pair has a significant partial correlation ({config.budget_test} test, "
+                      "fallback": f"no gene pair has a significant partial correlation "
+                                  f"({BUDGET_TEST_NAMES[config.budget_test]}, "
                                   f"FDR {fdr:g}, {cells['n_cells_tested']} cells, {n_genes} genes, "
                                   f"{cells['n_pairs_tested']} pairs tested): tau='auto' rule, on weak evidence"}
             budget = None
@@ -361,9 +363,9 @@ def _threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells:
                 "edges (positioned genes) by tau: %s", graph.n_edges, n_positioned, n_genes, tau_used, tau_rule,
                 graph.max_weight, _format_scan(graph.scan))
     if tau_rule == "budget":
-        logger.info("tau='budget': %d gene pairs have a significant partial correlation (%s test, BH %g): kept the "
-                    "%d heaviest edges of the DAG (tau=%.3g)", budget, config.budget_test, config.budget_fdr,
-                    graph.n_edges, tau_used)
+        logger.info("tau='budget': %d gene pairs have a significant partial correlation (%s, BH %g): kept the "
+                    "%d heaviest edges of the DAG (tau=%.3g)", budget, BUDGET_TEST_NAMES[config.budget_test],
+                    config.budget_fdr, graph.n_edges, tau_used)
     if n_positioned < config.min_positioned * n_genes:
         needed = tau_positioning(A, config.min_positioned)
         reason = (f"Step I kept {graph.n_edges} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) at "
