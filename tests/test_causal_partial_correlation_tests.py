@@ -34,7 +34,8 @@ def test_robust_test_is_calibrated_on_gaussian_data_like_fishers() -> None:
     assert 0.04 <= np.mean(p_robust < 0.05) <= 0.06 and 0.04 <= np.mean(p_fisher < 0.05) <= 0.06
     # the same statistic to first order on homoscedastic data
     assert np.corrcoef(np.log(p_robust), np.log(p_fisher))[0, 1] > 0.9
-    assert edge_budget(X, 0.3) <= 3 and edge_budget(X, 0.05) <= 1  # BH on null pairs: rarely any
+    for test in ("fisher", "robust", "both"):  # BH on null pairs: rarely any
+        assert edge_budget(X, 0.3, test=test) <= 3 and edge_budget(X, 0.05, test=test) <= 1
 
 
 def test_robust_test_holds_its_rate_where_fishers_z_does_not() -> None:
@@ -44,7 +45,7 @@ def test_robust_test_holds_its_rate_where_fishers_z_does_not() -> None:
     assert np.mean(p_fisher < 0.05) > 0.055      # too many small p-values: every pair is null here
     assert 0.04 <= np.mean(p_robust < 0.05) <= 0.055
     assert edge_budget(X, 0.3, test="fisher") > 50
-    assert edge_budget(X, 0.3, test="robust") <= 2 and edge_budget(X, 0.3) <= 2
+    assert edge_budget(X, 0.3, test="robust") <= 2 and edge_budget(X, 0.3, test="both") <= 2
 
 
 def test_both_counts_a_pair_only_where_both_tests_call_it() -> None:
@@ -59,8 +60,8 @@ def test_both_counts_a_pair_only_where_both_tests_call_it() -> None:
     np.testing.assert_array_equal(both[tested], np.maximum(fisher, robust)[tested])
     assert np.isnan(both[~tested]).all() and (~tested).sum() == 29   # the 29 pairs of gene 2
     for fdr in (0.05, 0.3):
-        assert edge_budget(X, fdr) <= min(edge_budget(X, fdr, test="fisher"), edge_budget(X, fdr, test="robust"))
-    assert edge_budget(X, 0.05) >= 1
+        assert edge_budget(X, fdr, test="both") <= min(edge_budget(X, fdr), edge_budget(X, fdr, test="robust"))
+    assert edge_budget(X, 0.05, test="both") >= 1
 
 
 def test_robust_test_finds_a_real_partial_correlation() -> None:
@@ -68,7 +69,7 @@ def test_robust_test_finds_a_real_partial_correlation() -> None:
     X[:, 1] += 0.3 * X[:, 0] / X[:, 0].std() * X[:, 1].std()
     (rows, cols), p = robust_partial_correlation_tests(X)
     pair = np.flatnonzero((rows == 0) & (cols == 1))[0]
-    assert p[pair] < 1e-6 and edge_budget(X, 0.05) >= 1
+    assert p[pair] < 1e-6 and edge_budget(X, 0.05, test="robust") >= 1
 
 
 def test_robust_test_is_unchanged_by_gene_scale_and_order() -> None:
@@ -126,9 +127,9 @@ def test_barely_detected_genes_are_not_tested() -> None:
 
 def test_too_few_cells_and_unknown_test() -> None:
     X = np.random.default_rng(6).normal(size=(15, 10))
-    assert robust_partial_correlation_tests(X) is None and edge_budget(X) is None
+    assert robust_partial_correlation_tests(X) is None and edge_budget(X, test="both") is None
     with pytest.raises(ValueError, match="test must be one of both, robust, fisher"):
         edge_budget(np.random.default_rng(6).normal(size=(100, 3)), test="spearman")
     with pytest.raises(CapeInputError, match="budget_test must be one of both, robust, fisher, got 'spearman'"):
         CausalConfig(budget_test="spearman")
-    assert CausalConfig().budget_test == "both"
+    assert CausalConfig().budget_test == "fisher"

@@ -56,10 +56,10 @@ def register(commands) -> None:
                         help=f"Benjamini-Hochberg rate of the budget rule's partial-correlation test "
                              f"({CausalConfig.budget_fdr:g}); a lower rate keeps fewer, better-supported edges")
     parser.add_argument("--budget-test", choices=BUDGET_TESTS, default=CausalConfig.budget_test,
-                        help="how the budget rule tests a pair: 'both' (default): Fisher's z and the robust test "
-                             "must agree; 'robust': a sandwich test that allows each cell its own variance, on pairs "
-                             "of genes detected in at least 10 cells; 'fisher': Fisher's z on every pair, too liberal "
-                             "where cell types switch genes on and off")
+                        help="how the budget rule tests a pair: 'fisher' (default): Fisher's z, too liberal where "
+                             "cell types switch genes on and off; 'robust': a sandwich test that allows each cell its "
+                             "own variance, on pairs of genes detected in at least 10 cells; 'both': the two must "
+                             "agree (holds its false discovery rate, keeps fewer edges)")
     parser.add_argument("--budget-cells", type=_budget_cells, default=CausalConfig.budget_cells,
                         help=f"the most cells the budget rule's test counts on, at least 10 per gene, drawn at "
                              f"random with the run's seed ({CausalConfig.budget_cells}), or 'all'")
