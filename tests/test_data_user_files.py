@@ -55,11 +55,21 @@ def test_read_csv_non_numeric_column(tmp_path):
         cape.data.read(path)
 
 
-def test_read_loom(tmp_path, counts_adata):
-    pytest.importorskip("loompy")
+def test_read_loom_keeps_gene_and_cell_names(tmp_path, counts_adata):
+    loompy = pytest.importorskip("loompy")
     path = tmp_path / "x.loom"
-    counts_adata.write_loom(path)
-    assert cape.data.read(path).shape == counts_adata.shape
+    counts_adata.write_loom(path)  # anndata's attributes: var_names / obs_names
+    read = cape.data.read(path)
+    assert read.shape == counts_adata.shape
+    assert list(read.var_names) == list(counts_adata.var_names) and list(read.obs_names) == list(counts_adata.obs_names)
+    np.testing.assert_array_equal(read.X.toarray(), counts_adata.X)
+    genes, cells = np.asarray(counts_adata.var_names), np.asarray(counts_adata.obs_names)
+    loompy.create(str(tmp_path / "native.loom"), counts_adata.X.T, {"Gene": genes}, {"CellID": cells})  # loompy's
+    native = cape.data.read(tmp_path / "native.loom")
+    assert list(native.var_names) == list(genes) and list(native.obs_names) == list(cells)
+    loompy.create(str(tmp_path / "unnamed.loom"), counts_adata.X.T, {"Symbol_x": genes}, {"CellID": cells})
+    with pytest.raises(CapeInputError, match="no gene names in the loom file .*it has Symbol_x"):
+        cape.data.read(tmp_path / "unnamed.loom")
 
 
 def test_missing_file(tmp_path):

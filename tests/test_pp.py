@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import importlib.util
+
+import anndata as ad
 import numpy as np
 import pytest
 
@@ -38,6 +41,23 @@ def test_already_log_normalised_is_not_normalised_twice(counts_adata, caplog):
     assert cape.pp.detect_scale(counts_adata) == "log"
 
 
+def test_counts_put_back_after_log1p_are_counts(counts_adata):
+    # scanpy's uns["log1p"] marker stays when a user resets X to the raw counts
+    raw = counts_adata.X.copy()
+    counts_adata.uns["log1p"] = {"base": None}
+    with pytest.warns(UserWarning, match="uns\\['log1p'\\] is set but X holds whole numbers"):
+        assert cape.pp.detect_scale(counts_adata) == "counts"
+    with pytest.warns(UserWarning, match="whole numbers"):
+        cape.pp.preprocess(counts_adata, n_top_genes=50)
+    rec = counts_adata.uns["cape"]["preprocess"]
+    assert rec["input_scale"] == "counts" and rec["normalised"]
+    np.testing.assert_array_equal(counts_adata.layers["counts"], raw)
+    np.testing.assert_allclose(np.expm1(counts_adata.X).sum(axis=1), 1e4, rtol=1e-4)
+    # the marker with log-scale values, or with whole numbers no larger than 1, keeps meaning "log"
+    binary = ad.AnnData(np.eye(4, dtype=np.float32), uns={"log1p": {"base": None}})
+    assert cape.pp.detect_scale(binary) == "log"
+
+
 def test_every_gene_used_when_fewer_than_n_top(counts_adata):
     cape.pp.preprocess(counts_adata, n_top_genes=2000)
     assert counts_adata.var["cape_used"].all()
@@ -63,6 +83,16 @@ def test_pbmc68k_reduced_default():
 def test_bad_parameters(counts_adata, kwargs, message):
     with pytest.raises(CapeInputError, match=message):
         cape.pp.preprocess(counts_adata, **kwargs)
+
+
+def test_seurat_v3_without_scikit_misc_is_refused_before_any_change(counts_adata, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "skmisc" else real(name, *a))
+    before = counts_adata.X.copy()
+    with pytest.raises(CapeInputError, match="needs scikit-misc, which is not installed: pip install scikit-misc"):
+        cape.pp.preprocess(counts_adata, n_top_genes=50, hvg_flavor="seurat_v3")
+    np.testing.assert_array_equal(counts_adata.X, before)
+    assert "cape" not in counts_adata.uns
 
 
 def test_no_cell_passes_qc(counts_adata):

@@ -83,6 +83,18 @@ def test_fewer_cells_than_genes_warns_and_too_few_refuses(caplog) -> None:
         causal_graph(_adata(n=MIN_CELLS - 1), **FAST)
 
 
+def test_raw_counts_without_a_gene_selection_are_refused(counts_adata, caplog) -> None:
+    # a forgotten cape.pp.preprocess: Step I would run on every gene of the raw counts
+    with pytest.raises(CapeInputError, match="raw counts and var\\['cape_used'\\] is missing: run cape.pp.preprocess"):
+        causal_graph(counts_adata, **FAST)
+    assert "cape_dag" not in counts_adata.varp
+    # log-scale values without the selection use every gene, and say so
+    a = _adata()
+    with caplog.at_level(logging.WARNING, logger="cape"):
+        causal_graph(a, rank=None, tau=0.05, **FAST)
+    assert "var['cape_used'] not found" in caplog.text and "all 6 genes" in caplog.text
+
+
 @pytest.mark.parametrize("tau", [-0.1, 1.0, 1.5, float("nan")])
 def test_tau_outside_unit_interval_is_refused(tau: float) -> None:
     with pytest.raises(CapeInputError, match="tau"):

@@ -138,6 +138,13 @@ def test_fixed_tau_warns_with_the_remedy_and_min_positioned_zero_is_silent(fitte
     with caplog.at_level(logging.WARNING, logger="cape"):
         causal_graph(a, min_positioned=0.0, **FAST)
     assert "Step I kept" not in caplog.text
+    # weights all below the noise floor: no threshold would do, so tau=auto is not advised (it would fail)
+    fitted["A"] = _weights(top=0.004)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cape"):
+        causal_graph(a, tau=0.2, **FAST)
+    assert "no threshold above the noise floor 0.01 positions 50% of the genes" in caplog.text
+    assert "more cells (40 for 20 genes)" in caplog.text and "tau=auto" not in caplog.text
     assert a.uns["cape"]["causal_graph"]["tau_used"] == AUTO_TAU_MAX  # nothing asked: the paper's τ
 
 

@@ -8,7 +8,7 @@ from .._errors import CapeInputError
 from .._io import write_h5ad
 from ..causal.causal_config import MODELS, SCREENS, CausalConfig
 from ..causal.postprocess import BUDGET_TESTS
-from ..pp._recipe import detect_scale
+from ..data.user_files import detect_scale
 from ..tl._causal_graph import causal_graph
 from ._command_io import check_output, positive_int, read_input, tau_value
 

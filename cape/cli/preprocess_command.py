@@ -13,7 +13,7 @@ from ._command_io import check_output, read_input
 def register(commands) -> None:
     parser = commands.add_parser("preprocess", help="QC, normalise, log1p and select genes (paper Supp. F.1.1)")
     parser.add_argument("--input", "-i", required=True,
-                        help="input .h5ad/.h5/.loom/.csv, or 'dataset:NAME' for a named dataset")
+                        help="input .h5ad/.h5/.loom/.csv/.zarr, or 'dataset:NAME' for a named dataset")
     parser.add_argument("--output", "-o", required=True, help="output .h5ad")
     parser.add_argument("--min-genes", type=int, default=200, help="min detected genes per cell (200)")
     parser.add_argument("--min-cells", type=int, default=0, help="min cells per gene (0 = keep all genes)")

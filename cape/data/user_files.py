@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import anndata as ad
+import h5py
 import numpy as np
 import pandas as pd
 import scanpy as sc
@@ -77,10 +78,33 @@ def _read_by_suffix(p: Path, suffix: str) -> ad.AnnData:
             warnings.simplefilter("ignore", UserWarning)  # duplicated gene symbols are handled by validate_adata
             return sc.read_10x_h5(p)
     if suffix == ".loom":
-        return ad.read_loom(p, sparse=True)
+        return _read_loom(p)
     if suffix == ".zarr":
         return ad.read_zarr(p)
     return _read_csv(p)
+
+
+#: Row (gene) and column (cell) attributes that name a loom file's genes and cells, in order of preference:
+#: loompy's and velocyto's ``Gene`` / ``CellID``, then what ``AnnData.write_loom`` writes.
+LOOM_GENE_NAMES = ("Gene", "var_names", "Accession", "gene_ids")
+LOOM_CELL_NAMES = ("CellID", "obs_names")
+
+
+def _read_loom(p: Path) -> ad.AnnData:
+    with h5py.File(p, "r") as f:
+        genes = list(f["row_attrs"].keys()) if "row_attrs" in f else []
+        cells = list(f["col_attrs"].keys()) if "col_attrs" in f else []
+    gene_key = next((k for k in LOOM_GENE_NAMES if k in genes), None)
+    if gene_key is None:
+        raise CapeInputError(f"{p}: no gene names in the loom file (row attributes {', '.join(LOOM_GENE_NAMES)}); "
+                             f"it has {', '.join(genes) or 'none'}")
+    cell_key = next((k for k in LOOM_CELL_NAMES if k in cells), LOOM_CELL_NAMES[0])
+    with warnings.catch_warnings():
+        # "Transforming to str index" when cells are unnamed (numbered instead); duplicated names: validate_adata
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        read_loom = getattr(getattr(ad, "io", None), "read_loom", None) or ad.read_loom  # anndata.io from 0.11
+        return read_loom(p, sparse=True, var_names=gene_key, obs_names=cell_key)
 
 
 #: Rows of a CSV parsed at once: a 10x-shaped CSV (30,000-odd genes) is never held as one dense frame.
@@ -116,6 +140,59 @@ def _read_csv(p: Path) -> ad.AnnData:
     adata.obs_names = pd.Index(np.concatenate([np.asarray(n) for n in names])).astype(str)
     adata.var_names = columns.astype(str)
     return adata
+
+
+#: Above this maximum a non-integer matrix is not log-scale expression (log1p(1e4-normalised counts) ≤ ~9.3;
+#: a generous margin covers other target sums).
+LOG_SCALE_MAX = 30.0
+
+
+def _is_integer(values: np.ndarray) -> bool:
+    """Whether every value is a whole number (judged on at most the first million, which is enough)."""
+    sample = values[: 1_000_000]
+    with np.errstate(invalid="ignore"):  # NaN is not whole; the callers report it
+        return bool(np.all(np.equal(np.mod(sample, 1), 0)))
+
+
+def detect_scale(adata: ad.AnnData) -> str:
+    """Classify ``adata.X``: ``"counts"`` (non-negative integers), ``"log"`` (log-normalised already, from
+    scanpy's ``uns["log1p"]`` marker or non-integer values ≤ :data:`LOG_SCALE_MAX`) or ``"continuous"`` (other
+    non-negative values, e.g. TPM or intensities).
+
+    A ``uns["log1p"]`` marker beside whole numbers above 1 is stale: counts put back into ``X`` after scanpy's
+    ``log1p`` (``adata.X = adata.layers["counts"]``) keep the marker. Such a matrix is classified as counts, with
+    a warning.
+
+    Parameters
+    ----------
+    adata
+        Cells × genes.
+
+    Returns
+    -------
+    ``"counts"``, ``"log"`` or ``"continuous"``.
+
+    Reads
+    -----
+    ``X`` and ``uns["log1p"]``.
+
+    Writes
+    ------
+    Nothing: ``adata`` is left unchanged.
+    """
+    x = adata.X
+    values = x.data if sp.issparse(x) else np.asarray(x).ravel()
+    integer = _is_integer(values)
+    if "log1p" in adata.uns:
+        # log1p(y) is a whole number only where y = e^k − 1, so whole numbers above 1 are counts
+        if not (integer and values.size and float(values.max()) > 1):
+            return "log"
+        warnings.warn(f"uns['log1p'] is set but X holds whole numbers up to {float(values.max()):.4g}: "
+                      "treating X as raw counts (delete uns['log1p'] to silence this)", UserWarning, stacklevel=2)
+        return "counts"
+    if values.size == 0 or integer:
+        return "counts"
+    return "log" if float(values.max()) <= LOG_SCALE_MAX else "continuous"
 
 
 def _looks_scaled(adata: ad.AnnData) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from typing import Any
@@ -13,7 +14,7 @@ import scipy.sparse as sp
 
 from .._errors import CapeInputError
 from ..causal import MIN_CELLS as STEP1_MIN_CELLS
-from ..data.user_files import validate_adata
+from ..data.user_files import detect_scale, validate_adata
 from ..tasks.perturbation import intervention_labels
 
 logger = logging.getLogger("cape")
@@ -24,44 +25,8 @@ HVG_FLAVORS = ("seurat", "cell_ranger", "seurat_v3", "pearson_residuals")
 #: The flavors that rank the raw counts (``layers["counts"]``), not the log-normalised X.
 _COUNT_FLAVORS = ("seurat_v3", "pearson_residuals")
 
-#: Above this maximum a non-integer matrix is not log-scale expression (log1p(1e4-normalised counts) ≤ ~9.3;
-#: a generous margin covers other target sums).
-_LOG_SCALE_MAX = 30.0
-
-
 def _values(x) -> np.ndarray:
     return x.data if sp.issparse(x) else np.asarray(x).ravel()
-
-
-def detect_scale(adata: ad.AnnData) -> str:
-    """Classify ``adata.X``: ``"counts"`` (non-negative integers), ``"log"`` (log-normalised already, from
-    scanpy's ``uns["log1p"]`` marker or non-integer values ≤ 30) or ``"continuous"`` (other non-negative values,
-    e.g. TPM or intensities).
-
-    Parameters
-    ----------
-    adata
-        Cells × genes.
-
-    Returns
-    -------
-    ``"counts"``, ``"log"`` or ``"continuous"``.
-
-    Reads
-    -----
-    ``X`` and ``uns["log1p"]``.
-
-    Writes
-    ------
-    Nothing: ``adata`` is left unchanged.
-    """
-    if "log1p" in adata.uns:
-        return "log"
-    values = _values(adata.X)
-    sample = values[: 1_000_000]
-    if sample.size == 0 or np.all(np.equal(np.mod(sample, 1), 0)):
-        return "counts"
-    return "log" if float(values.max()) <= _LOG_SCALE_MAX else "continuous"
 
 
 def preprocess(
@@ -219,6 +184,7 @@ def _normalise(adata: ad.AnnData, target_sum: float, log1p: bool) -> tuple[str, 
         return scale, False
     if scale == "counts":
         adata.layers["counts"] = adata.X.copy()
+        adata.uns.pop("log1p", None)  # a stale marker (detect_scale warned); sc.pp.log1p sets it anew
     else:
         logger.warning("input is not integer counts (max %.4g); normalising it as expression values, "
                        "no layers['counts'] kept", float(_values(adata.X).max()))
@@ -275,6 +241,10 @@ def _check_params(adata: ad.AnnData, min_genes: int, target_sum: float, n_top_ge
                   hvg_flavor: str) -> None:
     if hvg_flavor not in HVG_FLAVORS:
         raise CapeInputError(f"hvg_flavor must be one of {', '.join(HVG_FLAVORS)}, got {hvg_flavor!r}")
+    if hvg_flavor == "seurat_v3" and importlib.util.find_spec("skmisc") is None:
+        # scanpy imports it only when ranking, after QC and normalisation have changed the data
+        raise CapeInputError("hvg_flavor='seurat_v3' needs scikit-misc, which is not installed: "
+                             "pip install scikit-misc, or choose another hvg_flavor")
     if min_genes < 0:
         raise CapeInputError(f"min_genes must be ≥ 0, got {min_genes}")
     if min_genes > adata.n_vars:

@@ -55,6 +55,7 @@ from ..causal.postprocess import (
     screen_candidates,
 )
 from ..causal.trainer import gene_moments
+from ..data.user_files import detect_scale
 from ..tasks.perturbation import CONTROL, intervention_labels
 from ._uns import DAG_KEY, step_key
 
@@ -81,7 +82,13 @@ def _select_genes(adata: ad.AnnData, use_genes) -> np.ndarray:
     if isinstance(use_genes, str):
         if use_genes not in adata.var:
             if use_genes == "cape_used":
-                logger.info("var['cape_used'] not found: using all %d genes", adata.n_vars)
+                if detect_scale(adata) == "counts":  # raw counts of every gene: surely a forgotten preprocess
+                    raise CapeInputError(
+                        f"X holds raw counts and var['cape_used'] is missing: run cape.pp.preprocess first "
+                        f"(normalise, log1p, select genes), or pass use_genes=None to use all {adata.n_vars} genes "
+                        "as they are")
+                logger.warning("var['cape_used'] not found (cape.pp.preprocess marks the genes to use): using all "
+                               "%d genes", adata.n_vars)
                 return np.ones(adata.n_vars, dtype=bool)
             raise CapeInputError(f"use_genes={use_genes!r}: no such boolean column in adata.var")
         column = adata.var[use_genes]
@@ -375,9 +382,15 @@ def _threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells:
                 f"{reason}, and positioning {config.min_positioned:.0%} of the genes would need tau≤{needed:.2g}, "
                 f"below the noise floor {AUTO_TAU_FLOOR}: use more cells ({n_cells} for {n_genes} genes), fewer "
                 f"genes (preprocess n_top_genes), or a fixed tau to accept such weak edges")
-        logger.warning("%s: use tau=auto or tau≤%.2g to position %.0f%% of the genes, or more cells"
-                       + (" (tau=budget keeps the edges the data support, not a share of the genes)"
-                          if tau_rule == "budget" else ""), reason, needed, 100 * config.min_positioned)
+        budget_note = (" (tau=budget keeps the edges the data support, not a share of the genes)"
+                       if tau_rule == "budget" else "")
+        if needed >= AUTO_TAU_FLOOR:
+            logger.warning("%s: use tau=auto or tau≤%.2g to position %.0f%% of the genes, or more cells%s", reason,
+                           needed, 100 * config.min_positioned, budget_note)
+        else:  # no threshold would do it: advising tau=auto or a smaller tau would only fail or add noise
+            logger.warning("%s: no threshold above the noise floor %g positions %.0f%% of the genes; more cells (%d "
+                           "for %d genes) or fewer genes (preprocess n_top_genes) give Step I more to go on%s",
+                           reason, AUTO_TAU_FLOOR, 100 * config.min_positioned, n_cells, n_genes, budget_note)
     return graph
 
 
