@@ -16,10 +16,47 @@ import torch
 from ._errors import CapeInputError
 
 logger = logging.getLogger("cape")
-# Library etiquette: never configure the root logger; stay silent unless the user (or the CLI) adds a handler.
-logger.addHandler(logging.NullHandler())
 
 _VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+
+
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the message: a handler kept across calls must not hold
+    on to a stream that a notebook or a test harness has since replaced and closed. Lines read ``cape: message``,
+    warnings ``cape: warning: message``."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.setFormatter(_LineFormatter())
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the current sys.stderr always wins
+        pass
+
+
+class _LineFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        return f"cape: {level}{record.getMessage()}"
+
+
+class _DefaultHandler(StderrHandler):
+    """cape's messages on stderr, at ``settings.verbosity``, where nothing else shows them: it stands down when the
+    root logger has a handler (``logging.basicConfig``, a test harness) or another handler sits on the ``"cape"``
+    logger (the command line's). Without it a notebook user would never see a warning such as "fewer cells than
+    genes"; the root logger is never configured."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers or any(h is not self for h in logger.handlers):
+            return
+        super().emit(record)
+
+
+logger.addHandler(_DefaultHandler())
 
 
 @dataclass
@@ -33,7 +70,9 @@ class CapeSettings:
     seed
         Default random seed.
     verbosity
-        0 errors, 1 warnings, 2 info (default), 3 debug; sets the level of the ``"cape"`` logger.
+        0 errors, 1 warnings (default, as in scanpy), 2 info (the command line's default), 3 debug; sets the
+        level of the ``"cape"`` logger. Its messages go to stderr unless logging is configured elsewhere (a handler
+        on the root logger or on ``"cape"``), which then receives them instead.
     progress
         Show progress bars. ``None`` means: only when stderr is a terminal.
     n_threads
@@ -45,7 +84,7 @@ class CapeSettings:
 
     device: str = "auto"
     seed: int = 0
-    _verbosity: int = field(default=2, repr=False)
+    _verbosity: int = field(default=1, repr=False)
     progress: bool | None = None
     _n_threads: int | None = field(default=None, repr=False)
 

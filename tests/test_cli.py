@@ -162,7 +162,7 @@ def test_cli_log_lines_follow_the_current_stderr(monkeypatch):
         second = io.StringIO()
         monkeypatch.setattr(sys, "stderr", second)
         logger.warning("still heard")
-        assert "cape: still heard" in second.getvalue()
+        assert "cape: warning: still heard" in second.getvalue()
     finally:
         for handler in logger.handlers:
             if handler not in before:

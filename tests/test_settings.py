@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -46,6 +48,31 @@ def test_verbosity_sets_cape_logger_only():
             cape.settings.verbosity = 7
     finally:
         cape.settings.verbosity = old
+
+
+_NOTEBOOK = """
+import logging, sys
+import cape
+log = logging.getLogger("cape")
+log.info("an info line")
+log.warning("a warning line")
+cape.settings.verbosity = 2
+log.info("now info too")
+if len(sys.argv) > 1:  # the user configures logging: cape's own handler stands down, nothing is shown twice
+    logging.basicConfig(stream=sys.stderr, format="root %(message)s")
+    log.warning("once")
+"""
+
+
+def test_messages_reach_stderr_where_nothing_else_shows_them():
+    # a notebook with no logging configured: warnings shown (verbosity 1), infos once verbosity is 2
+    shown = subprocess.run([sys.executable, "-c", _NOTEBOOK], capture_output=True, text=True, check=True).stderr
+    lines = [line for line in shown.splitlines() if line.startswith(("cape", "root"))]
+    assert lines == ["cape: warning: a warning line", "cape: now info too"]
+    shown = subprocess.run([sys.executable, "-c", _NOTEBOOK, "configured"], capture_output=True, text=True,
+                           check=True).stderr
+    lines = [line for line in shown.splitlines() if line.startswith(("cape", "root"))]
+    assert lines == ["cape: warning: a warning line", "cape: now info too", "root once"]
 
 
 def test_progress_respects_setting():

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from .._errors import CapeInputError
-from .._settings import default_threads, resolve_device, settings
+from .._settings import StderrHandler, default_threads, resolve_device, settings
 from . import (
     causal_command,
     data_command,
@@ -79,27 +79,10 @@ def _moved_bench(commands) -> None:
     moved.set_defaults(func=run)
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time of the message: a handler kept across calls of ``main``
-    must not hold on to a stream that a notebook or a test harness has since replaced and closed."""
-
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    @property  # type: ignore[override]
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the current sys.stderr always wins
-        pass
-
-
 def _configure_logging(quiet: bool) -> None:
     logger = logging.getLogger("cape")
     if not any(getattr(h, "_cape_cli", False) for h in logger.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("cape: %(message)s"))
+        handler = StderrHandler()
         handler._cape_cli = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     # Warnings (e.g. duplicated gene names made unique) become one line each, like errors.
