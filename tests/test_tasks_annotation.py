@@ -96,9 +96,14 @@ def test_dataset_too_small_for_the_split():
         annotation_split(labels)
 
 
-def test_missing_labels_are_an_error():
+def test_cells_without_a_label_are_left_out_and_no_labels_is_an_error():
     adata = _blobs()
     adata.obs["cell_type"] = adata.obs["cell_type"].astype(object)
     adata.obs.iloc[3, 0] = np.nan
-    with pytest.raises(CapeInputError, match="1 missing labels"):
+    with pytest.warns(UserWarning, match="1 cell\\(s\\) without a label left out"):
+        labels = checked_labels(adata, "cell_type")
+    assert adata.obs_names[3] not in labels.index and len(labels) == adata.n_obs - 1
+    assert "nan" not in set(labels)
+    adata.obs["cell_type"] = np.nan
+    with pytest.raises(CapeInputError, match="has no labels: all"):
         checked_labels(adata, "cell_type")

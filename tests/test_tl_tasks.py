@@ -62,6 +62,22 @@ def test_annotate_bad_labels(labelled):
         cape.tl.annotate(one, "cell_type", encoding="none")
 
 
+def test_cells_without_a_label_are_left_out_of_the_scores(labelled):
+    labelled.obs["cell_type"] = labelled.obs["cell_type"].astype(object)
+    labelled.obs.iloc[[0, 1, 59], 0] = np.nan
+    with pytest.warns(UserWarning, match="3 cell\\(s\\) without a label left out"):
+        cape.tl.annotate(labelled, "cell_type", encoding="none", model_kwargs=SMALL, pretrain_epochs=0, epochs=1,
+                         seed=0)
+    split = labelled.obs["cape_split"].astype(str)
+    assert (split.iloc[[0, 1, 59]] == "unused").all()
+    assert labelled.uns["cape"]["annotate"]["metrics"]["n_test"] == (split == "test").sum() > 0
+    assert labelled.obs["cape_prediction"].notna().all()  # every cell still gets a prediction
+    labelled.obsm["X_cape"] = np.random.default_rng(0).normal(size=(60, 4))
+    with pytest.warns(UserWarning, match="without a label"):
+        cape.tl.cluster(labelled, "cell_type", seed=0)
+    assert labelled.uns["cape"]["cluster"]["metrics"]["k"] == 2 and labelled.obs["cape_cluster"].size == 60
+
+
 def test_cluster_matches_the_bench_metrics(labelled):
     rng = np.random.default_rng(0)
     labelled.obsm["X_cape"] = rng.normal(size=(60, 4)) + 3.0 * (labelled.obs["cell_type"] == "b").to_numpy()[:, None]

@@ -40,15 +40,22 @@ def resolve_label_key(adata: ad.AnnData, label_key: str | None) -> str | None:
 def checked_labels(adata: ad.AnnData, label_key: str, *, min_cells: int = 2) -> pd.Series:
     """Labels from ``obs[label_key]`` as strings, with classes of fewer than ``min_cells`` cells removed (warning).
 
-    Raises :class:`cape.CapeInputError` when the key is missing, labels are missing, or fewer than 2 classes remain.
-    The returned Series is indexed by obs name and holds only the kept cells.
+    Cells without a label (NaN) are left out with a warning. Raises :class:`cape.CapeInputError` when the key is
+    missing, every label is, or fewer than 2 classes remain. The returned Series is indexed by obs name and holds
+    only the kept cells.
     """
     if label_key not in adata.obs:
         known = ", ".join(map(str, adata.obs.columns)) or "(none)"
         raise CapeInputError(f"label key obs[{label_key!r}] not found; obs columns: {known}")
     labels = adata.obs[label_key]
-    if labels.isna().any():
-        raise CapeInputError(f"obs[{label_key!r}] has {int(labels.isna().sum())} missing labels")
+    missing = labels.isna().to_numpy()
+    if missing.all():
+        raise CapeInputError(f"obs[{label_key!r}] has no labels: all {missing.size} are missing")
+    if missing.any():
+        # unlabelled cells are common (unannotated clusters); they are scored as they are trained: not at all
+        warnings.warn(f"obs[{label_key!r}]: {int(missing.sum())} cell(s) without a label left out",
+                      UserWarning, stacklevel=2)
+        labels = labels[~missing]
     labels = labels.astype(str)
     counts = labels.value_counts()
     small = sorted(counts.index[counts < min_cells])
@@ -56,7 +63,6 @@ def checked_labels(adata: ad.AnnData, label_key: str, *, min_cells: int = 2) -> 
         msg = f"obs[{label_key!r}]: {len(small)} class(es) with fewer than {min_cells} cells excluded: " + \
             ", ".join(small)
         warnings.warn(msg, UserWarning, stacklevel=2)
-        logger.warning(msg)
         labels = labels[~labels.isin(small)]
     if labels.nunique() < 2:
         raise CapeInputError(f"obs[{label_key!r}] has {labels.nunique()} class(es) with at least {min_cells} cells; "
