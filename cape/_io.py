@@ -12,13 +12,18 @@ from pathlib import Path
 
 import anndata as ad
 
+from ._errors import CapeInputError
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; on success it replaces ``path``, on error it is removed."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as error:  # a read-only or missing place is the user's to fix: one line, not a traceback
+        raise CapeInputError(f"cannot write {target}: {error.strerror or error}") from None
     os.close(fd)
     tmp_path = Path(tmp)
     # mkstemp creates 0600 files; give the result the permissions a plain open() would.

@@ -104,6 +104,26 @@ def test_check_output_paths(tmp_path):
         check_output(str(tmp_path / "hard.h5ad"), str(tmp_path / "a.h5ad"))
     with pytest.raises(cape.CapeInputError, match="--metrics must end in .json"):
         check_output(str(tmp_path / "m.txt"), suffix=".json", option="--metrics")
+    # a folder that cannot be made or written is refused before any work
+    assert check_output(str(tmp_path / "new" / "deeper" / "o.h5ad")) == tmp_path / "new" / "deeper" / "o.h5ad"
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(cape.CapeInputError, match="a.h5ad is a file, not a folder"):
+        check_output(str(tmp_path / "a.h5ad" / "o.h5ad"))
+
+
+def test_an_output_that_cannot_be_written_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    src = _write(tmp_path, cape_adata(n_cells=20), "data.h5ad")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path / "ro" else real(p, mode))
+    (tmp_path / "ro").mkdir()
+    proc = run(capsys, "encode", "--input", src, "--output", str(tmp_path / "ro" / "sub" / "o.h5ad"))
+    assert_refused(proc, "cannot write in", "read-only", outputs=[tmp_path / "ro" / "sub" / "o.h5ad"])
+    assert not (tmp_path / "ro" / "sub").exists()
+    # where the check cannot see it coming, the write itself fails in one line, e.g. a file where a folder must be
+    from cape._io import write_h5ad
+
+    with pytest.raises(cape.CapeInputError, match="cannot write .*o.h5ad"):
+        write_h5ad(cape_adata(n_cells=20), tmp_path / "data.h5ad" / "o.h5ad")
 
 
 # ------------------------------------------------------------------------- a previous stage was not run

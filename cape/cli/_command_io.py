@@ -42,7 +42,21 @@ def check_output(path: str, *inputs: str | None, suffix: str | None = ".h5ad", o
             continue
         if same_path(out, spec):
             raise CapeInputError(f"{option} {path} is the input file {spec}; write to a new file so the input is kept")
+    check_writable(out, option)
     return out
+
+
+def check_writable(path: str | os.PathLike, option: str = "--output") -> None:
+    """Refuse, before any work is done, an output whose folder cannot be made or written: the nearest existing
+    folder above it must be a writable folder."""
+
+    folder = Path(path).absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CapeInputError(f"{option} {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CapeInputError(f"{option} {path}: cannot write in {folder} (permission denied or read-only)")
 
 
 def positive_int(value: str, what: str = "a positive integer") -> int:

@@ -29,6 +29,9 @@ if config["train"]["checkpoint"] and not Path(config["train"]["checkpoint"]).is_
 CAPE = f'"{sys.executable}" -m cape --seed {config["seed"]} --device {config["device"]}'
 # The benchmarks' command line (benchmarks/cape_benchmarks, installed with cape), for configs/benchmarks/*.yaml
 CAPE_BENCH = f'"{sys.executable}" -m cape_benchmarks --seed {config["seed"]} --device {config["device"]}'
+# Ends each rule's shell command: the log keeps everything, and a user mistake's one-line "cape: error: ..." is
+# repeated on the terminal, where Snakemake otherwise shows only that the job failed.
+LOG = " > {log:q} 2>&1 || {{ grep -h '^cape: error:' {log:q} >&2; exit 1; }}"
 
 if config["input"]:
     RUN = config["name"] or Path(config["input"]).stem
