@@ -13,6 +13,7 @@ from cape.report.findings import (
     WARNING,
     Positioning,
     Training,
+    cells_finding,
     comparison_finding,
     headline,
     likely_causes,
@@ -88,6 +89,36 @@ def test_embedded_genes_count_only_when_used():
     assert positioning(adata).fraction == pytest.approx(0.5)
     assert positioning_finding(positioning(adata)).level == OK
     assert positioning(ad.AnnData(np.zeros((3, 2), dtype=np.float32))) is None
+
+
+def test_genes_spread_by_step2_are_not_said_to_sit_at_the_centre():
+    """Step II's default (isolated='negatives') spreads genes without an edge apart: no claim about the centre."""
+    adata = ad.AnnData(np.zeros((3, 6), dtype=np.float32))
+    dag = np.zeros((6, 6))
+    dag[0, 1] = 0.5
+    adata.varp["cape_dag"] = sp.csr_matrix(dag)
+    adata.uns["cape"] = {"hyperbolic_embedding": {"params": {"isolated": "negatives"}}}
+    finding = positioning_finding(positioning(adata))
+    assert finding.level == WARNING and "centre" not in finding.text
+    assert "only spread apart by Step II, so their positions carry no causal information" in finding.text
+    adata.varp["cape_dag"] = sp.csr_matrix((6, 6))
+    finding = positioning_finding(positioning(adata))
+    assert finding.level == NO_OP and "centre" not in finding.text and "changed nothing" not in finding.text
+    assert "no gene's position carries causal information" in finding.text
+    causes = likely_causes(Training(n_fine_tune=10, pretrain_epochs=0, pretrained_weights=True), positioning(adata))
+    assert causes == [("no gene got a causal position: the encoding added nothing causal", causes[0][1])]
+    adata.uns["cape"]["hyperbolic_embedding"]["params"]["isolated"] = "origin"
+    assert "sits at the centre" in positioning_finding(positioning(adata)).text
+
+
+def test_fewer_cells_than_genes_in_step1_reaches_the_verdict():
+    adata = ad.AnnData(np.zeros((3, 6), dtype=np.float32))
+    adata.uns["cape"] = {"causal_graph": {"n_cells": 30, "n_genes": 100}}
+    finding = cells_finding(adata)
+    assert finding.level == WARNING and "from 30 cells for 100 genes" in finding.text
+    assert finding.short in headline(verdict(adata, []))
+    adata.uns["cape"]["causal_graph"]["n_cells"] = 100
+    assert cells_finding(adata) is None and cells_finding(ad.AnnData(np.zeros((3, 2)))) is None
 
 
 def test_calibrated_threshold_and_scan_reach_the_verdict():

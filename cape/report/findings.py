@@ -69,6 +69,8 @@ class Positioning:
     tau_rule: str | None = None
     #: ``(τ, edges, positioned genes)`` at smaller thresholds (Step I's ``threshold_scan``), strongest τ first
     scan: tuple[tuple[float, int, int], ...] = ()
+    #: Where Step II put the genes without an edge (its ``isolated`` option), when recorded
+    isolated: str | None = None
 
     @property
     def fraction(self) -> float:
@@ -102,10 +104,12 @@ def positioning(adata: ad.AnnData) -> Positioning | None:
     scan = info.get("threshold_scan", {})
     rows = tuple((float(t), int(e), int(p)) for t, e, p in
                  zip(scan.get("tau", ()), scan.get("n_edges", ()), scan.get("n_positioned", ()), strict=False))
+    isolated = adata.uns.get("cape", {}).get("hyperbolic_embedding", {}).get("params", {}).get("isolated")
     return Positioning(n_used=int(used.sum()), n_positioned=int((has_edge & used).sum()), n_edges=n_edges,
                        tau=float(tau) if isinstance(tau, int | float | np.number) else None,
                        n_cells=None if n_cells is None else int(n_cells),
-                       tau_rule=info.get("tau_rule"), scan=rows)
+                       tau_rule=info.get("tau_rule"), scan=rows,
+                       isolated=None if isolated is None else str(isolated))
 
 
 def _tau_remedy(pos: Positioning) -> str:
@@ -131,6 +135,15 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                        "transformer had no CAPE positions.", ("run `cape causal` and `cape embed` first",),
                        short="no causal graph")
     edges = "no edges" if pos.n_edges == 0 else f"{pos.n_edges:,} edges" if pos.n_edges is not None else "a graph"
+    spread = pos.isolated == "negatives"  # Step II spreads genes without an edge apart instead of centring them
+    if pos.n_positioned == 0 and spread:
+        return Finding(NO_OP, "positions",
+                       f"The causal graph has {edges} among the {pos.n_used:,} genes used, so no gene's position "
+                       "carries causal information: Step II only spread the genes apart, and CAPE's angles are "
+                       "those of distinct but arbitrary positions"
+                       + (f".{ignores}" if ignores else ", so the transformer's results say nothing about the "
+                          "causal graph."),
+                       (_tau_remedy(pos),), short="no gene got a causal position")
     if pos.n_positioned == 0:
         return Finding(NO_OP, "positions",
                        f"The causal graph has {edges} among the {pos.n_used:,} genes used, so every gene sits at "
@@ -140,10 +153,12 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                        (_tau_remedy(pos),), short="no gene got a position, so CAPE changed nothing")
     share = f"{pos.fraction:.0%} of the genes used ({pos.n_positioned:,} of {pos.n_used:,})"
     if pos.fraction < MIN_POSITIONED_FRACTION:
+        others = ("the others are only spread apart by Step II, so their positions carry no causal information"
+                  if spread else "the others sit at the centre of the Poincaré disk and are encoded as if they had "
+                  "no position")
         return Finding(WARNING, "positions",
-                       f"Only {share} got a position from the causal graph ({edges}); the others sit at the centre "
-                       "of the Poincaré disk and are encoded as if they had no position, so CAPE can do little."
-                       + ignores,
+                       f"Only {share} got a position from the causal graph ({edges}); {others}, so CAPE can do "
+                       "little." + ignores,
                        (_tau_remedy(pos),), short=f"only {pos.fraction:.0%} of the genes got a position")
     at = f" at τ = {pos.tau:.3g}" + (f" ({pos.tau_rule})" if pos.tau_rule else "") if pos.tau is not None else ""
     return Finding(OK, "positions", f"{share.capitalize()} got a position from the causal graph ({edges}{at})."
@@ -206,7 +221,9 @@ def likely_causes(training: Training, pos: Positioning | None) -> list[tuple[str
     if training.encoding in POSITION_FREE_ENCODINGS:
         pass  # the positions cannot explain anything: the encoding does not read them
     elif pos is not None and pos.n_positioned == 0:
-        causes.append(("no gene got a position: the encoding added nothing", _tau_remedy(pos)))
+        causes.append(("no gene got a causal position: the encoding added nothing causal" if
+                       pos.isolated == "negatives" else "no gene got a position: the encoding added nothing",
+                       _tau_remedy(pos)))
     elif pos is not None and pos.fraction < MIN_POSITIONED_FRACTION:
         causes.append((f"few genes positioned ({pos.fraction:.0%}): the encoding adds little", _tau_remedy(pos)))
     if not causes:
@@ -258,12 +275,25 @@ def resources_finding(rows: Sequence[dict]) -> Finding:
     return Finding(OK, "resources", text)
 
 
+def cells_finding(adata: ad.AnnData) -> Finding | None:
+    """A warning when Step I had fewer cells than genes (it warns in its log, which few users read); else ``None``."""
+    info = adata.uns.get("cape", {}).get("causal_graph", {})
+    n_cells, n_genes = info.get("n_cells"), info.get("n_genes")
+    if n_cells is None or n_genes is None or int(n_cells) >= int(n_genes):
+        return None
+    return Finding(WARNING, "cells", f"Step I learnt the graph from {int(n_cells):,} cells for {int(n_genes):,} "
+                   "genes: with fewer cells than genes the graph is poorly determined, and many of its edges may be "
+                   "noise.", ("give Step I more cells, or fewer genes (`preprocess.n_top_genes`)",),
+                   short="fewer cells than genes in Step I")
+
+
 # ---------------------------------------------------------------------------------------------------- verdict
 def verdict(adata: ad.AnnData, records: Sequence[dict], resources: Sequence[dict] | None = None) -> list[Finding]:
-    """Every finding of the verdict, in reading order: positions, baselines, resources."""
+    """Every finding of the verdict, in reading order: positions, Step I's cells, baselines, resources."""
     pos = positioning(adata)
     training = training_context(adata)
     findings = [positioning_finding(pos, training.encoding)]
+    findings += [f for f in (cells_finding(adata),) if f is not None]
     comparisons = comparisons_from_records(records)
     if comparisons:
         causes = likely_causes(training, pos)
@@ -279,6 +309,9 @@ def verdict(adata: ad.AnnData, records: Sequence[dict], resources: Sequence[dict
 
 def headline(findings: Sequence[Finding]) -> str:
     """One sentence over all findings: what went wrong, or that nothing did."""
+    if any(f.level == NO_OP and f.short == "no gene got a causal position" for f in findings):
+        return ("CAPE did nothing causal in this run: no gene got a position from the causal graph, so read the "
+                "numbers below as those of a transformer with arbitrary gene positions.")
     if any(f.level == NO_OP for f in findings):
         return ("CAPE did nothing in this run: no gene got a position from the causal graph, so read the numbers "
                 "below as those of a transformer without positional encoding.")
