@@ -72,6 +72,25 @@ def test_read_loom_keeps_gene_and_cell_names(tmp_path, counts_adata):
         cape.data.read(tmp_path / "unnamed.loom")
 
 
+def test_obs_columns_are_read_without_the_matrix(tmp_path, counts_adata):
+    from cape.data.user_files import check_obs_columns, obs_columns
+
+    counts_adata.obs["batch"] = "b1"
+    counts_adata.write_h5ad(tmp_path / "x.h5ad")
+    assert obs_columns(tmp_path / "x.h5ad") == ["group", "batch"]
+    check_obs_columns(tmp_path / "x.h5ad", {"labels": "group"})
+    with pytest.raises(CapeInputError, match="labels=grup: no such column in .*x.h5ad; its cell annotation columns: "
+                                             "group, batch"):
+        check_obs_columns(tmp_path / "x.h5ad", {"labels": "grup"})
+    (tmp_path / "m.csv").write_text(",g1\ncellA,1\n")
+    with pytest.raises(CapeInputError, match="none \\(a .csv file carries no cell annotations\\)"):
+        check_obs_columns(tmp_path / "m.csv", {"labels": "group"})
+    (tmp_path / "broken.h5ad").write_text("not hdf5")
+    assert obs_columns(tmp_path / "broken.h5ad") is None  # reading it says what is wrong
+    check_obs_columns(tmp_path / "broken.h5ad", {"labels": "group"})
+    assert obs_columns(tmp_path / "x.zarr") is None
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(CapeInputError, match="input file not found"):
         cape.data.read(tmp_path / "nope.h5ad")

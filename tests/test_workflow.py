@@ -57,6 +57,21 @@ def test_bad_config_names_the_key(workdir, override, words):
     assert not (workdir / "results").exists()
 
 
+@pytest.mark.parametrize("override, words", [
+    ("labels=celltype", "labels=celltype: no such column in mine.h5ad; its cell annotation columns: group"),
+    ("causal={'interventions': 'condition'}", "causal.interventions=condition: no such column"),
+])
+def test_missing_obs_column_is_named_before_any_job(workdir, counts_adata, override, words):
+    counts_adata.write_h5ad(workdir / "mine.h5ad")
+    proc = snakemake(workdir, "-n", "--config", "input=mine.h5ad", override)
+    assert proc.returncode != 0 and words in proc.stdout + proc.stderr
+    assert not (workdir / "results").exists()
+    assert snakemake(workdir, "-n", "--config", "input=mine.h5ad", "labels=group").returncode == 0
+    (workdir / "mine.txt").write_text("x")
+    proc = snakemake(workdir, "-n", "--config", "input=mine.txt")
+    assert proc.returncode != 0 and "unsupported file type .txt" in proc.stdout + proc.stderr
+
+
 def test_bad_input_file_fails_without_partial_output(workdir):
     bad = workdir / "broken.h5ad"
     bad.write_text("not hdf5\n")

@@ -52,12 +52,7 @@ def read(path: str | os.PathLike, *, expect_counts: bool | None = None, validate
     p = Path(path)
     if not p.exists():
         raise CapeInputError(f"input file not found: {p}")
-    suffix = p.suffix.lower()
-    if suffix not in SUPPORTED_SUFFIXES:
-        raise CapeInputError(
-            f"cannot read {p.name}: unsupported file type {suffix or '(none)'}; "
-            f"use one of {', '.join(SUPPORTED_SUFFIXES)}"
-        )
+    suffix = check_suffix(p)
     try:
         adata = _read_by_suffix(p, suffix)
     except CapeInputError:
@@ -68,6 +63,53 @@ def read(path: str | os.PathLike, *, expect_counts: bool | None = None, validate
     if validate:
         validate_adata(adata, source=str(p), expect_counts=expect_counts)
     return adata
+
+
+def check_suffix(path: str | os.PathLike) -> str:
+    """The file's suffix (lower case), refused in one line unless :func:`read` can read it."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        raise CapeInputError(f"cannot read {p.name}: unsupported file type {suffix or '(none)'}; "
+                             f"use one of {', '.join(SUPPORTED_SUFFIXES)}")
+    return suffix
+
+
+def obs_columns(path: str | os.PathLike) -> list[str] | None:
+    """The cell annotation columns of a file, read without its matrix, so that a misspelled column can be refused
+    before any work: ``.h5ad`` (``obs``) and ``.loom`` (column attributes); ``[]`` for ``.csv`` and 10x ``.h5``,
+    which carry none; ``None`` where they are not known cheaply (``.zarr``, or a file that does not open: reading
+    it reports that).
+    """
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix in (".csv", ".h5"):
+        return []
+    if suffix not in (".h5ad", ".loom"):
+        return None
+    try:
+        with h5py.File(p, "r") as f:
+            if suffix == ".loom":
+                return [str(k) for k in f["col_attrs"].keys()] if "col_attrs" in f else []
+            obs = f["obs"]
+            if isinstance(obs, h5py.Dataset):  # anndata < 0.7: one compound table, the index among its fields
+                return [str(n) for n in obs.dtype.names or () if n != "index"]
+            order = obs.attrs.get("column-order", [])
+            return [c.decode() if isinstance(c, bytes) else str(c) for c in np.atleast_1d(order)]
+    except (OSError, KeyError):
+        return None
+
+
+def check_obs_columns(path: str | os.PathLike, keys: dict[str, str]) -> None:
+    """Refuse ``keys`` (``{config key: obs column}``) naming a column the file lacks, in one line; nothing is
+    checked where :func:`obs_columns` cannot tell."""
+    columns = obs_columns(path)
+    if columns is None:
+        return
+    for what, column in keys.items():
+        if column not in columns:
+            have = ", ".join(columns) if columns else f"none (a {Path(path).suffix} file carries no cell annotations)"
+            raise CapeInputError(f"{what}={column}: no such column in {path}; its cell annotation columns: {have}")
 
 
 def _read_by_suffix(p: Path, suffix: str) -> ad.AnnData:

@@ -8,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from cape import CapeInputError
+from cape.data.user_files import check_obs_columns, check_suffix
 from cape.workflow_config import coerce_config, validate_config
 
 # cape's check first: one line naming the offending key; then Snakemake's, which fills in the schema defaults.
@@ -21,6 +22,14 @@ except CapeInputError as err:
 validate(config, schema="../../configs/schema.yaml", set_default=True)
 if config["input"] and not Path(config["input"]).exists():
     raise WorkflowError(f"input file not found: {config['input']}")
+if config["input"]:
+    # what would otherwise fail only after Step I: an unreadable file type, a label or perturbation column it lacks
+    obs_keys = {"labels": config["labels"], "causal.interventions": config["causal"].get("interventions")}
+    try:
+        check_suffix(config["input"])
+        check_obs_columns(config["input"], {k: v for k, v in obs_keys.items() if v and v not in ("auto", "none")})
+    except CapeInputError as err:
+        raise WorkflowError(str(err)) from None
 if config["train"]["checkpoint"] and not Path(config["train"]["checkpoint"]).is_dir():
     raise WorkflowError(f"train.checkpoint folder not found: {config['train']['checkpoint']}")
 
