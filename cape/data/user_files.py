@@ -113,6 +113,13 @@ def check_obs_columns(path: str | os.PathLike, keys: dict[str, str]) -> None:
 
 
 def _read_by_suffix(p: Path, suffix: str) -> ad.AnnData:
+    with warnings.catch_warnings():
+        # anndata's "call .var_names_make_unique": validate_adata does that, and says so in its own warning
+        warnings.filterwarnings("ignore", message="(Variable|Observation) names are not unique")
+        return _read_any(p, suffix)
+
+
+def _read_any(p: Path, suffix: str) -> ad.AnnData:
     if suffix == ".h5ad":
         return ad.read_h5ad(p)
     if suffix == ".h5":
