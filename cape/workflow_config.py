@@ -32,6 +32,8 @@ def describe_error(err: jsonschema.ValidationError) -> str:
     if err.validator == "maxItems" and "description" in err.schema:
         return (f"config key {where!r} holds {len(err.instance)} items, at most {err.validator_value} here: "
                 f"{err.schema['description']}")
+    if err.validator == "pattern" and "description" in err.schema:  # a regular expression tells users little
+        return f"config key {where!r} got {err.instance!r}: expected {err.schema['description']}"
     return f"config key {where or '(top level)'!r}: {err.message}"
 
 

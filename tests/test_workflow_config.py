@@ -96,6 +96,8 @@ def test_config_reaches_the_command_lines(workdir):
         ("train", {"class_wieght": "none"}, "unknown config key 'train.class_wieght'"),
         ("train", {"warmup_fraction": "1.5"}, "config key 'train.warmup_fraction'"),
         ("causal", {"h_evry": "3"}, "unknown config key 'causal.h_evry'"),
+        ("causal", {"tau": "budgte"}, "config key 'causal.tau' got 'budgte': expected edge threshold τ in [0, 1), "
+                                      "or a rule. budget:"),
         ("causal", {"h_every": "0"}, "config key 'causal.h_every'"),
         ("embed", {"dimm": "3"}, "unknown config key 'embed.dimm'"),
         ("encode", {"scael": "1"}, "unknown config key 'encode.scael'"),
