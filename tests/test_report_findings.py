@@ -206,6 +206,10 @@ def test_likely_causes():
     assert "`causal.tau`" in causes[0][1]
     (c,) = likely_causes(ckpt, dense)
     assert "`train.epochs`" in c[1]
+    # the clustered embedding was made before fine-tuning: no labelled cell is blamed
+    (c,) = likely_causes(many, dense, labels_seen=False)
+    assert c[0].startswith("a transformer trained from scratch without labels") and "labelled" not in c[0]
+    assert "3 epochs of self-supervised pretraining" in c[0] and "now 3" in c[1]
 
 
 def test_training_context(trained_adata):

@@ -203,10 +203,18 @@ _NAMES = {"cape": "the transformer", "logreg_pca": "logistic regression on PCA",
                              "k-means on PCA has not)"}
 
 
-def likely_causes(training: Training, pos: Positioning | None) -> list[tuple[str, str]]:
-    """(cause, remedy) pairs for a baseline beating the transformer, most likely first."""
+def likely_causes(training: Training, pos: Positioning | None, *, labels_seen: bool = True) -> list[tuple[str, str]]:
+    """(cause, remedy) pairs for a baseline beating the transformer, most likely first. ``labels_seen=False``: the
+    result is that of an embedding made before fine-tuning (clustering), which no label has shaped."""
     causes = []
-    if not training.pretrained_weights:
+    if not training.pretrained_weights and not labels_seen:
+        pre = (f"{training.pretrain_epochs} epochs of self-supervised pretraining" if training.pretrain_epochs
+               else "no pretraining")
+        causes.append((f"a transformer trained from scratch without labels: its cell embedding comes from {pre} on "
+                       "this run's cells, while PCA finds the main axes of variation at once",
+                       "start from published weights with `train.checkpoint: path/to/scGPT_folder`; or pretrain "
+                       f"longer (`train.pretrain_epochs`, now {training.pretrain_epochs}); or give more cells"))
+    elif not training.pretrained_weights:
         cells = f"{training.n_fine_tune:,} labelled cells" if training.n_fine_tune is not None else "this run's cells"
         pre = (f"{training.pretrain_epochs} epochs of self-supervised pretraining" if training.pretrain_epochs
                else "no pretraining")
@@ -297,7 +305,9 @@ def verdict(adata: ad.AnnData, records: Sequence[dict], resources: Sequence[dict
     comparisons = comparisons_from_records(records)
     if comparisons:
         causes = likely_causes(training, pos)
-        findings += [comparison_finding(c, causes, method_name=training.name if c.method == "cape" else None)
+        unsupervised = likely_causes(training, pos, labels_seen=False)  # clustering of the pretrained embedding
+        findings += [comparison_finding(c, unsupervised if (c.task, c.method) == ("clustering", "cape") else causes,
+                                        method_name=training.name if c.method == "cape" else None)
                      for c in comparisons]
     elif not any(r["task"] in ("annotation", "clustering") for r in records):
         findings.append(Finding(OK, "baselines", "No cell labels, so the transformer was not compared with "
