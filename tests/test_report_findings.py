@@ -188,6 +188,13 @@ def test_comparison_finding_levels():
     assert "Likely cause: cause A." in comparison_finding(lose, causes).text
     assert comparison_finding(tie, causes).level == OK and "no clear difference" in comparison_finding(tie).text
     assert "is better than logistic regression on PCA, by more than" in comparison_finding(win).text
+    # 9 scored cells: an undecided interval is not "no clear difference" but too few cells to tell
+    few = Comparison(**(base | {"n_cells": 9}), diff=-0.34, low=-0.78, high=0.11)
+    finding = comparison_finding(few, causes)
+    assert finding.level == WARNING and "too few cells to tell" in finding.text
+    assert "over the 9 test cells" in finding.text
+    assert finding.short in headline([finding])
+    assert comparison_finding(Comparison(**(base | {"n_cells": 9}), diff=-0.5, low=-0.7, high=-0.3)).level == WARNING
 
 
 def test_likely_causes():

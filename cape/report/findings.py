@@ -31,6 +31,11 @@ MIN_POSITIONED_FRACTION = 0.5
 FEW_FINE_TUNE_CELLS = 1000
 
 
+#: Rule of thumb, not a measured threshold: below this many scored cells "no clear difference" says little, as the
+#: bootstrap interval of an accuracy spans tens of points.
+FEW_COMPARED_CELLS = 50
+
+
 #: Encodings of ``cape train`` that use neither the causal graph nor CAPE's positions (see ``cape encodings``).
 POSITION_FREE_ENCODINGS = frozenset({"none", "static_absolute", "trainable_absolute"})
 
@@ -258,6 +263,10 @@ def comparison_finding(cmp: Comparison, causes: Sequence[tuple[str, str]] = (), 
     if cmp.low > 0:
         return Finding(OK, cmp.task, f"{task}: {method} is better than {baseline}, by more than the variation "
                        f"between cells explains — {scores}.")
+    if cmp.n_cells < FEW_COMPARED_CELLS:
+        return Finding(WARNING, cmp.task, f"{task}: too few cells to tell {method} from {baseline} — {scores}.",
+                       ("label more cells: the comparison is scored on the labelled cells not used for fine-tuning",),
+                       short=f"too few cells to compare on {task.lower()}")
     return Finding(OK, cmp.task, f"{task}: no clear difference (within the variation between cells) — {scores}.")
 
 
