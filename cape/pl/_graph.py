@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import networkx as nx
 import numpy as np
 import scipy.sparse as sp
+from matplotlib.lines import Line2D
 
 from .._errors import CapeInputError
 
@@ -64,6 +65,10 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
                      font_size=7, width=widths, edge_color=colours, arrowsize=10)
     ax.set_title(title or f"causal gene graph: {len(keep)} most general genes, {graph.number_of_edges()} edges "
                  f"(of {A.nnz} in all)")
+    if graph.number_of_edges():
+        ax.legend(handles=[Line2D([], [], color="tab:blue", label="positive weight"),
+                           Line2D([], [], color="tab:red", label="negative weight")],
+                  loc="lower right", fontsize=7, frameon=False, title="edge width: |weight|", title_fontsize=7)
     ax.axis("off")
     fig = fig or ax.figure
     if return_fig:
