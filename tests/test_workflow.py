@@ -80,6 +80,8 @@ def test_bad_input_file_fails_without_partial_output(workdir):
     log = (workdir / "logs/broken/preprocess.log").read_text()
     assert log.strip().splitlines() == [log.strip()] and "cape: error: cannot read" in log
     assert not (workdir / "results/broken/preprocessed.h5ad").exists()
+    # the rule repeats the error line on the terminal, where Snakemake shows only that the job failed
+    assert log.strip() in proc.stderr.splitlines()
 
 
 # A run small enough for the test suite: 30 genes, few epochs, a model that fits them (8 rotary planes).

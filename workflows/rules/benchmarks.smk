@@ -74,7 +74,7 @@ if GEARS:
             url=GEARS_GO_URL,
         shell:
             "{params.python:q} -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])'"
-            " {params.url:q} {output:q} " + LOG
+            " {params.url:q} {output:q} " f"{LOG}"
 
 
     rule bench_gears:
@@ -101,7 +101,7 @@ if GEARS:
             gpu=gpus(),
         shell:
             "{params.cape_bench} --threads {threads} gears --dataset {params.dataset:q} --out {params.out:q}"
-            " {params.flags} " + LOG
+            " {params.flags} " f"{LOG}"
 
 else:
 
@@ -128,4 +128,4 @@ else:
             gpu=gpus(),
         shell:
             "{params.cape_bench} --threads {threads} encodings --task {params.task} --dataset {params.dataset:q} --out {params.out:q}"
-            " {params.flags} " + LOG
+            " {params.flags} " f"{LOG}"

@@ -36,4 +36,4 @@ rule causal:
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
         " --use-genes {params.opts[use_genes]} --h-every {params.h_every} --screen {params.opts[screen]}"
         " {params.layer} {params.interventions}"
-        + LOG
+        f"{LOG}"

@@ -26,7 +26,7 @@ rule embed:
         " --negatives {params.opts[negatives]} --max-radius {params.opts[max_radius]}"
         " --init-scale {params.opts[init_scale]}"
         " --temperature {params.opts[temperature]} --isolated {params.opts[isolated]} {params.lr}"
-        + LOG
+        f"{LOG}"
 
 
 rule encode:
@@ -50,4 +50,4 @@ rule encode:
     shell:
         "{params.cape} --threads {threads} encode --input {input:q} --output {output:q} --scale {params.opts[scale]}"
         " --bands {params.opts[bands]} --band-top {params.opts[band_top]}"
-        + LOG
+        f"{LOG}"

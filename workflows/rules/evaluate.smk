@@ -39,4 +39,4 @@ rule evaluate:
     shell:
         "{params.cape} --threads {threads} evaluate --input {input.h5ad:q} --model {input.model:q} --metrics {output.metrics:q} --report {output.report:q}"
         " --label-key {params.labels} --name {wildcards.dataset} --benchmarks {params.benchmarks:q}"
-        + LOG
+        f"{LOG}"

@@ -21,4 +21,4 @@ rule predict:
     shell:
         "{params.cape} --threads {threads} predict --input {input:q} --intervene {params.intervene}"
         " --mode {params.opts[mode]} --equations {params.opts[equations]} --top {params.opts[top]}"
-        " --output {output.h5ad:q} --table {output.table:q} --plot {output.plot:q} " + LOG
+        " --output {output.h5ad:q} --table {output.table:q} --plot {output.plot:q} " f"{LOG}"

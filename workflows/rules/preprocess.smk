@@ -26,4 +26,4 @@ rule preprocess:
         " --target-sum {params.opts[target_sum]} --n-top-genes {params.opts[n_top_genes]}"
         " --hvg-flavor {params.opts[hvg_flavor]}"
         " {params.log1p} {params.interventions}"
-        + LOG
+        f"{LOG}"

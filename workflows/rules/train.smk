@@ -21,4 +21,4 @@ rule train:
     shell:
         "{params.cape} --threads {threads} train --input {input:q} --output {output.h5ad:q} --model-dir {output.model:q}"
         " --label-key {params.labels} {params.flags}"
-        + LOG
+        f"{LOG}"
