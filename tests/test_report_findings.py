@@ -100,7 +100,7 @@ def test_genes_spread_by_step2_are_not_said_to_sit_at_the_centre():
     adata.uns["cape"] = {"hyperbolic_embedding": {"params": {"isolated": "negatives"}}}
     finding = positioning_finding(positioning(adata))
     assert finding.level == WARNING and "centre" not in finding.text
-    assert "only spread apart by Step II, so their positions carry no causal information" in finding.text
+    assert "only spread apart by Step II: their positions carry no causal information" in finding.text
     adata.varp["cape_dag"] = sp.csr_matrix((6, 6))
     finding = positioning_finding(positioning(adata))
     assert finding.level == NO_OP and "centre" not in finding.text and "changed nothing" not in finding.text

@@ -158,7 +158,7 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                        (_tau_remedy(pos),), short="no gene got a position, so CAPE changed nothing")
     share = f"{pos.fraction:.0%} of the genes used ({pos.n_positioned:,} of {pos.n_used:,})"
     if pos.fraction < MIN_POSITIONED_FRACTION:
-        others = ("the others are only spread apart by Step II, so their positions carry no causal information"
+        others = ("the others are only spread apart by Step II: their positions carry no causal information"
                   if spread else "the others sit at the centre of the Poincaré disk and are encoded as if they had "
                   "no position")
         return Finding(WARNING, "positions",
