@@ -88,6 +88,9 @@ def test_raw_counts_without_a_gene_selection_are_refused(counts_adata, caplog) -
     with pytest.raises(CapeInputError, match="raw counts and var\\['cape_used'\\] is missing: run cape.pp.preprocess"):
         causal_graph(counts_adata, **FAST)
     assert "cape_dag" not in counts_adata.varp
+    # a layer is the user's choice of matrix: X's raw counts do not matter then
+    counts_adata.layers["log"] = np.log1p(counts_adata.X)
+    causal_graph(counts_adata[:, :6].copy(), layer="log", rank=None, tau=0.05, **FAST)
     # log-scale values without the selection use every gene, and say so
     a = _adata()
     with caplog.at_level(logging.WARNING, logger="cape"):

@@ -75,14 +75,14 @@ SCAN_TAUS = (0.2, 0.1, 0.05, 0.02, 0.01)
 DATA_KEYS = ("use_genes", "layer", "interventions")
 
 
-def _select_genes(adata: ad.AnnData, use_genes) -> np.ndarray:
-    """Boolean mask over ``adata.var_names`` of the genes to use."""
+def _select_genes(adata: ad.AnnData, use_genes, layer: str | None = None) -> np.ndarray:
+    """Boolean mask over ``adata.var_names`` of the genes to use (``layer``: the matrix Step I reads, X if None)."""
     if use_genes is None:
         return np.ones(adata.n_vars, dtype=bool)
     if isinstance(use_genes, str):
         if use_genes not in adata.var:
             if use_genes == "cape_used":
-                if detect_scale(adata) == "counts":  # raw counts of every gene: surely a forgotten preprocess
+                if layer is None and detect_scale(adata) == "counts":  # raw counts, all genes: a forgotten preprocess
                     raise CapeInputError(
                         f"X holds raw counts and var['cape_used'] is missing: run cape.pp.preprocess first "
                         f"(normalise, log1p, select genes), or pass use_genes=None to use all {adata.n_vars} genes "
@@ -215,7 +215,7 @@ def _select(adata: ad.AnnData, use_genes, layer: str | None) -> _Selection:
     """The genes of ``use_genes`` in X (or ``layer``), finite, with constant genes dropped (a warning)."""
     if layer is not None and layer not in adata.layers:
         raise CapeInputError(f"layer {layer!r} not found in adata.layers")
-    mask = _select_genes(adata, use_genes)
+    mask = _select_genes(adata, use_genes, layer)
     X = adata.layers[layer] if layer is not None else adata.X
     if X is None:
         raise CapeInputError("adata.X is empty")
