@@ -6,6 +6,7 @@ from _report_data import _value
 
 from cape import CapeInputError
 from cape.report import evaluate_run
+from cape.report.document import _metrics_table
 from cape.tasks.labels import SPLIT_KEY
 
 
@@ -20,6 +21,9 @@ def test_evaluate_run_scores_test_cells_only(trained_adata):
     assert _value(records, "graph", "cape", "edges") == 3
     assert _value(records, "graph", "cape", "edges_removed_for_acyclicity") == 1
     assert {r["method"] for r in records if r["task"] == "clustering"} == {"cape", "pca_kmeans"}
+    # the report's graph table says what each of its columns counts
+    graph = _metrics_table(records).split("### graph\n\n")[1]
+    assert graph.startswith("Step I's graph: `edges` kept; `edges_removed_for_acyclicity`, edges above the threshold")
 
 
 def test_single_class_is_refused(trained_adata):

@@ -61,10 +61,12 @@ def test_generality_zero_outside_used_genes():
     np.testing.assert_array_equal(adata.varm["cape_poincare"][-3:], 0.0)
 
 
-def test_rotary_encoding_angles():
+def test_rotary_encoding_angles(caplog):
     adata = make_adata()
     cape.tl.hyperbolic_embedding(adata, dim=4, epochs=10)
-    cape.tl.rotary_encoding(adata)
+    with caplog.at_level("INFO", logger="cape"):
+        cape.tl.rotary_encoding(adata)
+    assert "Step III: 4 angles per gene for 20 genes (scale 0.785, 1 band(s))" in caplog.text  # `cape encode` says it
     np.testing.assert_allclose(adata.varm["cape_angles"], adata.varm["cape_poincare"] * math.pi / 4)
     assert np.abs(adata.varm["cape_angles"]).max() < math.pi / 4
     cape.tl.rotary_encoding(adata, scale=1.0, key_added="phi")

@@ -30,7 +30,13 @@ def _metric_tables(records: list[dict]) -> list[tuple[str, str, list[str], list[
     notes = {"attention": "Behind-RoPE non-relativity index of the mean attention logits per layer: 0 = a function "
                           "of the relative position only, ~1 = unrelated to it.",
              "comparison": f"The transformer minus its same-run baseline, with the {N_BOOTSTRAP:,}-resample "
-                           "bootstrap interval (95 %) over the cells scored."}
+                           "bootstrap interval (95 %) over the cells scored.",
+             "graph": "Step I's graph: `edges` kept; `edges_removed_for_acyclicity`, edges above the threshold "
+                      "dropped, weakest first, where they would close a cycle (Step II needs a DAG); "
+                      "`genes_with_an_edge`, the genes the graph places; `genes_embedded`, the genes that took "
+                      "part in Step II (with `isolated: negatives` also those without an edge, which it spreads "
+                      "apart); `fraction_of_genes_at_origin`, the share of the used genes within 1e-3 of the disk's "
+                      "centre."}
     tables = []
     for task in dict.fromkeys(r["task"] for r in records):
         if task in _VERDICT_TASKS:

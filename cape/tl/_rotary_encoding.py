@@ -5,6 +5,7 @@ Fields set: ``varm["cape_angles"]`` (c · ``varm["cape_poincare"]``, or B bands 
 
 from __future__ import annotations
 
+import logging
 import math
 
 import anndata as ad
@@ -14,6 +15,8 @@ import torch
 from .._errors import CapeInputError
 from ..encodings.cape import DEFAULT_BAND_TOP, band_frequencies, cape_angles
 from ._uns import record_step, step_key
+
+logger = logging.getLogger("cape")
 
 #: ``varm`` key of Step III's angles (``key_added`` of :func:`rotary_encoding`).
 ANGLES_KEY = "cape_angles"
@@ -74,4 +77,7 @@ def rotary_encoding(adata: ad.AnnData, scale: float = math.pi / 4, *, bands: int
         "max_abs_angle_low_band": float(np.abs(low).max()) if low.size else 0.0,
         "max_abs_angle": float(np.abs(angles).max()) if angles.size else 0.0},
         key=step_key("rotary_encoding", key_added, ANGLES_KEY))
+    logger.info("Step III: %d angles per gene for %d genes (scale %.3g, %d band(s)), largest |angle| %.3g → "
+                "varm[%r]", angles.shape[1], angles.shape[0], scale, bands,
+                float(np.abs(angles).max()) if angles.size else 0.0, key_added)
     return adata if copy else None
