@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import anndata as ad
 import numpy as np
@@ -27,6 +28,19 @@ def test_preprocess_qc_drops_sparse_cells(counts_adata):
     out = cape.pp.preprocess(counts_adata, min_genes=100, n_top_genes=50, copy=True)
     assert out.n_obs == counts_adata.n_obs - 10
     assert "cape" not in counts_adata.uns  # copy=True leaves the input alone
+
+
+def test_qc_removing_most_cells_asks_whether_the_table_is_transposed(counts_adata, caplog):
+    counts_adata.X[:10, 50:] = 0
+    with caplog.at_level("WARNING", logger="cape"):
+        cape.pp.preprocess(counts_adata, min_genes=100, n_top_genes=50, copy=True)
+    assert "transpose" not in caplog.text  # 10 of 300 removed: ordinary QC
+    genes_by_cells = ad.AnnData(counts_adata.X.T.copy())  # 400 "cells" of 300 "genes"
+    genes_by_cells.X[:300, 50:] = 0  # rows that are rarely detected genes: most fail QC
+    with caplog.at_level("WARNING", logger="cape"):
+        cape.pp.preprocess(genes_by_cells, min_genes=100, n_top_genes=50, copy=True)
+    assert re.search(r"QC removed 3\d\d of 400 cells", caplog.text)
+    assert "if the rows of the input are genes, transpose it (cape reads cells × genes)" in caplog.text
 
 
 def test_already_log_normalised_is_not_normalised_twice(counts_adata, caplog):

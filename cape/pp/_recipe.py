@@ -159,6 +159,10 @@ def _filter(adata: ad.AnnData, min_genes: int, min_cells: int, n_obs_in: int, ke
         if not keep.all():
             logger.info("QC: removing %d of %d cells with fewer than %d detected genes",
                         int((~keep).sum()), adata.n_obs, min_genes)
+        if keep.mean() < 0.5:  # most "cells" nearly empty: often a genes × cells table read the other way round
+            logger.warning("QC removed %d of %d cells (fewer than %d detected genes): if the rows of the input are "
+                           "genes, transpose it (cape reads cells × genes)", int((~keep).sum()), adata.n_obs,
+                           min_genes)
         adata._inplace_subset_obs(keep)
         adata.obs["n_genes"] = n_genes[keep]
     if min_cells > 0:
