@@ -1,4 +1,4 @@
-"""Plots of the Step II embedding: genes in the Poincaré disk/ball with the DAG's edges, and generality."""
+"""Plots of the Step II embedding: genes in the Poincaré disk with the DAG's edges, and generality."""
 
 from __future__ import annotations
 
@@ -9,9 +9,13 @@ import anndata as ad
 import matplotlib.pyplot as plt
 import numpy as np
 import scipy.sparse as sp
+from matplotlib.collections import LineCollection
+from matplotlib.colors import LogNorm
+from matplotlib.lines import Line2D
 from scipy.stats import spearmanr
 
 from .._errors import CapeInputError
+from ._labels import place_labels
 
 logger = logging.getLogger("cape")
 
@@ -34,29 +38,42 @@ def _colours(adata: ad.AnnData, color: str | None):
 
 
 def poincare(adata: ad.AnnData, color: str | None = "cape_generality", *, edges: bool = True,
-             basis: str = "cape_poincare", dag_key: str = "cape_dag", components: Sequence[int] | None = None,
-             labels: bool | None = None, only_embedded: bool = True, ax=None, show: bool | None = None,
-             return_fig: bool = False, title: str | None = None, cmap: str = "viridis"):
-    """Genes in the Poincaré disk (d = 2) or ball (d ≥ 3, first three or ``components``) with the DAG's edges.
+             basis: str = "cape_poincare", dag_key: str = "cape_dag", radius: str = "norm",
+             components: Sequence[int] | None = None, labels: bool | int | None = None, only_embedded: bool = True,
+             seed: int = 0, ax=None, show: bool | None = None, return_fig: bool = False, title: str | None = None,
+             cmap: str = "viridis"):
+    """Genes in the Poincaré disk: radius from each gene's true norm ‖e‖, angle from its direction.
+
+    The embedding may have any dimension d. A gene's radius is ‖e‖ (``radius="norm"``), or its hyperbolic
+    distance from the origin ``2·artanh‖e‖`` scaled to the disk (``radius="distance"``, which spreads genes
+    crowded near the rim). Its angle is that of its direction e/‖e‖ projected on the first two principal axes of
+    all directions (d > 2), or on the coordinates ``components``; for d = 2 it is the true angle, and the plot is
+    the embedding itself. The DAG's edges are drawn faintly; the most general genes are drawn on top and named.
 
     Parameters
     ----------
     adata
         AnnData with ``varm[basis]`` (from :func:`cape.tl.hyperbolic_embedding`).
     color
-        ``var`` column to colour by (default the generality π); ``None`` for one colour.
+        ``var`` column to colour by (default the generality π, on a log scale when it spans over a decade);
+        ``None`` for one colour.
     edges
-        Draw the edges of ``varp[dag_key]`` (arrows in 2-D, lines in 3-D).
+        Draw the edges of ``varp[dag_key]``.
+    radius
+        ``"norm"`` (the true ‖e‖) or ``"distance"`` (hyperbolic distance from the origin, divided by the largest).
     components
-        Which 2 or 3 coordinates to show (default: all when d ≤ 3, else the first three).
+        Two coordinates whose plane gives the angles (default: the principal axes of the directions).
     labels
-        Write gene names next to the points (default: when at most 30 genes are shown).
+        How many of the most general genes to name (``var["cape_generality"]``, else the nearest the origin);
+        ``True`` all, ``False`` none, default 10. A label with no free spot is left out.
     only_embedded
         Hide genes with ``var["cape_embedded"] == False`` (they sit at the origin).
+    seed
+        Seed of the principal axes' sign, so that the same embedding gives the same picture.
     ax
-        Matplotlib axes to draw into (3-D axes for a ball).
-    show, return_fig
-        Show the figure / return it (scanpy conventions).
+        Matplotlib axes to draw into.
+    show, return_fig, title, cmap
+        scanpy conventions.
 
     Reads
     -----
@@ -64,67 +81,130 @@ def poincare(adata: ad.AnnData, color: str | None = "cape_generality", *, edges:
     (``color``) and ``var["cape_embedded"]``.
     """
 
+    if radius not in ("norm", "distance"):
+        raise CapeInputError(f"radius must be 'norm' or 'distance', got {radius!r}")
     pos = _positions(adata, basis)
     d = pos.shape[1]
-    if components is None:
-        components = list(range(min(d, 3)))
-    components = list(components)
-    if len(components) not in (2, 3) or max(components) >= d or min(components) < 0:
-        raise CapeInputError(f"components must pick 2 or 3 of the {d} coordinates, got {components}")
-    if d > len(components):
-        logger.info("showing coordinates %s of %d", components, d)
+    if components is not None:
+        components = list(components)
+        if len(components) != 2 or max(components) >= d or min(components) < 0:
+            raise CapeInputError(f"components must pick 2 of the {d} coordinates, got {components}")
     keep = np.ones(adata.n_vars, dtype=bool)
     if only_embedded and "cape_embedded" in adata.var:
         keep = adata.var["cape_embedded"].to_numpy(dtype=bool)
-    xyz = pos[:, components]
+    if not keep.any():
+        raise CapeInputError("no gene is embedded (var['cape_embedded'] is all False): nothing to draw")
+    norm = np.linalg.norm(pos, axis=1)
+    angle = _angles(pos, keep, components, seed)
+    if radius == "norm":
+        r = norm
+    else:
+        distance = 2 * np.arctanh(np.clip(norm, 0, 1 - 1e-12))
+        r = distance / max(float(distance[keep].max()), 1e-12)
+    xy = np.column_stack([r * np.cos(angle), r * np.sin(angle)])
     values, numeric = _colours(adata, color)
-    three_d = len(components) == 3
+
     if ax is None:
-        fig = plt.figure(figsize=(5.5, 5))
-        ax = fig.add_subplot(111, projection="3d" if three_d else None)
+        fig, ax = plt.subplots(figsize=(7, 6))
     else:
         fig = ax.figure
-    if three_d:
-        u, v = np.mgrid[0:2 * np.pi:30j, 0:np.pi:15j]
-        ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85", lw=0.4)
-    else:
-        ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, color="0.5", lw=1))
-        ax.set_aspect("equal")
+    ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, color="0.3", lw=1))
+    ring_notes = _rings(ax, radius, distance[keep].max() if radius == "distance" else None)
     if edges and dag_key in adata.varp:
         coo = sp.coo_matrix(adata.varp[dag_key])
-        for i, j in zip(coo.row, coo.col, strict=True):
-            if not (keep[i] and keep[j]):
-                continue
-            if three_d:
-                ax.plot(*zip(xyz[i], xyz[j], strict=True), color="0.45", lw=0.6, alpha=0.7)
-            else:
-                ax.annotate("", xy=xyz[j], xytext=xyz[i],
-                            arrowprops={"arrowstyle": "->", "color": "0.45", "lw": 0.6, "alpha": 0.7})
-    kwargs = {"s": 30, "edgecolors": "k", "linewidths": 0.3, "zorder": 3}
+        both = keep[coo.row] & keep[coo.col] & (coo.data != 0)
+        segments = np.stack([xy[coo.row[both]], xy[coo.col[both]]], axis=1)
+        ax.add_collection(LineCollection(segments, colors="0.4", linewidths=0.5, alpha=0.25, zorder=1))
+    kwargs = {"s": 16, "edgecolors": "k", "linewidths": 0.2, "zorder": 3, "gid": POINTS_GID}
+    shown = np.flatnonzero(keep)
     if values is not None and numeric:
-        sc = ax.scatter(*xyz[keep].T, c=values[keep].astype(float), cmap=cmap, **kwargs)
-        fig.colorbar(sc, ax=ax, shrink=0.7, label=color)
+        c = values.astype(float)
+        shown = shown[np.argsort(c[shown], kind="stable")]  # high values drawn last, on top
+        sc = ax.scatter(*xy[shown].T, c=c[shown], cmap=cmap, norm=_colour_scale(c[shown]), **kwargs)
+        fig.colorbar(sc, ax=ax, shrink=0.7, label=_COLOUR_NAMES.get(color, color))
     elif values is not None:
-        for k, cat in enumerate(np.unique(values[keep].astype(str))):
-            mask = keep & (values.astype(str) == cat)
-            ax.scatter(*xyz[mask].T, color=f"C{k % 10}", label=cat, **kwargs)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+        categories = values.astype(str)
+        names = list(np.unique(categories[shown]))
+        ax.scatter(*xy[shown].T, color=[f"C{names.index(c) % 10}" for c in categories[shown]], **kwargs)
+        ax.legend(handles=[Line2D([], [], ls="", marker="o", color=f"C{k % 10}", label=name)
+                           for k, name in enumerate(names)], fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
     else:
-        ax.scatter(*xyz[keep].T, color="C0", **kwargs)
-    if labels is None:
-        labels = keep.sum() <= 30
-    if labels:
-        for i in np.flatnonzero(keep):
-            ax.text(*(xyz[i] * 1.04), str(adata.var_names[i]), fontsize=7)
-    lim = (-1.05, 1.05)
-    ax.set_xlim(*lim)
-    ax.set_ylim(*lim)
-    if three_d:
-        ax.set_zlim(*lim)
-    ax.set_title(title or f"Poincaré {'ball' if three_d else 'disk'} ({basis})")
+        ax.scatter(*xy[shown].T, color="C0", **kwargs)
+    ax.set_aspect("equal")
+    ax.set_xlim(-1.08, 1.08)
+    ax.set_ylim(-1.08, 1.08)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for side in ax.spines.values():
+        side.set_visible(False)
+    what = ("radius: ‖e‖, the true norm in the Poincaré ball" if radius == "norm" else
+            "radius: hyperbolic distance from the origin, 2·artanh‖e‖, over its largest value")
+    how = ("angle: the embedding's own" if d == 2 and components is None else
+           f"angle: coordinates {components[0]} and {components[1]} of e/‖e‖" if components is not None else
+           f"angle: e/‖e‖ on its first two principal axes (d = {d})")
+    ax.set_xlabel(f"{what}; {how}", fontsize=8)
+    ax.set_title(title or f"{keep.sum()} genes in the Poincaré disk ({basis}), ‖e‖ from "
+                 f"{norm[keep].min():.2f} to {norm[keep].max():.2f}", fontsize=10)
+    n_labels = keep.sum() if labels is True else 0 if labels is False else 10 if labels is None else int(labels)
+    rank = (adata.var["cape_generality"].to_numpy(float) if "cape_generality" in adata.var else -norm)
+    named = np.flatnonzero(keep)[np.argsort(-rank[keep], kind="stable")[:n_labels]]
+    place_labels(ax, xy[named], [str(adata.var_names[i]) for i in named], outward=xy[named],
+                 obstacles=xy[keep], marker_pt=2.5, avoid=ring_notes)
     if show:
         plt.show()
     return fig if return_fig else None
+
+
+#: gid of the genes' markers (one PathCollection), so that tests can read the positions drawn.
+POINTS_GID = "cape_poincare_genes"
+_COLOUR_NAMES = {"cape_generality": "generality π (PageRank)"}
+
+
+def _angles(pos: np.ndarray, keep: np.ndarray, components: list[int] | None, seed: int) -> np.ndarray:
+    """Angle of each gene's direction in a plane: its own (d = 2), two coordinates, or the principal axes."""
+
+    norm = np.linalg.norm(pos, axis=1, keepdims=True)
+    unit = np.divide(pos, norm, out=np.zeros_like(pos), where=norm > 0)
+    if components is not None:
+        plane = unit[:, components]
+    elif pos.shape[1] == 2:
+        plane = unit
+    else:
+        centred = unit[keep] - unit[keep].mean(axis=0)
+        _, _, vt = np.linalg.svd(centred, full_matrices=False)
+        axes = vt[:2]
+        # an axis's sign is arbitrary: fix it by a seeded reference direction, the same for every run
+        reference = np.random.default_rng(seed).standard_normal(pos.shape[1])
+        axes = axes * np.where(axes @ reference < 0, -1.0, 1.0)[:, None]
+        plane = unit @ axes.T
+    return np.arctan2(plane[:, 1], plane[:, 0])
+
+
+def _colour_scale(values: np.ndarray):
+    """Log scale for positive values spanning over a decade (PageRank's is heavy-tailed), else linear."""
+
+    if values.size and values.min() > 0 and values.max() > 10 * values.min():
+        return LogNorm(values.min(), values.max())
+    return None
+
+
+def _rings(ax, radius: str, largest_distance: float | None) -> list:
+    """Dashed circles that let the reader read a gene's radius off the disk; the texts that name them."""
+
+    if radius == "norm":
+        # 0.9 and 0.99 lie too close for a text on each: one note names them all
+        rings = [0.5, 0.9, 0.99]
+        notes = [ax.text(0.0, 0.0, "dashed circles: ‖e‖ = 0.5, 0.9, 0.99", transform=ax.transAxes, fontsize=7,
+                         color="0.3", ha="left", va="bottom")]
+    else:
+        step = 1.0 if largest_distance <= 6 else 2.0
+        distances = np.arange(step, largest_distance, step)
+        rings = list(distances / largest_distance)
+        notes = [ax.text(r * np.cos(np.pi / 4), r * np.sin(np.pi / 4), f"d = {t:g}", fontsize=6, color="0.4",
+                         ha="left", va="bottom") for r, t in zip(rings, distances, strict=True)]
+    for r in rings:
+        ax.add_patch(plt.Circle((0, 0), r, fill=False, color="0.6", lw=0.6, ls="--", zorder=0))
+    return notes
 
 
 def generality(adata: ad.AnnData, *, basis: str = "cape_poincare", key: str = "cape_generality",

@@ -72,8 +72,7 @@ def write_figures(adata: ad.AnnData, fig_dir: str | os.PathLike, *, label_key: s
     drawers = {
         "dag.png": ("cape_dag" in adata.varp and adata.varp["cape_dag"].nnz, lambda: pl.dag(adata, return_fig=True)),
         "poincare.png": ("cape_poincare" in adata.varm and _any_positioned(adata), lambda: pl.poincare(
-            adata, components=(0, 1), return_fig=True,
-            title="genes in the Poincaré disk (first two coordinates), coloured by generality")),
+            adata, return_fig=True)),
         "cells.png": ("X_cape" in adata.obsm, lambda: _embedding_figure(adata, label_key)),
     }
     written = []
