@@ -61,6 +61,15 @@ def test_genes_by_cells_is_told_by_its_totals(request, name):
     assert "decades" in rows_look_like_genes(flipped)
 
 
+def test_empty_droplets_do_not_make_cells_look_like_genes(wide):
+    unfiltered = _neutral(wide)
+    x = unfiltered.X.tolil()
+    x[: unfiltered.n_obs // 5] = 0  # a fifth of the barcodes empty, as in an unfiltered 10x matrix
+    unfiltered.X = x.tocsr()
+    assert rows_look_like_genes(unfiltered) is None
+    assert rows_look_like_genes(_neutral(unfiltered.T.copy())) is not None
+
+
 def test_names_of_cells_in_the_rows_win_over_totals(umi):
     flipped = _neutral(umi.T.copy())
     flipped.obs_names = [f"AAACCTGAGAAGGCC{i % 10}-{i}" for i in range(flipped.n_obs)]  # barcodes: rows are cells

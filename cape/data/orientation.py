@@ -6,7 +6,8 @@ Two kinds of evidence, both read off the matrix itself:
   barcodes (a run of 12 or more of A/C/G/T/N, as 10x and Drop-seq write them) or ``cell``-numbered names among the
   column names;
 - **totals per row**: cells have library sizes within about a decade of one another, while genes range over
-  several decades, many near zero. A row spread far wider than the column spread means the rows are genes.
+  several decades, many near zero. A row spread far wider than the column spread means the rows are genes. Empty
+  rows and columns (empty droplets, genes never detected) are left out of both spreads.
 
 The check is one-sided and conservative: names that say the rows are cells (barcodes in the rows, gene IDs in the
 columns) always win, and totals decide only where the names say nothing.
@@ -89,12 +90,18 @@ def _log_totals(x, axis: int) -> np.ndarray:
 
 
 def _spread(values: np.ndarray) -> float:
+    # Empty rows and columns are left out: empty droplets in an unfiltered matrix would otherwise stretch the
+    # cells' spread past the genes'.
+    values = values[values > 0]
+    if values.size < MIN_AXIS:
+        return 0.0
     lo, hi = np.quantile(values, [0.1, 0.9])
     return float(hi - lo)
 
 
 def totals_spread(x) -> tuple[float, float]:
-    """The 10–90 % spread of log10(1 + total), in decades, over the rows and over the columns of ``x``."""
+    """The 10–90 % spread of log10(1 + total), in decades, over the non-empty rows and over the non-empty columns
+    of ``x``."""
     x = x if sp.issparse(x) else np.asarray(x)
     return _spread(_log_totals(x, 1)), _spread(_log_totals(x, 0))
 
