@@ -40,7 +40,8 @@ def test_qc_removing_most_cells_asks_whether_the_table_is_transposed(counts_adat
     with caplog.at_level("WARNING", logger="cape"):
         cape.pp.preprocess(genes_by_cells, min_genes=100, n_top_genes=50, copy=True)
     assert re.search(r"QC removed 3\d\d of 400 cells", caplog.text)
-    assert "if the rows of the input are genes, transpose it (cape reads cells × genes)" in caplog.text
+    assert ("if the rows of the input are genes, transpose it (cape reads cells × genes; "
+            "cape preprocess --transpose)") in caplog.text
 
 
 def test_already_log_normalised_is_not_normalised_twice(counts_adata, caplog):

@@ -55,3 +55,13 @@ def test_report_names_the_step_one_model_and_its_edges(trained_adata, tmp_path):
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert ("40 perturbed cells (used to orient only); 3 edge(s) turned by the perturbed genes' shifts (12 of 60 "
             "tested pairs shifted, FDR 0.05)") in text
+
+
+def test_non_relativity_table_says_how_to_read_it(trained_adata, tmp_path):
+    records = [{"task": "attention", "dataset": "d", "method": f"cape vs {key}", "seed": 0,
+                "metric": "non-relativity layer 0", "value": value}
+               for key, value in (("own positions", 0.4), ("Poincaré distance", 0.7))]
+    text = write_report(trained_adata, records, tmp_path / "report.md").read_text()
+    table = text.split("### attention", 1)[1]
+    assert "0 = how strongly two genes attend depends only on how far apart they sit" in table
+    assert "`Poincaré distance`, Step II's causal geometry" in table and "one column per attention layer" in table

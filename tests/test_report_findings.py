@@ -19,6 +19,8 @@ from cape.report.findings import (
     likely_causes,
     positioning,
     positioning_finding,
+    positions_remedies,
+    tau_remedy,
     training_context,
     verdict,
 )
@@ -54,8 +56,12 @@ def test_no_op_graph_is_called_out(trained_adata, tmp_path):
     finding = positioning_finding(pos)
     assert finding.level == NO_OP
     assert "no edges" in finding.text and "CAPE changed nothing" in finding.text
-    (remedy,) = finding.remedies
-    assert "`causal.tau`" in remedy and "τ = 0.2" in remedy and "auto" in remedy and "120 cells" in remedy
+    assert finding.remedies == ()  # no threshold scan recorded: no remedy that could be checked
+    trained_adata.uns["cape"]["causal_graph"]["threshold_scan"] = {
+        "tau": np.array([0.2, 0.1, 0.05]), "n_edges": np.array([0, 0, 5]), "n_positioned": np.array([0, 0, 7])}
+    (remedy,) = positioning_finding(positioning(trained_adata)).remedies
+    assert "`causal.tau: 0.05`" in remedy and "5 edges" in remedy and "7 of the 12 genes" in remedy
+    assert "τ = 0.2" in remedy
     records = evaluate_run(trained_adata, "cell_type")
     text = write_report(trained_adata, records, tmp_path / "r.md", label_key="cell_type")
     verdict_section = text.read_text().split("## Run")[0]
@@ -82,7 +88,8 @@ def test_embedded_genes_count_only_when_used():
     pos = positioning(adata)
     assert (pos.n_used, pos.n_positioned, pos.n_edges) == (4, 1, 2)
     finding = positioning_finding(pos)
-    assert finding.level == WARNING and finding.text.startswith("Only 25% of the genes used (1 of 4)")
+    assert finding.level == OK and finding.text.startswith("25% of the genes used (1 of 4)")
+    assert "still reads every gene's expression" in finding.text
     del adata.var["cape_embedded"]  # no Step II: the edges of the DAG decide
     assert positioning(adata).n_positioned == 1
     adata.var["cape_used"] = True
@@ -99,8 +106,8 @@ def test_genes_spread_by_step2_are_not_said_to_sit_at_the_centre():
     adata.varp["cape_dag"] = sp.csr_matrix(dag)
     adata.uns["cape"] = {"hyperbolic_embedding": {"params": {"isolated": "negatives"}}}
     finding = positioning_finding(positioning(adata))
-    assert finding.level == WARNING and "centre" not in finding.text
-    assert "only spread apart by Step II: their positions carry no causal information" in finding.text
+    assert finding.level == OK and "centre" not in finding.text
+    assert "Step II spread the others apart, so their positions carry no causal information" in finding.text
     adata.varp["cape_dag"] = sp.csr_matrix((6, 6))
     finding = positioning_finding(positioning(adata))
     assert finding.level == NO_OP and "centre" not in finding.text and "changed nothing" not in finding.text
@@ -138,11 +145,26 @@ def test_calibrated_threshold_and_scan_reach_the_verdict():
     dag[0, 1] = 0
     adata.varp["cape_dag"] = sp.csr_matrix(dag)
     (remedy,) = positioning_finding(positioning(adata)).remedies
-    assert "τ 0.02: 3 edges, 4 genes" in remedy and "τ 0.2:" not in remedy
-    assert "set `causal.tau: auto`" not in remedy  # already calibrated
-    adata.uns["cape"]["causal_graph"]["tau_rule"] = "fixed"
-    (remedy,) = positioning_finding(positioning(adata)).remedies
-    assert "set `causal.tau: auto`" in remedy
+    assert "`causal.tau: 0.02`" in remedy and "3 edges there, positioning 4 of the 4 genes" in remedy
+
+
+def test_a_lower_threshold_is_advised_only_where_the_scan_shows_it_works():
+    """pbmc68k_reduced's default run: 48 % positioned, and τ 0.01 adds one edge. No τ advice, no warning."""
+    pos = Positioning(n_used=300, n_positioned=144, n_edges=132, tau=0.05, tau_rule="budget", n_cells=700,
+                      scan=((0.2, 10, 18), (0.1, 60, 90), (0.05, 132, 144), (0.02, 132, 144), (0.01, 133, 146),
+                            (0.005, 400, 290)))  # below the noise floor: never advised
+    assert tau_remedy(pos) is None
+    (cells,) = positions_remedies(pos)
+    assert cells.startswith("more cells (this run: 700)") and "noise floor τ 0.01" in cells
+    finding = positioning_finding(pos)
+    assert finding.level == OK and finding.remedies == () and "48% of the genes used (144 of 300)" in finding.text
+    assert headline([finding]).startswith("No problems found: 48% of the genes got a position")
+    causes = likely_causes(Training(90, 0, True), pos)
+    assert causes == [("few genes positioned (48%): the encoding adds little", cells)]
+    enough = Positioning(n_used=300, n_positioned=144, n_edges=132, tau=0.05,
+                         scan=((0.05, 132, 144), (0.02, 200, 160), (0.01, 260, 170)))
+    (remedy,) = positioning_finding(enough).remedies
+    assert "`causal.tau: 0.02`" in remedy and "160 of the 300 genes" in remedy
 
 
 def test_baseline_wins_names_cause_and_remedy(trained_adata, tmp_path):
@@ -168,8 +190,14 @@ def test_baseline_wins_names_cause_and_remedy(trained_adata, tmp_path):
 def test_fine_run_has_no_warning(trained_adata):
     trained_adata.obs["cape_cell_type_prediction"] = trained_adata.obs["cell_type"]  # as good as it gets
     trained_adata.var["cape_embedded"] = [True] * 9 + [False] * 3
+    at_ceiling = verdict(trained_adata, evaluate_run(trained_adata, "cell_type"), stage_resources(None))
+    assert all("both score at the ceiling" in f.text for f in at_ceiling if f.level != OK)  # the baselines too
+    # every fifth cell's profile from another cell: the baselines, which read X, are no longer perfect
+    trained_adata.X = trained_adata.X[np.where(np.arange(trained_adata.n_obs) % 5 == 0,
+                                               trained_adata.n_obs - 1 - np.arange(trained_adata.n_obs),
+                                               np.arange(trained_adata.n_obs))]
     findings = verdict(trained_adata, evaluate_run(trained_adata, "cell_type"), stage_resources(None))
-    assert [f.level for f in findings] == [OK] * len(findings)
+    assert [f.level for f in findings] == [OK] * len(findings), [f.text for f in findings]
     assert {f.topic for f in findings} == {"positions", "annotation", "clustering", "resources"}
     assert headline(findings).startswith("No problems found")
     (ann,) = [f for f in findings if f.topic == "annotation"]
@@ -197,11 +225,22 @@ def test_comparison_finding_levels():
     assert comparison_finding(Comparison(**(base | {"n_cells": 9}), diff=-0.5, low=-0.7, high=-0.3)).level == WARNING
 
 
+def test_both_at_the_ceiling_says_the_data_cannot_separate_them():
+    top = dict(task="annotation", metric="accuracy", method="cape", baseline="logreg_pca", value=1.0,
+               baseline_value=1.0, n_cells=490)
+    finding = comparison_finding(Comparison(**top, diff=0.0, low=0.0, high=0.0))
+    assert finding.level == WARNING and "both score at the ceiling" in finding.text
+    assert "too easy to separate them" in finding.text and "+0.00 to +0.00" in finding.text
+    assert finding.short in headline([finding])
+    near = Comparison(**(top | {"baseline_value": 0.9}), diff=0.1, low=0.07, high=0.13)
+    assert "ceiling" not in comparison_finding(near).text
+
+
 def test_likely_causes():
     few = Training(n_fine_tune=90, pretrain_epochs=0, pretrained_weights=False)
     many = Training(n_fine_tune=5000, pretrain_epochs=3, pretrained_weights=False)
     ckpt = Training(n_fine_tune=90, pretrain_epochs=0, pretrained_weights=True)
-    sparse = Positioning(n_used=100, n_positioned=10, n_edges=7, tau=0.2)
+    sparse = Positioning(n_used=100, n_positioned=10, n_edges=7, tau=0.2, scan=((0.1, 40, 60),))
     dense = Positioning(n_used=100, n_positioned=90, n_edges=300)
     (c,) = likely_causes(few, dense)
     assert c[0].startswith("too few cells") and "90 labelled cells with no pretraining" in c[0] and "now 0" in c[1]
@@ -210,7 +249,7 @@ def test_likely_causes():
     assert "pretrain longer (`train.pretrain_epochs`, now 3)" in c[1]
     causes = likely_causes(ckpt, sparse)
     assert [c[0] for c in causes] == ["few genes positioned (10%): the encoding adds little"]
-    assert "`causal.tau`" in causes[0][1]
+    assert "`causal.tau: 0.1`" in causes[0][1]
     (c,) = likely_causes(ckpt, dense)
     assert "`train.epochs`" in c[1]
     # the clustered embedding was made before fine-tuning: no labelled cell is blamed

@@ -133,8 +133,23 @@ def test_cli_predict_writes_outputs(fitted, tmp_path):
     assert rc == 0
     assert "cape_intervention" in ad.read_h5ad(out).layers
     shifts = pd.read_csv(table, sep="\t")
-    assert list(shifts.columns) == ["gene", "shift"] and len(shifts) == fitted.n_vars
+    assert list(shifts.columns) == ["gene", "role", "shift"]
     assert plot.stat().st_size > 0
+
+
+def test_cli_predict_table_lists_only_the_reached_genes(fitted, tmp_path, caplog):
+    src = tmp_path / "causal.h5ad"
+    fitted.write_h5ad(src)
+    source, table = _source_gene(fitted), tmp_path / "s.tsv"
+    with caplog.at_level("INFO", logger="cape"):
+        assert main(["predict", "-i", str(src), "--intervene", f"{source}=0.5x", "--output",
+                     str(tmp_path / "p.h5ad"), "--table", str(table)]) == 0
+    record = ad.read_h5ad(tmp_path / "p.h5ad").uns["cape_intervention"]
+    reached = {source, *map(str, record["descendants"])}
+    shifts = pd.read_csv(table, sep="\t")
+    assert set(shifts["gene"]) == reached and len(shifts) < fitted.n_vars
+    assert dict(zip(shifts["gene"], shifts["role"], strict=True))[source] == "intervened"
+    assert f"{fitted.n_vars - len(reached)} left out" in caplog.text
 
 
 @pytest.mark.parametrize("args,words", [

@@ -64,7 +64,8 @@ def test_config_reaches_the_command_lines(workdir):
     proc = snakemake(workdir, "-n", "-p", "--cores", "2", "--config", "device=cuda",
                      "train={'checkpoint': 'scgpt_ckpt', 'dropout': 0.1, 'pooling': 'cls', 'use_raw': True, "
                      "'encoding_options': {'scale': 0.5}}",
-                     "causal={'h_every': 7, 'interventions': 'condition', 'leave_out_targets': False}")
+                     "causal={'h_every': 7, 'interventions': 'condition', 'leave_out_targets': False}",
+                     "preprocess={'transpose': True}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = {line.split(" -m cape ", 1)[1].split(" --input")[0].split()[-1]: line
                 for line in proc.stdout.splitlines() if " -m cape " in line}
@@ -78,6 +79,7 @@ def test_config_reaches_the_command_lines(workdir):
     assert "--h-every 7" in commands["causal"] and "--layer" not in commands["causal"]
     assert "--interventions condition --no-leave-out-targets" in commands["causal"]
     assert " --interventions condition " in commands["preprocess"]  # the targets join the HVGs
+    assert " --transpose " in commands["preprocess"]
     assert "orient-by-shifts" not in commands["causal"]  # true keeps the CLI default
     for name, line in commands.items():  # every rule passes its {threads}
         assert "--device cuda --threads " in line, name
@@ -86,6 +88,7 @@ def test_config_reaches_the_command_lines(workdir):
     cpu = snakemake(workdir, "-n", "-p", "--cores", "2")
     assert cpu.returncode == 0 and "gpu=1" not in cpu.stdout and "gpu=0" in cpu.stdout
     assert "--interventions" not in cpu.stdout  # causal.interventions null: no labels anywhere
+    assert "--transpose" not in cpu.stdout
 
 
 @pytest.mark.parametrize(

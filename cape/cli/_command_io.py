@@ -11,12 +11,15 @@ from .._errors import CapeInputError
 from ..models.tokenize import AUTO
 
 
-def read_input(spec: str, *, expect_counts: bool | None = None):
-    """Read ``spec``: a file path (validated by :func:`cape.data.read`), or ``dataset:NAME`` for a named dataset."""
+def read_input(spec: str, *, expect_counts: bool | None = None, transpose: bool = False):
+    """Read ``spec``: a file path (validated by :func:`cape.data.read`), or ``dataset:NAME`` for a named dataset;
+    ``transpose`` swaps rows and columns of a genes × cells file."""
 
     if spec.startswith("dataset:"):
+        if transpose:
+            raise CapeInputError("--transpose applies to a genes × cells file; named datasets are cells × genes")
         return data.load(spec.split(":", 1)[1])
-    return data.read(spec, expect_counts=expect_counts)
+    return data.read(spec, expect_counts=expect_counts, transpose=transpose)
 
 
 def same_path(a: str | os.PathLike, b: str | os.PathLike) -> bool:

@@ -6,6 +6,7 @@ import argparse
 import logging
 
 import matplotlib
+import numpy as np
 import pandas as pd
 
 from .. import pl
@@ -31,6 +32,28 @@ def parse_interventions(items: list[str]) -> dict[str, str]:
     return out
 
 
+def reached_shifts(adata, key: str) -> pd.DataFrame:
+    """The predicted mean shift of the genes the intervention reaches (``role`` ``intervened`` or ``descendant``),
+    largest first; the genes it does not reach are left out, with a log line saying how many.
+
+    A gene that is not downstream of an intervened gene keeps its value (counterfactual) or its draw
+    (interventional) by construction, so its 0 says nothing about the gene: listing it buries the answer.
+    """
+    record = adata.uns[key]
+    intervened = [str(g) for g in record["intervention"]]
+    descendants = [str(g) for g in np.atleast_1d(record.get("descendants", [])) if str(g) not in intervened]
+    genes = intervened + descendants
+    shift = adata.var[f"{key}_shift"]
+    table = pd.DataFrame({"gene": genes, "role": ["intervened"] * len(intervened) + ["descendant"] * len(descendants),
+                          "shift": shift.loc[genes].to_numpy(float)})
+    table = table.reindex(table["shift"].abs().sort_values(ascending=False, kind="stable").index)
+    left_out = adata.n_vars - len(genes)
+    if left_out:
+        logger.info("--table: %d gene(s) reached by the intervention listed; %d left out (not downstream of %s "
+                    "in the graph: unchanged)", len(genes), left_out, ", ".join(intervened))
+    return table
+
+
 def register(commands) -> None:
     parser = commands.add_parser("predict", help="predict knock-outs / over-expression with Step I's equations")
     parser.add_argument("--input", "-i", required=True, help="input .h5ad with Step I's graph (from `cape causal`)")
@@ -51,7 +74,9 @@ def register(commands) -> None:
                         help="varp key of the graph for --equations linear / equivalence_class (cape_dag)")
     parser.add_argument("--n-cells", type=positive_int, default=None, help="cells to predict (default: all)")
     parser.add_argument("--key-added", default="cape_intervention", help="layer/var/uns key (cape_intervention)")
-    parser.add_argument("--table", default=None, help="also write the predicted mean shift per gene (.tsv)")
+    parser.add_argument("--table", default=None,
+                        help="also write the predicted mean shift of each gene the intervention reaches: the "
+                             "intervened genes and their descendants in the graph (.tsv); the others keep their values")
     parser.add_argument("--plot", default=None, help="also plot the top predicted shifts (.png)")
     parser.add_argument("--top", type=positive_int, default=20, help="genes in the plot (20)")
     parser.set_defaults(func=run)
@@ -71,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
                                  seed=resolve_seed(None), key_added=args.key_added,
                                  graph=args.graph)
     result = cells if cells is not None else adata
-    shifts = pd.DataFrame({"gene": adata.var_names.astype(str),
-                           "shift": adata.var[f"{args.key_added}_shift"].to_numpy(float)})
-    shifts = shifts.reindex(shifts["shift"].abs().sort_values(ascending=False, kind="stable").index)
+    shifts = reached_shifts(adata, args.key_added)
     fig = None
     if args.plot is not None:  # everything is computed before the first file is written: no partial outputs
         matplotlib.use("agg")

@@ -15,6 +15,8 @@ def register(commands) -> None:
     parser.add_argument("--input", "-i", required=True,
                         help="input .h5ad/.h5/.loom/.csv/.zarr, or 'dataset:NAME' for a named dataset")
     parser.add_argument("--output", "-o", required=True, help="output .h5ad")
+    parser.add_argument("--transpose", action="store_true",
+                        help="the input is genes × cells (rows are genes): read it the other way round")
     parser.add_argument("--min-genes", type=int, default=200, help="min detected genes per cell (200)")
     parser.add_argument("--min-cells", type=int, default=0, help="min cells per gene (0 = keep all genes)")
     parser.add_argument("--target-sum", type=float, default=1e4, help="library size after normalisation (1e4)")
@@ -31,7 +33,7 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = check_output(args.output, args.input)
-    adata = read_input(args.input)
+    adata = read_input(args.input, transpose=args.transpose)
     preprocess(adata, min_genes=args.min_genes, target_sum=args.target_sum, log1p=args.log1p,
                n_top_genes=args.n_top_genes, min_cells=args.min_cells, hvg_flavor=args.hvg_flavor,
                interventions=args.interventions)

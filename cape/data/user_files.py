@@ -22,7 +22,8 @@ MIN_CELLS = 2
 SUPPORTED_SUFFIXES = (".h5ad", ".h5", ".loom", ".csv", ".zarr")
 
 
-def read(path: str | os.PathLike, *, expect_counts: bool | None = None, validate: bool = True) -> ad.AnnData:
+def read(path: str | os.PathLike, *, expect_counts: bool | None = None, validate: bool = True,
+         transpose: bool = False) -> ad.AnnData:
     """Read a single-cell data file and validate it.
 
     The reader is chosen by suffix: ``.h5ad`` (AnnData), ``.h5`` (10x Genomics HDF5, via
@@ -39,6 +40,8 @@ def read(path: str | os.PathLike, *, expect_counts: bool | None = None, validate
         (``uns`` holds scanpy's ``"pca"`` or ``"scale"`` bookkeeping).
     validate
         Run :func:`validate_adata` (recommended).
+    transpose
+        The file holds genes × cells (rows are genes): swap rows and columns after reading, so that cells are rows.
 
     Returns
     -------
@@ -60,9 +63,19 @@ def read(path: str | os.PathLike, *, expect_counts: bool | None = None, validate
     except Exception as err:  # readers raise many types (OSError, KeyError, h5py errors) for corrupt files
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CapeInputError(f"cannot read {p} as {suffix} ({type(err).__name__}: {first})") from err
+    if transpose:
+        adata = _transposed(adata)
     if validate:
         validate_adata(adata, source=str(p), expect_counts=expect_counts)
     return adata
+
+
+def _transposed(adata: ad.AnnData) -> ad.AnnData:
+    """Rows and columns swapped, a sparse X kept row-major (cells are sliced by row downstream)."""
+    out = adata.T.copy()
+    if sp.issparse(out.X):
+        out.X = sp.csr_matrix(out.X)
+    return out
 
 
 def check_suffix(path: str | os.PathLike) -> str:

@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 from .._errors import CapeInputError
 from ..causal import MIN_CELLS as STEP1_MIN_CELLS
+from ..data.orientation import check_orientation
 from ..data.user_files import detect_scale, validate_adata
 from ..tasks.perturbation import intervention_labels
 
@@ -60,7 +61,9 @@ def preprocess(
     Parameters
     ----------
     adata
-        Cells × genes, counts or log-normalised expression, non-negative.
+        Cells × genes, counts or log-normalised expression, non-negative. A matrix whose rows are evidently genes
+        (gene IDs as row names beside barcodes as column names, or row totals spread as genes' are) is refused:
+        pass ``adata.T`` (:func:`cape.data.orientation.rows_look_like_genes`).
     min_genes
         Minimum number of detected genes per cell (paper: 200). Must not exceed the number of genes.
     target_sum
@@ -91,6 +94,11 @@ def preprocess(
     input held counts), ``var["cape_used"]``, ``var["highly_variable"]`` and scanpy's other HVG columns,
     ``obs["n_genes"]``, ``uns["log1p"]``, ``uns["cape"]["preprocess"]``.
 
+    Raises
+    ------
+    cape.CapeInputError
+        Bad parameters, negative values, a genes × cells matrix, or nothing left after QC.
+
     Returns
     -------
     ``None``, or the copy when ``copy=True``. Sets ``layers["counts"]`` (when the input held counts),
@@ -101,6 +109,7 @@ def preprocess(
         adata = adata.copy()
     _check_params(adata, min_genes, target_sum, n_top_genes, min_cells, hvg_flavor)
     validate_adata(adata, source="input", expect_counts=True)
+    check_orientation(adata, source="input")
     targets = _perturbed_genes(adata, interventions)
     record: dict[str, Any] = {
         "params": {"min_genes": min_genes, "target_sum": target_sum, "log1p": log1p, "n_top_genes": n_top_genes,
@@ -161,7 +170,8 @@ def _filter(adata: ad.AnnData, min_genes: int, min_cells: int, n_obs_in: int, ke
                         int((~keep).sum()), adata.n_obs, min_genes)
         if keep.mean() < 0.5:  # most "cells" nearly empty: often a genes × cells table read the other way round
             logger.warning("QC removed %d of %d cells (fewer than %d detected genes): if the rows of the input are "
-                           "genes, transpose it (cape reads cells × genes)", int((~keep).sum()), adata.n_obs,
+                           "genes, transpose it (cape reads cells × genes; cape preprocess --transpose)",
+                           int((~keep).sum()), adata.n_obs,
                            min_genes)
         adata._inplace_subset_obs(keep)
         adata.obs["n_genes"] = n_genes[keep]

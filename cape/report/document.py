@@ -27,8 +27,15 @@ _VERDICT_TASKS = ("resources",)
 def _metric_tables(records: list[dict]) -> list[tuple[str, str, list[str], list[list[str]]]]:
     """(task, note, header, rows) per task, values as ``mean ± sd`` over seeds."""
 
-    notes = {"attention": "Behind-RoPE non-relativity index of the mean attention logits per layer: 0 = a function "
-                          "of the relative position only, ~1 = unrelated to it.",
+    notes = {"attention": "Behind-RoPE non-relativity index, one column per attention layer. Each row measures the "
+                          "transformer's mean attention logits between gene pairs (averaged over cells and heads) "
+                          "against a distance between the two genes: `own positions`, the positions its encoding "
+                          "reads; `Poincaré distance`, Step II's causal geometry. The index is the spread the "
+                          "distance leaves unexplained (the RMS of the logits minus the mean of their distance bin, "
+                          "over the logits' standard deviation): 0 = how strongly two genes attend depends only on how "
+                          "far apart they sit, ~1 = it is unrelated to that distance (gene identity and expression "
+                          "decide). Lower means attention that follows the positions; it is a description, not a "
+                          "score to maximise. Genes without a position are left out.",
              "comparison": f"The transformer minus its same-run baseline, with the {N_BOOTSTRAP:,}-resample "
                            "bootstrap interval (95 %) over the cells scored.",
              "graph": "Step I's graph: `edges` kept; `edges_removed_for_acyclicity`, edges above the threshold "

@@ -16,13 +16,15 @@ import anndata as ad
 import numpy as np
 
 from .._tables import _inline, html_page, html_table, markdown_table
+from ..causal.postprocess import AUTO_TAU_FLOOR
 from .resources import resources_table
 from .statistics import LEVEL, N_BOOTSTRAP, Comparison, comparisons_from_records
 
 logger = logging.getLogger("cape")
 
 
-#: Below this fraction of used genes with a position, the encoding carries little (issue 12's target: half).
+#: Below this fraction of used genes with a position, the encoding carries little (issue 12's target: half): the
+#: verdict says so and names a threshold that would reach it, and a baseline that wins counts it among the causes.
 MIN_POSITIONED_FRACTION = 0.5
 
 
@@ -34,6 +36,11 @@ FEW_FINE_TUNE_CELLS = 1000
 #: Rule of thumb, not a measured threshold: below this many scored cells "no clear difference" says little, as the
 #: bootstrap interval of an accuracy spans tens of points.
 FEW_COMPARED_CELLS = 50
+
+
+#: Scores at or above this (accuracy, F1, ARI: all at most 1) count as the ceiling: two models that both reach it
+#: with an interval within ± (1 − CEILING) cannot be told apart on this data, whichever is better elsewhere.
+CEILING = 0.99
 
 
 #: Encodings of ``cape train`` that use neither the causal graph nor CAPE's positions (see ``cape encodings``).
@@ -117,15 +124,39 @@ def positioning(adata: ad.AnnData) -> Positioning | None:
                        isolated=None if isolated is None else str(isolated))
 
 
-def _tau_remedy(pos: Positioning) -> str:
-    now = f" (this run: τ = {pos.tau:.3g})" if pos.tau is not None else ""
-    cells = f"; Step I saw {pos.n_cells:,} cells" if pos.n_cells is not None else ""
-    smaller = [f"τ {t:.3g}: {e:,} edges, {p:,} genes" for t, e, p in pos.scan if pos.tau is None or t < pos.tau]
-    scan = f" (at smaller thresholds: {'; '.join(smaller)})" if smaller else ""
-    calibrate = ("" if (pos.tau_rule or "").startswith(("auto", "budget"))
-                 else ", or set `causal.tau: auto` to calibrate it on the data")
-    return (f"lower Step I's edge threshold `causal.tau`{now}{scan}{calibrate}; more cells also give Step I more "
-            f"to go on{cells}")
+def tau_remedy(pos: Positioning) -> str | None:
+    """A smaller Step I threshold that Step I's own scan shows would help, or ``None`` where none would.
+
+    Only thresholds at or above the noise floor :data:`~cape.causal.postprocess.AUTO_TAU_FLOOR` count (smaller
+    weights are the optimiser's noise, not edges). With some genes positioned, the threshold must reach
+    :data:`MIN_POSITIONED_FRACTION` of the used genes; with none, any gene positioned is a change. The largest such
+    τ is named, as it keeps the fewest weak edges.
+    """
+    lower = [(t, e, p) for t, e, p in pos.scan
+             if t >= AUTO_TAU_FLOOR - 1e-12 and (pos.tau is None or t < pos.tau) and p > pos.n_positioned]
+    need = MIN_POSITIONED_FRACTION * pos.n_used
+    enough = [r for r in lower if r[2] >= need]
+    if not enough and pos.n_positioned == 0 and lower:
+        enough = [max(lower, key=lambda r: (r[2], r[0]))]
+    if not enough:
+        return None
+    t, e, p = max(enough, key=lambda r: r[0])
+    now = f"; this run: τ = {pos.tau:.3g}" if pos.tau is not None else ""
+    return (f"lower Step I's edge threshold to `causal.tau: {t:.3g}`: Step I's threshold scan keeps {e:,} edges "
+            f"there, positioning {p:,} of the {pos.n_used:,} genes{now}")
+
+
+def positions_remedies(pos: Positioning) -> tuple[str, ...]:
+    """What would position more genes: a threshold the scan supports (:func:`tau_remedy`); else, where Step I
+    recorded a scan that shows none, more cells (more power for every edge test); else nothing."""
+    tau = tau_remedy(pos)
+    if tau is not None:
+        return (tau,)
+    if not pos.scan:
+        return ()  # no scan recorded: nothing to check a remedy against
+    cells = f" (this run: {pos.n_cells:,})" if pos.n_cells is not None else ""
+    return (f"more cells{cells}: no smaller threshold down to the noise floor τ {AUTO_TAU_FLOOR:g} positions enough "
+            "genes (Step I's threshold scan), so the graph holds what these cells support",)
 
 
 def positioning_finding(pos: Positioning | None, encoding: str | None = None) -> Finding:
@@ -148,24 +179,28 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                        "those of distinct but arbitrary positions"
                        + (f".{ignores}" if ignores else ", so the transformer's results say nothing about the "
                           "causal graph."),
-                       (_tau_remedy(pos),), short="no gene got a causal position")
+                       positions_remedies(pos), short="no gene got a causal position")
     if pos.n_positioned == 0:
         return Finding(NO_OP, "positions",
                        f"The causal graph has {edges} among the {pos.n_used:,} genes used, so every gene sits at "
                        "the centre of the Poincaré disk and gets a rotation angle of 0: CAPE changed nothing"
                        + (f".{ignores}" if ignores else ", and the transformer's results are those of a model "
                           "without positional information."),
-                       (_tau_remedy(pos),), short="no gene got a position, so CAPE changed nothing")
+                       positions_remedies(pos), short="no gene got a position, so CAPE changed nothing")
     share = f"{pos.fraction:.0%} of the genes used ({pos.n_positioned:,} of {pos.n_used:,})"
-    if pos.fraction < MIN_POSITIONED_FRACTION:
-        others = ("the others are only spread apart by Step II: their positions carry no causal information"
-                  if spread else "the others sit at the centre of the Poincaré disk and are encoded as if they had "
-                  "no position")
-        return Finding(WARNING, "positions",
-                       f"Only {share} got a position from the causal graph ({edges}); {others}, so CAPE can do "
-                       "little." + ignores,
-                       (_tau_remedy(pos),), short=f"only {pos.fraction:.0%} of the genes got a position")
     at = f" at τ = {pos.tau:.3g}" + (f" ({pos.tau_rule})" if pos.tau_rule else "") if pos.tau is not None else ""
+    if pos.fraction < MIN_POSITIONED_FRACTION:
+        # Not a warning by itself: the transformer still reads every gene (a token with its expression), and the
+        # genes without a position are encoded as a model without positions would encode them. It becomes one
+        # where a baseline wins (likely_causes) or where no gene has a position (above).
+        others = ("Step II spread the others apart, so their positions carry no causal information" if spread
+                  else "the others sit at the centre of the Poincaré disk (rotation angle 0)")
+        text = (f"{share.capitalize()} got a position from the causal graph ({edges}{at}); {others}. The transformer "
+                "still reads every gene's expression: CAPE's causal positions act on the positioned genes only."
+                + ignores)
+        remedy = tau_remedy(pos)
+        return Finding(OK, "positions", text, () if remedy is None else (remedy,),
+                       short=f"{pos.fraction:.0%} of the genes got a position")
     return Finding(OK, "positions", f"{share.capitalize()} got a position from the causal graph ({edges}{at})."
                    + ignores)
 
@@ -236,9 +271,10 @@ def likely_causes(training: Training, pos: Positioning | None, *, labels_seen: b
     elif pos is not None and pos.n_positioned == 0:
         causes.append(("no gene got a causal position: the encoding added nothing causal" if
                        pos.isolated == "negatives" else "no gene got a position: the encoding added nothing",
-                       _tau_remedy(pos)))
+                       "; or ".join(positions_remedies(pos))))
     elif pos is not None and pos.fraction < MIN_POSITIONED_FRACTION:
-        causes.append((f"few genes positioned ({pos.fraction:.0%}): the encoding adds little", _tau_remedy(pos)))
+        causes.append((f"few genes positioned ({pos.fraction:.0%}): the encoding adds little",
+                       "; or ".join(positions_remedies(pos))))
     if not causes:
         causes.append(("the model may be too small or stopped too early for this data",
                        "raise `train.epochs`, `train.d_model` or `train.n_layers`"))
@@ -258,11 +294,16 @@ def comparison_finding(cmp: Comparison, causes: Sequence[tuple[str, str]] = (), 
         text = f"{task}: the simple baseline is better, by more than the variation between cells explains — {scores}."
         if causes:
             text += " Likely cause: " + "; or ".join(c for c, _ in causes) + "."
-        return Finding(WARNING, cmp.task, text, tuple(r for _, r in causes),
+        return Finding(WARNING, cmp.task, text, tuple(r for _, r in causes if r),
                        short=f"{baseline} beats the transformer on {task.lower()}")
     if cmp.low > 0:
         return Finding(OK, cmp.task, f"{task}: {method} is better than {baseline}, by more than the variation "
                        f"between cells explains — {scores}.")
+    if min(cmp.value, cmp.baseline_value) >= CEILING and max(abs(cmp.low), abs(cmp.high)) <= 1 - CEILING:
+        return Finding(WARNING, cmp.task, f"{task}: {method} and {baseline} both score at the ceiling, so the data are "
+                       f"too easy to separate them — {scores}.",
+                       ("compare on a harder task: finer labels (`labels:` a finer obs column) or harder data",),
+                       short=f"both at the ceiling on {task.lower()}, so no comparison")
     if cmp.n_cells < FEW_COMPARED_CELLS:
         return Finding(WARNING, cmp.task, f"{task}: too few cells to tell {method} from {baseline} — {scores}.",
                        ("label more cells: the comparison is scored on the labelled cells not used for fine-tuning",),
@@ -336,12 +377,13 @@ def headline(findings: Sequence[Finding]) -> str:
                 "below as those of a transformer without positional encoding.")
     problems = [f.short or f.topic for f in findings if f.level != OK]
     if not problems:
+        positions = next((f.short for f in findings if f.topic == "positions" and f.short), "most genes got a position")
         if not any(f.topic in ("annotation", "clustering") for f in findings):
             # Without labels nothing was compared: the headline must not claim that the baselines lost.
-            return ("No problems found: most genes got a position; without cell labels the transformer was not "
-                    "compared with baselines.")
-        return ("No problems found: most genes got a position, and no baseline beats the transformer by more than "
-                "the variation between cells.")
+            return (f"No problems found: {positions}; without cell labels the transformer was not compared with "
+                    "baselines.")
+        return (f"No problems found: {positions}, and no baseline beats the transformer by more than the variation "
+                "between cells.")
     return "Read with care: " + "; ".join(problems) + "."
 
 

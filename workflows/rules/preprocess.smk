@@ -13,6 +13,7 @@ rule preprocess:
         source=input_spec(),
         opts=config["preprocess"],
         log1p="" if config["preprocess"]["log1p"] else "--no-log1p",
+        transpose="--transpose" if config["preprocess"]["transpose"] else "",
         # Step I's perturbation labels: their targets join the HVGs, or Step I could not use them
         interventions=interventions_flag(),
     threads: 1
@@ -25,5 +26,5 @@ rule preprocess:
         " --min-genes {params.opts[min_genes]} --min-cells {params.opts[min_cells]}"
         " --target-sum {params.opts[target_sum]} --n-top-genes {params.opts[n_top_genes]}"
         " --hvg-flavor {params.opts[hvg_flavor]}"
-        " {params.log1p} {params.interventions}"
+        " {params.log1p} {params.transpose} {params.interventions}"
         f"{LOG}"
