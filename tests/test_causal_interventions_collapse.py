@@ -14,10 +14,17 @@ import torch
 from cape import CapeInputError
 from cape.causal import CausalFit, VariationalNotears, fit_parents_mlp, fit_variational_notears
 from cape.causal.parents_mlp import profiled_gaussian_nll
-from cape.causal.trainer import COLLAPSE_FLOOR, collapse_reason, max_correlation, near_empty
+from cape.causal.trainer import (
+    COLLAPSE_FLOOR,
+    COLLAPSE_RETAINED,
+    COLLAPSE_SIGNAL,
+    collapse_reason,
+    max_correlation,
+    near_empty,
+)
 from cape.tl import causal_graph, intervention_mask
 
-causal_graph_module = importlib.import_module("cape.tl._causal_graph")
+causal_graph_module = importlib.import_module("cape.causal.pipeline")
 
 
 # --- the likelihood left out for intervened genes ---------------------------------------------------------------
@@ -149,6 +156,28 @@ def test_collapse_reason_needs_an_empty_graph_and_evidence_of_signal() -> None:
     big = np.zeros((300, 300))
     assert collapse_reason(big, 0.0, 0.18, 0.03, "x", n_rows=700) == ""
     assert collapse_reason(big, 0.0, 0.5, 0.03, "x", n_rows=700).startswith("Step I collapsed")
+
+
+def test_a_sparse_graph_whose_strongest_weights_stand_is_not_a_collapse() -> None:
+    # 2,000 genes, 21 weights above the floor, the largest where it peaked: a sparse network (one gene driving ten
+    # others), not a penalty that won against the data, though the correlations are strong
+    rng = np.random.default_rng(0)
+    sparse = np.zeros((2000, 2000))
+    sparse[0, 1:11] = rng.uniform(0.3, 0.62, size=10)
+    sparse[rng.integers(20, 2000, 11), rng.integers(20, 2000, 11)] = 0.05
+    np.fill_diagonal(sparse, 0.0)
+    assert near_empty(sparse)
+    assert collapse_reason(sparse, 0.63, 0.9, 0.03, "x", n_rows=3000) == ""
+    # the same graph, every weight driven down by an order of magnitude: a collapse
+    assert collapse_reason(sparse / 10, 0.63, 0.9, 0.03, "x", n_rows=3000).startswith("Step I collapsed")
+    # the strongest weight stands above the signal level but far below its peak: collapsing
+    shrunk = sparse * (COLLAPSE_SIGNAL / sparse.max()) * 1.5
+    assert collapse_reason(shrunk, shrunk.max() / COLLAPSE_RETAINED * 1.1, 0.9, 0.03, "x").startswith("Step I")
+    assert collapse_reason(shrunk, shrunk.max() / COLLAPSE_RETAINED * 0.9, 0.9, 0.03, "x") == ""
+    # a weight on the diagonal (masked out of the SEM) is no edge that stands
+    diagonal = np.zeros((200, 200))
+    diagonal[5, 5] = 0.6
+    assert collapse_reason(diagonal, 0.6, 0.0, 0.03, "x").startswith("Step I collapsed")
 
 
 def test_a_fit_on_independent_genes_is_not_a_collapse_and_records_its_peak() -> None:
