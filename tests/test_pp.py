@@ -186,3 +186,23 @@ def test_pearson_residuals_rank_the_raw_counts(counts_adata):
         cape.pp.preprocess(logged, n_top_genes=50, hvg_flavor="pearson_residuals")
     with pytest.raises(CapeInputError, match="hvg_flavor must be one of"):
         cape.pp.preprocess(counts_adata, hvg_flavor="dispersion")
+
+
+def test_one_default_gene_count_for_the_api_the_cli_and_the_workflow():
+    import argparse
+    import inspect
+    from pathlib import Path
+
+    import yaml
+
+    from cape.cli import build_parser
+    from cape.pp import N_TOP_GENES
+
+    assert inspect.signature(cape.pp.preprocess).parameters["n_top_genes"].default == N_TOP_GENES
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["preprocess"]
+    assert sub.parse_args(["--input", "in.h5ad", "--output", "out.h5ad"]).n_top_genes == N_TOP_GENES
+    configs = Path(__file__).resolve().parent.parent / "configs"
+    schema = yaml.safe_load((configs / "schema.yaml").read_text())
+    assert schema["properties"]["preprocess"]["properties"]["n_top_genes"]["default"] == N_TOP_GENES
+    assert yaml.safe_load((configs / "config.yaml").read_text())["preprocess"]["n_top_genes"] == N_TOP_GENES

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .._io import write_h5ad
-from ..pp import preprocess
+from ..pp import N_TOP_GENES, preprocess
 from ..pp._recipe import HVG_FLAVORS
 from ._command_io import check_output, read_input
 
@@ -21,7 +21,8 @@ def register(commands) -> None:
     parser.add_argument("--min-cells", type=int, default=0, help="min cells per gene (0 = keep all genes)")
     parser.add_argument("--target-sum", type=float, default=1e4, help="library size after normalisation (1e4)")
     parser.add_argument("--no-log1p", dest="log1p", action="store_false", help="skip log1p after normalisation")
-    parser.add_argument("--n-top-genes", type=int, default=2000, help="highly variable genes to use (2000)")
+    parser.add_argument("--n-top-genes", type=int, default=N_TOP_GENES,
+                        help=f"highly variable genes to use ({N_TOP_GENES}; the paper used 2000)")
     parser.add_argument("--hvg-flavor", default="seurat", choices=HVG_FLAVORS,
                         help="how to rank genes: seurat (default), cell_ranger; on raw counts seurat_v3 "
                              "(needs scikit-misc) or pearson_residuals")
