@@ -160,7 +160,7 @@ def _chain_adata(seed: int) -> ad.AnnData:
 
 
 def test_causal_graph_orients_by_the_labels_and_records_it(monkeypatch, tmp_path) -> None:
-    import cape.tl._causal_graph as tl_causal
+    import cape.causal.pipeline as tl_causal
 
     seen = []
     real = tl_causal.fit_variational_notears

@@ -132,7 +132,7 @@ def test_counterfactual_on_the_fitted_equations_is_exact(chain_fit):
 
 
 def test_tl_causal_graph_with_the_parents_mlp_model(monkeypatch, tmp_path):
-    monkeypatch.setattr(importlib.import_module("cape.tl._causal_graph"), "fit_parents_mlp",
+    monkeypatch.setattr(importlib.import_module("cape.causal.pipeline"), "fit_parents_mlp",
                         functools.partial(fit_parents_mlp, **FAST))
     adata = ad.AnnData(_nonlinear_chain().astype(np.float32))
     adata.var_names = ["A", "B", "C"]

@@ -48,7 +48,7 @@ def fitted(monkeypatch):
     def fake_fit(X, **kwargs):
         return CausalFit(adjacency=holder["A"].copy(), history={"loss": [1.0]}, epochs_run=1)
 
-    step1 = importlib.import_module("cape.tl._causal_graph")
+    step1 = importlib.import_module("cape.causal.pipeline")
     monkeypatch.setattr(step1, "fit_variational_notears", fake_fit)  # where Step I looks it up
     return holder
 
@@ -425,7 +425,7 @@ def test_rank_and_lambda_defaults_follow_the_model_and_gene_count(monkeypatch, m
         seen.update(kwargs)
         return CausalFit(adjacency=_weights(m=X.shape[1], top=0.9), history={"loss": [1.0]}, epochs_run=1)
 
-    monkeypatch.setattr(importlib.import_module("cape.tl._causal_graph"), "fit_variational_notears", fake_fit)
+    monkeypatch.setattr(importlib.import_module("cape.causal.pipeline"), "fit_variational_notears", fake_fit)
     a = _adata(n=200, m=m)
     causal_graph(a, model=model, rank=rank, lambda_sparse=lam, tau=0.2, **FAST)
     record = a.uns["cape"]["causal_graph"]
@@ -453,7 +453,7 @@ def test_dense_fit_is_restricted_to_the_screened_candidates(monkeypatch) -> None
         seen.update(kwargs)
         return CausalFit(adjacency=_weights(m=X.shape[1], top=0.9), history={"loss": [1.0]}, epochs_run=1)
 
-    monkeypatch.setattr(importlib.import_module("cape.tl._causal_graph"), "fit_variational_notears", fake_fit)
+    monkeypatch.setattr(importlib.import_module("cape.causal.pipeline"), "fit_variational_notears", fake_fit)
     a = ad.AnnData(_chain_data().astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(12)]))
     causal_graph(a, tau=0.2, **FAST)
     record = a.uns["cape"]["causal_graph"]

@@ -81,6 +81,7 @@ from cape.causal import (
     shift_tests,
 )
 from cape.causal.causal_config import LOW_RANK
+from cape.causal.pipeline import screen as step1_screen
 from cape.causal.postprocess import (
     AUTO_TAU_MAX,
     BUDGET_CELLS,
@@ -89,7 +90,6 @@ from cape.causal.postprocess import (
     choose_tau,
     edge_budget,
     partial_correlations,
-    screen_candidates,
 )
 from cape.causal.structure_recovery import dag_metrics
 from cape.data.gaussian_bn import read_gaussian_bn
@@ -370,11 +370,10 @@ def _run_cape(method: str, X: np.ndarray, seed: int, intervened=None) -> tuple[n
         start = time.perf_counter()
         fit = fit_parents_mlp(X, seed=seed, device="cpu", progress_desc=method, **options)
         return fit.adjacency, time.perf_counter() - start
-    if options["rank"] == "auto":  # resolved as cape.tl.causal_graph resolves rank="auto"
-        step1 = CausalConfig(rank="auto", lambda_sparse=options.get("lambda_sparse"))
-        candidates = None
-        if screen and step1.rank_for(X.shape[1], screened=True) is None:  # screen="partial_correlation"
-            candidates = screen_candidates(X)
+    if options["rank"] == "auto":  # resolved by Step I's pipeline, as cape.tl.causal_graph resolves rank="auto"
+        step1 = CausalConfig(rank="auto", lambda_sparse=options.get("lambda_sparse"),
+                             screen="partial_correlation" if screen else "none")
+        candidates = step1_screen(step1, X)[1]
         options["rank"] = step1.rank_for(X.shape[1], screened=candidates is not None)
         options["lambda_sparse"] = step1.lambda_for(options["rank"])
         if candidates is not None:

@@ -1,6 +1,7 @@
 """Step I: the causal gene graph (variational NOTEARS with exact dense or low-rank acyclicity).
 
-Torch cores only (no AnnData); :func:`cape.tl.causal_graph` is the AnnData-facing tool.
+Torch cores only (no AnnData): :func:`learn_causal_graph` runs Step I's pipeline on a matrix;
+:func:`cape.tl.causal_graph` is the AnnData-facing tool over it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence
 from .intervention_orientation import Orientation, descendant_evidence, orient_by_shifts, shift_tests
 from .model import ElementwiseMLP, VariationalNotears
 from .parents_mlp import ParentsMLP, ParentsMLPConfig, fit_parents_mlp
+from .pipeline import CausalGraph, learn_causal_graph
 from .postprocess import (
     BUDGET_CELLS,
     BUDGET_FDR,
@@ -57,6 +59,7 @@ __all__ = [
     "MIN_CELLS",
     "CausalConfig",
     "CausalFit",
+    "CausalGraph",
     "ElementwiseMLP",
     "LinearisedAcyclicity",
     "NotearsConfig",
@@ -84,6 +87,7 @@ __all__ = [
     "intervene",
     "intervene_equivalence_class",
     "is_dag",
+    "learn_causal_graph",
     "learned_equations",
     "linear_equations",
     "local_parent_sets",

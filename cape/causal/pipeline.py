@@ -1,0 +1,401 @@
+"""Step I's pipeline over arrays: from a cells × genes matrix to the weighted causal DAG and its record.
+
+The stages, each a small function here over the modules of :mod:`cape.causal`:
+
+1. checks (finite values, enough cells, constant genes dropped with a warning; :func:`check_matrix`,
+   :func:`check_size`);
+2. candidate parents from partial correlations (:func:`screen`, the dense A's screen);
+3. the fit (:func:`fit`: :func:`~cape.causal.fit_variational_notears` or :func:`~cape.causal.fit_parents_mlp`),
+   with a collapse turned into an error;
+4. the edge budget (:func:`edge_budget_for`, ``tau="budget"``), the threshold and the cycle breaking
+   (:func:`threshold`);
+5. the orientation by the interventions' downstream shifts (:func:`orient`);
+6. the fitted structural equations and the record (:func:`learn_causal_graph` returns them in a
+   :class:`CausalGraph`).
+
+:func:`cape.tl.causal_graph` is the AnnData adapter over :func:`learn_causal_graph` (gene selection, labels, where
+the results go); the benchmarks call the same stages.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .._errors import CapeInputError
+from .._settings import resolve_device, seed_everything
+from . import parents_mlp as _parents_mlp
+from .causal_config import CausalConfig
+from .intervention_orientation import (
+    MIN_SHIFT_CELLS,
+    ORIENT_FDR,
+    descendant_evidence,
+    orient_by_shifts,
+    shift_tests,
+)
+from .parents_mlp import fit_parents_mlp
+from .postprocess import (
+    AUTO_TAU_FLOOR,
+    BUDGET_TEST_NAMES,
+    SCREEN_FDR,
+    budget_rows,
+    budget_tests,
+    choose_tau,
+    edge_budget,
+    make_dag,
+    partial_correlation_tests,
+    positioned_genes,
+    screen_candidates,
+    tau_positioning,
+)
+from .structural_equations import learned_equations
+from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
+
+__all__ = ["BUDGET_MAX_GENES", "PARENTS_MLP_MAX_GENES", "SCAN_TAUS", "CausalGraph", "Graph", "check_matrix",
+           "check_size", "edge_budget_for", "fit", "learn_causal_graph", "orient", "screen", "threshold"]
+
+logger = logging.getLogger("cape")
+
+#: Most genes the partial-correlation test of ``tau="budget"`` is run on (an M×M inverse); above, ``"auto"``'s rule.
+BUDGET_MAX_GENES = 5000
+PARENTS_MLP_MAX_GENES = _parents_mlp.MAX_GENES
+#: Thresholds at which the record's ``threshold_scan`` counts surviving edges and genes.
+SCAN_TAUS = (0.2, 0.1, 0.05, 0.02, 0.01)
+
+
+def _threshold_scan(A: np.ndarray, taus) -> dict[str, np.ndarray]:
+    """Edges kept by :func:`~cape.causal.make_dag` and genes positioned at each τ (descending)."""
+
+    taus = np.array(sorted({float(t) for t in taus}, reverse=True))
+    edges = np.array([int(np.count_nonzero(make_dag(A, t)[0])) for t in taus])
+    positioned = np.array([int(positioned_genes(A, t).sum()) for t in taus])
+    return {"tau": taus, "n_edges": edges, "n_positioned": positioned,
+            "positioned_fraction": positioned / max(A.shape[0], 1)}
+
+
+def _format_scan(scan: dict[str, np.ndarray]) -> str:
+    return ", ".join(f"{t:.3g}: {e} ({f:.0%})" for t, e, f in
+                     zip(scan["tau"], scan["n_edges"], scan["positioned_fraction"], strict=True))
+
+
+def equations_record(fit: CausalFit, X, dag: np.ndarray, genes: np.ndarray) -> dict:
+    """What prediction needs from Step I: the fitted structural equations on ``dag``
+    (:class:`~cape.causal.StructuralEquations`), the genes, and each gene's observed range and mean; h5ad-ready."""
+    eq = learned_equations(fit.model, fit.mean, fit.std, X, dag)
+    if sp.issparse(X):
+        low, high = (np.asarray(m(axis=0).toarray(), dtype=np.float64).ravel() for m in (X.min, X.max))
+    else:
+        low, high = np.asarray(X.min(0), dtype=np.float64), np.asarray(X.max(0), dtype=np.float64)
+    return {**eq.to_dict(), "genes": np.asarray([str(g) for g in genes], dtype=object),
+            "obs_min": low, "obs_max": high, "obs_mean": gene_moments(X)[0]}
+
+
+def check_matrix(X, genes) -> tuple[np.ndarray | sp.csr_matrix, np.ndarray, list[str]]:
+    """X as float32 (dense, or CSR), refused with NaN or infinite values or fewer than :data:`MIN_CELLS` cells;
+    constant genes dropped with a warning. Returns the matrix, its genes and the names of the dropped ones."""
+    genes = np.asarray(genes)
+    X = sp.csr_matrix(X, dtype=np.float32) if sp.issparse(X) else np.asarray(X, dtype=np.float32)
+    if X.ndim != 2 or X.shape[1] != genes.size:
+        raise CapeInputError(f"X must be cells × genes with {genes.size} gene(s), got shape {X.shape}")
+    if not np.all(np.isfinite(X.data if sp.issparse(X) else X)):
+        if sp.issparse(X):
+            bad_col = int(X.indices[~np.isfinite(X.data)][0])
+        else:
+            bad_col = int(np.flatnonzero((~np.isfinite(X)).any(axis=0))[0])
+        raise CapeInputError(f"X has NaN or infinite values (e.g. gene {str(genes[bad_col])!r}): impute or filter them "
+                             "first")
+    if X.shape[0] < MIN_CELLS:
+        raise CapeInputError(f"causal_graph needs at least {MIN_CELLS} cells, got {X.shape[0]}")
+    constant = gene_moments(X)[1] <= 1e-12
+    if constant.any():
+        names = genes[constant]
+        shown = ", ".join(map(str, names[:10])) + (f" … ({len(names)} in all)" if len(names) > 10 else "")
+        logger.warning("dropping %d constant gene(s) from the causal graph: %s", len(names), shown)
+        X = X[:, np.flatnonzero(~constant)]
+    return X, genes[~constant], [str(g) for g in genes[constant]]
+
+
+def check_size(config: CausalConfig, X, genes: np.ndarray) -> None:
+    """Enough genes (and, for ``parents_mlp``, few enough genes and enough cells); fewer cells than genes warns."""
+    n_cells, n_genes = X.shape
+    if n_genes < 2:
+        raise CapeInputError(f"a causal graph needs at least 2 non-constant genes, got {n_genes}"
+                             + (f" ({genes[0]})" if n_genes == 1 else ""))
+    if n_cells < n_genes:
+        logger.warning("fewer cells (%d) than genes (%d): the graph will be poorly determined", n_cells, n_genes)
+    if config.model == "parents_mlp" and n_genes > PARENTS_MLP_MAX_GENES:
+        raise CapeInputError(f"model='parents_mlp' fits at most {PARENTS_MLP_MAX_GENES} genes, got {n_genes}: select "
+                             "fewer (preprocess n_top_genes, use_genes) or use model='variational'")
+    if config.model == "parents_mlp" and n_cells < _parents_mlp.min_cells(n_genes):
+        most = n_cells // _parents_mlp.min_cells(2) + 1
+        raise CapeInputError(f"model='parents_mlp' needs at least {_parents_mlp.min_cells(n_genes)} cells for "
+                             f"{n_genes} genes (one per weight of a gene's MLP), got {n_cells}: use at most {most} "
+                             "genes (preprocess n_top_genes, use_genes) or model='variational'")
+    if config.model != "parents_mlp" and config.rank not in (None, "auto") and config.rank >= n_genes:
+        logger.warning("rank %d ≥ number of genes %d: using a dense adjacency instead", config.rank, n_genes)
+
+
+def screen(config: CausalConfig, X) -> tuple[tuple | None, np.ndarray | None, dict | None]:
+    """The partial-correlation tests on every cell (for the screen, and the budget where it tests every cell), the
+    candidate parents and their record."""
+    wants_screen = (config.screen == "partial_correlation" and config.model == "variational"
+                    and config.rank_for(X.shape[1], screened=True) is None)
+    tests = None
+    if wants_screen and X.shape[1] <= BUDGET_MAX_GENES:
+        tests = partial_correlation_tests(X)
+    if not wants_screen:
+        return tests, None, None
+    candidates = screen_candidates(X, SCREEN_FDR, tests) if tests is not None else None
+    fallback = ("every pair is a candidate" if config.rank_for(X.shape[1]) is None else
+                f"A = UVᵀ of rank {config.rank_for(X.shape[1])} over every pair")
+    record = ({"fdr": SCREEN_FDR, "n_candidate_pairs": int(candidates.sum() // 2)} if candidates is not None else
+              {"fallback": "no partial-correlation test (fewer than genes + 10 cells, or more than "
+                           f"{BUDGET_MAX_GENES} genes) or no significant pair: {fallback}"})
+    return tests, candidates, record
+
+
+def fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, candidates) -> CausalFit:
+    """Step I's model fitted to X (a divergence becomes a one-line error; a collapse raises or warns); the targets'
+    own equations left out for their cells when ``config.leave_out_targets``."""
+    intervened = intervened if config.leave_out_targets else None
+    rank = config.rank_for(X.shape[1], screened=candidates is not None)
+    lambda_used = config.lambda_for(rank)
+    try:
+        if config.model == "parents_mlp":
+            fit = fit_parents_mlp(X, lambda_screen=lambda_used * _parents_mlp.LAMBDA_SCREEN,
+                                  lambda_sparse=lambda_used * _parents_mlp.LAMBDA_SPARSE, device=dev, seed=seed,
+                                  intervened=intervened)
+        else:
+            fit = fit_variational_notears(X, device=dev, seed=seed, intervened=intervened, candidates=candidates,
+                                          **config.notears_options(X.shape[1], screened=candidates is not None))
+    except FloatingPointError as err:
+        raise CapeInputError(f"{err}; try a smaller lr (got {config.lr}) or check X for extreme values") from err
+    if fit.collapsed:
+        if config.min_positioned > 0:
+            raise CapeInputError(fit.collapse_message)
+        logger.warning("%s (min_positioned=0: keeping the graph)", fit.collapse_message)
+    return fit
+
+
+def edge_budget_for(X, tests, config: CausalConfig, seed: int) -> tuple[int | None, dict]:
+    """``tau="budget"``'s number of edges (None: fall back on the ``"auto"`` rule) and its record; ``tests``: Fisher's
+    partial-correlation tests on every cell, if the screen already made them."""
+    n_cells, n_genes = X.shape
+    fdr = config.budget_fdr
+    budget = None
+    if n_genes > BUDGET_MAX_GENES:
+        record = {"fallback": f"more than {BUDGET_MAX_GENES} genes: tau='auto' rule"}
+    else:
+        rows = budget_rows(n_cells, n_genes, config.budget_cells, seed)
+        if rows is not None:
+            logger.info("tau='budget': the partial-correlation test counts on a random %d of the %d cells "
+                        "(budget_cells=%d, at least 10 per gene)", rows.size, n_cells, config.budget_cells)
+        tested = X if rows is None else X[rows]
+        if config.budget_test != "fisher" or rows is not None or tests is None:  # else: the screen's, on every cell
+            tests = budget_tests(tested, config.budget_test)
+        budget = None if tests is None else edge_budget(tested, fdr, tests)
+        cells = {"test": config.budget_test, "n_cells_tested": n_cells if rows is None else int(rows.size),
+                 "cells_tested": "all" if rows is None else f"random subset (seed {seed})",
+                 "n_pairs_tested": 0 if tests is None else int(np.isfinite(tests[1]).sum())}
+        if budget is None:
+            record = {"fallback": f"fewer than genes + 10 cells ({n_cells} for {n_genes} genes) for the "
+                                  "partial-correlation test: tau='auto' rule"}
+        elif budget == 0:
+            record = {"n_pairs": 0, "fdr": fdr, **cells,
+                      "fallback": f"no gene pair has a significant partial correlation "
+                                  f"({BUDGET_TEST_NAMES[config.budget_test]}, "
+                                  f"FDR {fdr:g}, {cells['n_cells_tested']} cells, {n_genes} genes, "
+                                  f"{cells['n_pairs_tested']} pairs tested): tau='auto' rule, on weak evidence"}
+            budget = None
+        else:
+            record = {"n_pairs": int(budget), "fdr": fdr, **cells}
+    if budget is None:
+        (logger.warning if record.get("n_pairs") == 0 else logger.info)("tau='budget': %s", record["fallback"])
+    return budget, record
+
+
+@dataclass
+class Graph:
+    """The thresholded DAG and what thresholding did."""
+
+    dag: np.ndarray
+    removed: int
+    tau_used: float
+    tau_rule: str
+    n_positioned: int
+    max_weight: float
+    scan: dict[str, np.ndarray]
+
+    @property
+    def n_edges(self) -> int:
+        return int(np.count_nonzero(self.dag))
+
+
+def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: int) -> Graph:
+    """A thresholded at τ (fixed or by rule) and made a DAG; too few genes positioned raises or warns."""
+    n_genes = A.shape[0]
+    tau_used, tau_rule = choose_tau(A, config.tau, config.min_positioned, budget)
+    dag, removed = make_dag(A, tau_used)
+    if removed:
+        logger.info("removed %d edge(s) to break cycles left after thresholding", removed)
+    n_positioned = int(((dag != 0).any(axis=0) | (dag != 0).any(axis=1)).sum())
+    graph = Graph(dag, int(removed), float(tau_used), tau_rule, n_positioned,
+                   float(np.abs(A).max()) if A.size else 0.0, _threshold_scan(A, (*SCAN_TAUS, tau_used)))
+    logger.info("Step I: %d edges, %d of %d genes positioned at tau=%.3g (%s); largest weight %.3g; "
+                "edges (positioned genes) by tau: %s", graph.n_edges, n_positioned, n_genes, tau_used, tau_rule,
+                graph.max_weight, _format_scan(graph.scan))
+    if tau_rule == "budget":
+        logger.info("tau='budget': %d gene pairs have a significant partial correlation (%s, BH %g): kept the "
+                    "%d heaviest edges of the DAG (tau=%.3g)", budget, BUDGET_TEST_NAMES[config.budget_test],
+                    config.budget_fdr, graph.n_edges, tau_used)
+    if n_positioned < config.min_positioned * n_genes:
+        needed = tau_positioning(A, config.min_positioned)
+        reason = (f"Step I kept {graph.n_edges} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) at "
+                  f"tau={tau_used:.3g}; the largest weight is {graph.max_weight:.2g}")
+        if tau_rule.startswith("auto"):
+            raise CapeInputError(
+                f"{reason}, and positioning {config.min_positioned:.0%} of the genes would need tau≤{needed:.2g}, "
+                f"below the noise floor {AUTO_TAU_FLOOR}: use more cells ({n_cells} for {n_genes} genes), fewer "
+                f"genes (preprocess n_top_genes), or a fixed tau to accept such weak edges")
+        budget_note = (" (tau=budget keeps the edges the data support, not a share of the genes)"
+                       if tau_rule == "budget" else "")
+        if needed >= AUTO_TAU_FLOOR:
+            logger.warning("%s: use tau=auto or tau≤%.2g to position %.0f%% of the genes, or more cells%s", reason,
+                           needed, 100 * config.min_positioned, budget_note)
+        else:  # no threshold would do it: advising tau=auto or a smaller tau would only fail or add noise
+            logger.warning("%s: no threshold above the noise floor %g positions %.0f%% of the genes; more cells (%d "
+                           "for %d genes) or fewer genes (preprocess n_top_genes) give Step I more to go on%s",
+                           reason, AUTO_TAU_FLOOR, 100 * config.min_positioned, n_cells, n_genes, budget_note)
+    return graph
+
+
+def orient(config: CausalConfig, graph: Graph, X, intervened, genes: np.ndarray) -> dict | None:
+    """Turn ``graph``'s edges that the interventions contradict (:func:`~cape.causal.orient_by_shifts`); its record
+    (``None`` without labels or with ``orient_by_shifts`` off)."""
+    if intervened is None or not config.orient_by_shifts:
+        return None
+    P = shift_tests(X, intervened)
+    n_tested = int(np.isfinite(P).sum())
+    result = orient_by_shifts(graph.dag, descendant_evidence(P, ORIENT_FDR), n_tested)
+    graph.dag = result.dag
+    graph.n_positioned = int(((result.dag != 0).any(axis=0) | (result.dag != 0).any(axis=1)).sum())
+    if n_tested == 0:
+        logger.warning("orient_by_shifts: no test possible (needs %d control cells and %d cells per intervened gene): "
+                       "directions left as fitted", MIN_SHIFT_CELLS, MIN_SHIFT_CELLS)
+    else:
+        logger.info("orient_by_shifts: %d of %d (intervened gene, gene) pairs shifted (BH %g); %d edge(s) turned, %d "
+                    "removed to break cycles; %d of %d edges point as the interventions say", result.n_shifted_pairs,
+                    n_tested, ORIENT_FDR, result.n_turned, result.n_removed, result.n_supported, graph.n_edges)
+    return result.record(ORIENT_FDR, genes)
+
+
+def _record(config: CausalConfig, X, dropped: list[str], fit: CausalFit, graph: Graph, screened: bool) -> dict:
+    """The parameters the fit used, its bookkeeping and the graph's figures (see :class:`CausalGraph`)."""
+    n_genes = X.shape[1]
+    rank_used = config.rank_for(n_genes, screened)
+    record = {
+        "rank_used": "dense" if rank_used is None else int(rank_used), "sparse_adjacency": bool(fit.sparse),
+        "lambda_sparse_used": float(config.lambda_for(rank_used)), "device_used": fit.device,
+        "n_cells": int(X.shape[0]), "n_genes": int(n_genes), "n_edges": graph.n_edges, "tau_used": graph.tau_used,
+        "tau_rule": graph.tau_rule, "max_weight": graph.max_weight, "n_positioned": graph.n_positioned,
+        "positioned_fraction": float(graph.n_positioned / n_genes), "threshold_scan": graph.scan,
+        "removed_cycle_edges": graph.removed, "dropped_constant_genes": dropped,
+        "epochs_run": int(fit.epochs_run), "converged": bool(fit.converged), "collapsed": bool(fit.collapsed),
+        "peak_weight": float(fit.peak_weight), "h_every": int(fit.h_every),
+        "recon_fraction": float(fit.recon_fraction), "compiled_mlp": bool(fit.compiled_mlp),
+        "history": {k: np.asarray(v, dtype=np.float64) for k, v in fit.history.items()},
+        "fit_seconds": float(fit.wall_time),
+    }
+    if fit.rho_max is not None:  # the variational model's augmented Lagrangian (parents_mlp has none)
+        record["rho_max"] = float(fit.rho_max)
+    return record
+
+
+@dataclass
+class CausalGraph:
+    """Result of :func:`learn_causal_graph`.
+
+    Attributes
+    ----------
+    dag
+        The weighted DAG over ``genes`` (float, M×M; ``dag[i, j] ≠ 0`` means gene i → gene j).
+    genes
+        The genes of the graph, in its order (the input's, less the constant ones).
+    fit
+        The fit (:class:`~cape.causal.CausalFit`): the weights before thresholding, the model, its history.
+    record
+        What :func:`cape.tl.causal_graph` stores in ``uns["cape"]["causal_graph"]`` besides its ``params``: the fit's
+        bookkeeping, the graph's figures, and ``edge_budget``, ``screening``, ``orientation`` and ``equations``
+        where they applied.
+    candidates
+        The screened candidate parents (boolean M×M) the fit was restricted to, or ``None``.
+    """
+
+    dag: np.ndarray
+    genes: np.ndarray
+    fit: CausalFit
+    record: dict = field(default_factory=dict)
+    candidates: np.ndarray | None = None
+
+    @property
+    def n_edges(self) -> int:
+        return int(np.count_nonzero(self.dag))
+
+
+def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, intervened=None,
+                       device: str | torch.device = "auto", seed: int = 0) -> CausalGraph:
+    """Step I on a cells × genes matrix: checks, screen, fit, edge budget, threshold and cycle breaking, orientation.
+
+    Parameters
+    ----------
+    X
+        Cells × genes, log-normalised expression (NumPy array or SciPy sparse matrix), no NaN.
+    genes
+        The genes' names, one per column of X (they name the dropped genes and the equations' genes).
+    config
+        Step I's options (:class:`~cape.causal.CausalConfig`); default: its defaults.
+    intervened
+        Cells × genes boolean matrix (dense or sparse), True where the cell's label names that gene as intervened on
+        (:func:`cape.tl.intervention_mask`), or ``None``: every cell observational. Its columns follow ``genes``
+        (before constant genes are dropped).
+    device
+        ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``.
+    seed
+        Seeds initialisation, minibatch order and sampling.
+
+    Returns
+    -------
+    The :class:`CausalGraph`.
+
+    Raises
+    ------
+    CapeInputError
+        NaN/inf values, fewer than :data:`~cape.causal.MIN_CELLS` cells, fewer than two usable genes, a diverging or
+        collapsed fit (a collapse only warns with ``min_positioned=0``), or (``tau="auto"``) too few genes positioned
+        above the noise floor.
+    """
+    start = time.perf_counter()
+    config = config or CausalConfig()
+    genes_in = np.asarray(genes)
+    X, genes, dropped = check_matrix(X, genes_in)
+    if intervened is not None and dropped:
+        intervened = sp.csr_matrix(intervened)[:, np.flatnonzero(np.isin(genes_in, genes))]
+    check_size(config, X, genes)
+    tests, candidates, screen_record = screen(config, X)
+    seed = seed_everything(seed)
+    fitted = fit(config, X, resolve_device(device), seed, intervened, candidates)
+    budget, budget_record = edge_budget_for(X, tests, config, seed) if config.tau == "budget" else (None, None)
+    graph = threshold(fitted.adjacency, config, budget, X.shape[0])
+    orientation = orient(config, graph, X, intervened, genes)
+    record = _record(config, X, dropped, fitted, graph, screened=candidates is not None)
+    extra = {"edge_budget": budget_record, "screening": screen_record, "orientation": orientation,
+             # a CausalFit built without its model (e.g. from a stored adjacency) has no equations
+             "equations": None if fitted.model is None else equations_record(fitted, X, graph.dag, genes)}
+    record.update({k: v for k, v in extra.items() if v is not None})
+    logger.debug("Step I pipeline: %.1f s", time.perf_counter() - start)
+    return CausalGraph(graph.dag, genes, fitted, record, candidates)
