@@ -458,3 +458,12 @@ def test_train_from_checkpoint_writes_model_and_predictions(tmp_path, capsys):
     assert model.vocab.tokens[:10] == [f"G{i}" for i in range(10)]  # the checkpoint's vocabulary
     assert model.backbone.encoding_name == "cape"
     assert set(model.history) == {"pretrain", "train"}
+
+
+@pytest.mark.parametrize("rank", ["0", "-3", "low"])
+def test_causal_refuses_a_rank_that_is_no_rank(tmp_path, capsys, rank):
+    adata = ad.AnnData(np.abs(np.random.default_rng(0).normal(size=(40, 4))).astype(np.float32))
+    adata.var_names = list("abcd")
+    out = tmp_path / "out.h5ad"
+    proc = run(capsys, "causal", "-i", _write(tmp_path, adata, "in.h5ad"), "-o", str(out), "--rank", rank)
+    assert_refused(proc, "--rank", "positive integer", "'dense'", outputs=[out])

@@ -14,14 +14,17 @@ from ._command_io import check_output, positive_int, read_input, tau_value
 
 
 def _rank(value: str) -> int | str | None:
-    if value.lower() in {"dense", "none", "0"}:
+    if value.lower() in {"dense", "none"}:
         return None
     if value.lower() == "auto":
         return "auto"
     try:
-        return int(value)
+        rank = int(value)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"rank must be an integer, 'dense' or 'auto', got {value!r}") from err
+        raise argparse.ArgumentTypeError(f"rank must be a positive integer, 'dense' or 'auto', got {value!r}") from err
+    if rank < 1:  # 0 is no rank (it was once read as 'dense'): say which to use rather than guess
+        raise argparse.ArgumentTypeError(f"rank must be a positive integer, 'dense' (a full A) or 'auto', got {rank}")
+    return rank
 
 
 def _budget_cells(value: str) -> int | None:
