@@ -228,6 +228,20 @@ def test_cape_train_passes_the_fine_tuning_options(tmp_path):
     assert fit["lr"][-1] == pytest.approx(0.0, abs=1e-12)              # cosine ends at 0
 
 
+def test_cape_train_fine_tuning_plan_monitors_accuracy_and_loss():
+    from cape.cli import build_parser
+    from cape.cli.train_command import _fine_tune_plan
+    from cape.models.hyperparameters import FINE_TUNE_PLAN
+
+    args = build_parser().parse_args(["train", "-i", "in.h5ad", "-o", "out.h5ad", "--fit-min-delta", "0.05",
+                                      "--fit-patience", "4"])
+    plan = _fine_tune_plan(args)
+    assert plan.early_stopping_monitor == FINE_TUNE_PLAN.early_stopping_monitor == ("val_loss", "val_accuracy")
+    assert plan.early_stopping_min_delta == 0.05 and plan.early_stopping_patience == 4
+    default = _fine_tune_plan(build_parser().parse_args(["train", "-i", "in.h5ad", "-o", "out.h5ad"]))
+    assert default == FINE_TUNE_PLAN                                    # the command line trains as model.train
+
+
 def test_adamw_runs_fused_where_torch_has_the_kernel():
     major, minor = (int(part) for part in torch.__version__.split(".")[:2])
     assert _fused_adamw([torch.nn.Parameter(torch.zeros(2))]) is ((major, minor) >= (2, 4))
