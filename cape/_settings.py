@@ -17,7 +17,11 @@ from ._errors import CapeInputError
 
 logger = logging.getLogger("cape")
 
-_VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+#: Level of progress lines (:class:`cape._progress.ProgressLines`): between INFO and WARNING, so that the default
+#: verbosity 1 shows them with the warnings and 0 hides them.
+PROGRESS = 25
+logging.addLevelName(PROGRESS, "PROGRESS")
+_VERBOSITY_LEVELS = {0: logging.ERROR, 1: PROGRESS, 2: logging.INFO, 3: logging.DEBUG}
 
 
 class StderrHandler(logging.StreamHandler):
@@ -70,11 +74,14 @@ class CapeSettings:
     seed
         Default random seed.
     verbosity
-        0 errors, 1 warnings (default, as in scanpy), 2 info (the command line's default), 3 debug; sets the
-        level of the ``"cape"`` logger. Its messages go to stderr unless logging is configured elsewhere (a handler
-        on the root logger or on ``"cape"``), which then receives them instead.
+        0 errors, 1 warnings and progress (default, as in scanpy), 2 info (the command line's default), 3 debug;
+        sets the level of the ``"cape"`` logger. Its messages go to stderr unless logging is configured elsewhere
+        (a handler on the root logger or on ``"cape"``), which then receives them instead.
     progress
-        Show progress bars. ``None`` means: only when stderr is a terminal.
+        Progress of long loops (Step I's epochs, pretraining, fine-tuning...). ``None`` (default): a bar where one
+        can be drawn (stderr a terminal, a Jupyter notebook), else a log line now and then (a script whose stderr
+        is a file or a pipe, the command line under Snakemake); nothing at ``verbosity`` 0. ``True``: bars always;
+        ``False``: no progress at all.
     n_threads
         CPU threads for torch and the BLAS/OpenMP libraries (``None`` until set: the libraries' own defaults).
         Setting it calls ``torch.set_num_threads`` and ``threadpoolctl.threadpool_limits`` and exports
@@ -113,13 +120,26 @@ class CapeSettings:
         self._verbosity = int(value)
         logger.setLevel(_VERBOSITY_LEVELS[self._verbosity])
 
+    def progress_mode(self) -> str | None:
+        """How long loops report now: ``"bar"``, ``"lines"`` (log lines at level ``PROGRESS``) or ``None``."""
+        if self.progress is not None:
+            return "bar" if self.progress else None
+        if self._verbosity == 0:
+            return None
+        if os.environ.get("CI"):  # a CI log keeps every carriage return of a bar: lines read better there
+            return "lines"
+        return "bar" if sys.stderr.isatty() or self.in_notebook() else "lines"
+
     def show_progress(self) -> bool:
         """Whether progress bars should be drawn now."""
-        if self.progress is not None:
-            return bool(self.progress)
-        if os.environ.get("CI"):
-            return False
-        return sys.stderr.isatty()
+        return self.progress_mode() == "bar"
+
+    @staticmethod
+    def in_notebook() -> bool:
+        """Whether this process is a Jupyter kernel (stderr is no terminal there, but a bar can be drawn)."""
+        ipython = sys.modules.get("IPython")
+        shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+        return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
 #: Environment variables read by OpenMP and the BLAS libraries when they load (later imports, child processes).

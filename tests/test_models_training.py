@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -12,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cape import CapeInputError
+from cape._settings import PROGRESS
 from cape.models import CellTransformer, TrainingPlan
 from cape.models.modules.heads import ClsDecoder, pool_cells, pooled_width
-from cape.models.training.engine import _fused_adamw, _Step, lr_factor
+from cape.models.training.engine import Plateau, _fused_adamw, _Step, lr_factor
 from cape.models.training.objectives import balanced_class_weights
 
 SMALL = dict(d_model=32, n_heads=4, n_layers=1, max_len=32, dropout=0.0)
@@ -151,9 +153,56 @@ def test_train_option_errors(adata):
     for kwargs, match in [({"pooling": "max"}, "unknown pooling"), ({"class_weight": "inverse"}, "class_weight"),
                           ({"lr_schedule": "step"}, "lr schedule"), ({"warmup_fraction": 1.0}, "warmup_fraction"),
                           ({"early_stopping_metric": "f1"}, "early_stopping_metric"),
-                          ({"label_smoothing": 1.0}, "label_smoothing")]:
+                          ({"label_smoothing": 1.0}, "label_smoothing"),
+                          ({"early_stopping_min_delta": -0.1}, "early_stopping_min_delta"),
+                          ({"early_stopping_monitor": ("val_f1",)}, "early_stopping_monitor names val_f1")]:
         with pytest.raises(CapeInputError, match=match):
             model.train(adata, "cell_type", epochs=1, **kwargs)
+
+
+def test_plateau_counts_epochs_without_progress_in_any_monitored_score():
+    plateau = Plateau(("val_loss", "val_accuracy"), min_delta=0.01)
+    counts = [plateau.update({"val_loss": loss, "val_accuracy": acc}) for loss, acc in [
+        (1.0, 0.5),       # first epoch: progress
+        (0.7, 0.5),       # loss falls: progress
+        (0.695, 0.5),     # loss falls less than min_delta: none
+        (0.71, 0.8),      # accuracy rises: progress
+        (0.697, 0.8),     # 0.003 below the best loss: none
+        (0.692, 0.8),     # 0.008 below it, still within min_delta: none
+        (0.689, 0.8),     # 0.011 below the best of epoch 2: the creep has added up to progress
+        (0.60, 1.0), (0.595, 1.0), (0.592, 1.0), (0.591, 1.0)]]  # at the ceiling, a loss that creeps down
+    assert counts == [0, 0, 1, 0, 1, 2, 0, 0, 1, 2, 3]
+
+
+def test_monitored_plateau_stops_training_and_keeps_the_best_epoch(adata):
+    model = CellTransformer(adata, "scgpt", "none", **SMALL, seed=1)
+    # No loss progress counts (min_delta huge) and the accuracy is not monitored: epochs 2 and 3 make none.
+    history = model.train(adata, "cell_type", epochs=8, batch_size=8, lr=5e-2, validation_fraction=0.3,
+                          early_stopping_patience=2, early_stopping_monitor=("val_loss",),
+                          early_stopping_min_delta=1e3)
+    assert len(history) == 3
+    # Without the monitor, the same run goes on while the validation loss still falls.
+    longer = CellTransformer(adata, "scgpt", "none", **SMALL, seed=1).train(
+        adata, "cell_type", epochs=8, batch_size=8, lr=5e-2, validation_fraction=0.3, early_stopping_patience=2,
+        early_stopping_monitor=())
+    assert len(longer) > 3
+
+
+def test_training_reports_each_epoch_in_lines_where_no_bar_is_drawn(adata, caplog, monkeypatch):
+    import cape
+
+    monkeypatch.setattr(cape.settings, "progress", None)
+    monkeypatch.setattr(cape.settings, "verbosity", 1)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    model = CellTransformer(adata, "scgpt", "none", **SMALL, seed=0)
+    with caplog.at_level(PROGRESS, logger="cape"):
+        model.pretrain(adata, epochs=2, batch_size=16)
+        model.train(adata, "cell_type", epochs=2, batch_size=16)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == PROGRESS]
+    assert [line.split(",")[0] for line in lines] == ["pretrain: epoch 1/2", "pretrain: epoch 2/2",
+                                                      "train: epoch 1/2", "train: epoch 2/2"]
+    assert "val_loss" in lines[0] and "left" in lines[0]
+    assert "val_accuracy" in lines[-1] and "in all" in lines[-1]
 
 
 def test_cape_train_passes_the_fine_tuning_options(tmp_path):
@@ -177,6 +226,20 @@ def test_cape_train_passes_the_fine_tuning_options(tmp_path):
     fit = record["history"]["train"]
     assert len(fit["epoch"]) == 3 and {"val_accuracy", "val_balanced_accuracy", "lr"} <= set(fit)
     assert fit["lr"][-1] == pytest.approx(0.0, abs=1e-12)              # cosine ends at 0
+
+
+def test_cape_train_fine_tuning_plan_monitors_accuracy_and_loss():
+    from cape.cli import build_parser
+    from cape.cli.train_command import _fine_tune_plan
+    from cape.models.hyperparameters import FINE_TUNE_PLAN
+
+    args = build_parser().parse_args(["train", "-i", "in.h5ad", "-o", "out.h5ad", "--fit-min-delta", "0.05",
+                                      "--fit-patience", "4"])
+    plan = _fine_tune_plan(args)
+    assert plan.early_stopping_monitor == FINE_TUNE_PLAN.early_stopping_monitor == ("val_loss", "val_accuracy")
+    assert plan.early_stopping_min_delta == 0.05 and plan.early_stopping_patience == 4
+    default = _fine_tune_plan(build_parser().parse_args(["train", "-i", "in.h5ad", "-o", "out.h5ad"]))
+    assert default == FINE_TUNE_PLAN                                    # the command line trains as model.train
 
 
 def test_adamw_runs_fused_where_torch_has_the_kernel():

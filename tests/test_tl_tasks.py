@@ -10,6 +10,7 @@ from _models_data import one_thread  # noqa: F401  (fixture)
 
 import cape
 from cape import CapeInputError
+from cape._settings import PROGRESS
 from cape.data.perturbation_data import simulate_perturbation
 from cape.tasks.clustering import clustering_metrics
 from cape.tasks.perturbation_predictors import pca_gene_embeddings
@@ -44,6 +45,26 @@ def test_annotate_sets_split_predictions_and_metrics(labelled):
     assert metrics["accuracy"] == pytest.approx(expected)
     assert metrics["n_test"] == 42
     assert metrics["n_fine_tune"] == 18
+
+
+def test_annotate_says_when_it_pretrains_and_takes_a_pretrained_model(labelled, caplog):
+    with caplog.at_level(PROGRESS, logger="cape"):
+        cape.tl.annotate(labelled, "cell_type", encoding="none", model_kwargs=SMALL, pretrain_epochs=2, epochs=1,
+                         seed=0)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("annotate: pretraining")]
+    assert said == ["annotate: pretraining 2 epochs on all 60 cells before fine-tuning; pass pretrain_epochs=0 to "
+                    "skip, or model= an already pretrained CellTransformer"]
+    assert labelled.uns["cape"]["annotate"]["params"]["pretrain_epochs"] == 2
+    caplog.clear()
+    model = cape.models.CellTransformer(labelled, encoding="none", seed=0, **SMALL)
+    model.pretrain(labelled, epochs=1)
+    pretrained = model.history["pretrain"]
+    with caplog.at_level(PROGRESS, logger="cape"):
+        cape.tl.annotate(labelled, "cell_type", model=model, epochs=1, seed=0)
+    assert not [r for r in caplog.records if r.getMessage().startswith("annotate: pretraining")]
+    assert model.history["pretrain"] is pretrained and len(model.history["train"]) == 1  # fine-tuned, not pretrained
+    assert labelled.uns["cape"]["annotate"]["params"]["pretrain_epochs"] == 0
+    assert set(labelled.obs["cape_prediction"].astype(str)) <= {"a", "b"}
 
 
 def test_annotate_copy_leaves_input_alone(labelled):

@@ -70,7 +70,7 @@ def recipe_run(adata: ad.AnnData, label_key: str, recipe: TrainingRecipe, split:
         embedding, kind = model.get_latent_representation(cells, pooling="cls"), "unsupervised"
     fine = fine_tune_cells(adata, roles(adata, labels, split), labels, label_key)
     model.train(fine, label_key, epochs=recipe.epochs, lr=recipe.fit_lr, batch_size=recipe.batch_size,
-                early_stopping_patience=recipe.fit_patience)
+                early_stopping_patience=recipe.fit_patience, early_stopping_min_delta=recipe.fit_min_delta)
     predicted = np.asarray(model.predict(cells[split.test]), dtype=str)
     if embedding is None:
         embedding = model.get_latent_representation(cells)

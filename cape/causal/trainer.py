@@ -476,7 +476,7 @@ def _train(run: _Run, data: _Standardised, Irows, rng: np.random.Generator, prog
     history: dict[str, list[float]] = {k: [] for k in ("loss", "nelbo", "h", "rho", "alpha", "max_weight",
                                                         "seconds")}
     n_batches = max(1, math.ceil(n_cells / config.batch_size))
-    bar = progress(range(config.epochs), desc=progress_desc, total=config.epochs)
+    bar = progress(range(config.epochs), desc=progress_desc, total=config.epochs, unit="epoch")
     epoch, converged = -1, False
     for epoch in bar:
         t_epoch = time.perf_counter()

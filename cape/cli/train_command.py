@@ -8,6 +8,7 @@ only rank 0 writes outputs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shutil
@@ -17,7 +18,7 @@ from .._errors import CapeInputError
 from .._io import write_h5ad
 from .._settings import resolve_seed
 from ..models import CellTransformer, TrainingPlan
-from ..models.hyperparameters import DEFAULT_RECIPE
+from ..models.hyperparameters import DEFAULT_RECIPE, FINE_TUNE_PLAN
 from ..models.tokenize import MAX_AUTO_LEN
 from ..models.training import distributed
 from ..report.metrics import FINE_TUNED_KEY
@@ -95,6 +96,10 @@ def register(commands) -> None:
                      help=f"fine-tuning learning rate ({DEFAULT_RECIPE.fit_lr})")
     fit.add_argument("--fit-patience", type=int, default=DEFAULT_RECIPE.fit_patience,
                      help=f"fine-tuning early-stopping patience ({DEFAULT_RECIPE.fit_patience})")
+    fit.add_argument("--fit-min-delta", type=float, default=DEFAULT_RECIPE.fit_min_delta,
+                     help="fine-tuning stops after --fit-patience epochs in which the validation accuracy did not rise "
+                          "and the validation loss did not fall by more than this below its best "
+                          f"({DEFAULT_RECIPE.fit_min_delta})")
     fit.add_argument("--fit-validation-fraction", type=float, default=0.2,
                      help="validation share of the fine-tune cells, for early stopping (0.2)")
     fit.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (0.01)")
@@ -168,11 +173,13 @@ def _pretrain_plan(args: argparse.Namespace) -> TrainingPlan:
 
 def _fine_tune_plan(args: argparse.Namespace) -> TrainingPlan:
     """The fine-tuning options (``--fit-lr``, ``--weight-decay``, ``--fit-validation-fraction``, ``--fit-patience``,
-    ``--lr-schedule``, ``--warmup-fraction``, ``--early-stopping-metric``)."""
-    return TrainingPlan(lr=args.fit_lr, weight_decay=args.weight_decay,
-                        validation_fraction=args.fit_validation_fraction, early_stopping_patience=args.fit_patience,
-                        lr_schedule=args.lr_schedule, warmup_fraction=args.warmup_fraction,
-                        early_stopping_metric=args.early_stopping_metric)
+    ``--fit-min-delta``, ``--lr-schedule``, ``--warmup-fraction``, ``--early-stopping-metric``) over
+    :data:`~cape.models.hyperparameters.FINE_TUNE_PLAN` (which scores keep training going)."""
+    return dataclasses.replace(FINE_TUNE_PLAN, lr=args.fit_lr, weight_decay=args.weight_decay,
+                               validation_fraction=args.fit_validation_fraction,
+                               early_stopping_patience=args.fit_patience, early_stopping_min_delta=args.fit_min_delta,
+                               lr_schedule=args.lr_schedule, warmup_fraction=args.warmup_fraction,
+                               early_stopping_metric=args.early_stopping_metric)
 
 
 def _embed(model: CellTransformer, adata, unsupervised, fine_tuned: bool) -> None:

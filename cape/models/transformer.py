@@ -349,7 +349,7 @@ class CellTransformer(CellData):
         loader = self._loader(adata, batch_size)
         self.module.eval()
         out = []
-        for batch in progress(loader, desc="inference"):
+        for batch in progress(loader, desc="inference", lines=False):
             batch = self._to_device(batch)
             with self._autocast():
                 hidden = self.backbone(batch["gene_ids"], batch["values"], batch["padding_mask"])

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .._errors import CapeInputError
-from .._settings import resolve_seed
+from .._settings import PROGRESS, resolve_seed
 from ..models import CellTransformer
 from ..models.hyperparameters import DEFAULT_RECIPE
 from ..tasks.annotation import annotation_metrics, fine_tune_cells, record_split, split_roles
@@ -66,12 +66,15 @@ def annotate(adata: ad.AnnData, label_key: str, *, encoding: str = "cape", model
         ``model`` is None (e.g. ``architecture="scbert"``, ``device="cpu"``, ``d_model=32``; its defaults are the
         recipe of ``cape train``, :data:`~cape.models.hyperparameters.DEFAULT_RECIPE`: scGPT on ``device="auto"``).
     model
-        A (pretrained) :class:`~cape.models.CellTransformer` to fine-tune instead of building one.
+        A :class:`~cape.models.CellTransformer` already built and pretrained (e.g. by ``cape train`` and
+        :meth:`~cape.models.CellTransformer.load`, or :meth:`~cape.models.CellTransformer.pretrain`) to fine-tune
+        instead of building one: it is not pretrained again, which saves the ``pretrain_epochs``.
     fine_tune_fraction
         Share of the labelled cells used for fine-tuning (paper 0.3); the others are test cells.
     pretrain_epochs
         Self-supervised pretraining epochs on every cell (no labels: masked values and each cell's expression
-        profile, :meth:`~cape.models.CellTransformer.pretrain`) before fine-tuning a model built here; 0 skips.
+        profile, :meth:`~cape.models.CellTransformer.pretrain`) before fine-tuning a model built here, announced in
+        a progress line; 0 skips. Ignored when ``model`` is given.
     epochs, train_kwargs
         Most fine-tuning epochs (early stopping on a validation part of the fine-tune cells) and further
         :meth:`~cape.models.CellTransformer.train` keywords (``batch_size``, ``plan`` — a
@@ -107,7 +110,12 @@ def annotate(adata: ad.AnnData, label_key: str, *, encoding: str = "cape", model
     if model is None:
         model = CellTransformer(adata, encoding=encoding, seed=seed, **dict(model_kwargs or {}))
         if pretrain_epochs > 0:
+            logger.log(PROGRESS, "annotate: pretraining %d epochs on all %d cells before fine-tuning; pass "
+                       "pretrain_epochs=0 to skip, or model= an already pretrained CellTransformer",
+                       pretrain_epochs, adata.n_obs)
             model.pretrain(adata, epochs=pretrain_epochs)
+    else:
+        pretrain_epochs = 0  # recorded as run here: the model's own pretraining is in its history
     model.train(fine_tune_cells(adata, roles, labels, label_key), label_key, epochs=epochs, **(train_kwargs or {}))
     predicted = model.predict(adata, key_added=key_added)
     record_split(adata, roles)

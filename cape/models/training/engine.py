@@ -109,6 +109,12 @@ class TrainingPlan:
     early_stopping_metric
         The validation score that picks the best epoch: ``"val_loss"`` is minimised, any other score
         (``"val_accuracy"``, ``"val_balanced_accuracy"`` when annotating) maximised with ``val_loss`` breaking ties.
+    early_stopping_monitor, early_stopping_min_delta
+        The validation scores whose progress resets the patience (empty: ``early_stopping_metric`` alone): an epoch
+        makes progress when a monitored loss falls more than ``early_stopping_min_delta`` below its best so far, or
+        another monitored score (an accuracy) rises above its best. Monitoring ``("val_loss", "val_accuracy")``
+        with a ``min_delta`` stops easy data early: once the accuracy stops rising (at 1.0 it cannot), a
+        validation loss that still creeps down no longer keeps training going.
     lr_schedule, warmup_fraction
         ``"constant"`` or ``"cosine"`` decay to 0 over the epochs, after a linear warm-up over ``warmup_fraction``
         of the steps (:func:`lr_factor`).
@@ -122,6 +128,8 @@ class TrainingPlan:
     validation_fraction: float = 0.1
     early_stopping_patience: int | None = None
     early_stopping_metric: str = "val_loss"
+    early_stopping_monitor: tuple[str, ...] = ()
+    early_stopping_min_delta: float = 0.0
     lr_schedule: str = "constant"
     warmup_fraction: float = 0.0
     num_workers: int = 0
@@ -157,6 +165,37 @@ class _Step:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
+
+
+class Plateau:
+    """Epochs since the monitored validation scores last made progress (:class:`TrainingPlan`'s
+    ``early_stopping_monitor``): a score named ``*loss`` progresses when it falls more than ``min_delta`` below
+    its best so far, any other score when it rises above its best. A best moves only on progress, so a loss that
+    creeps down counts once its fall since then exceeds ``min_delta``."""
+
+    def __init__(self, monitor: tuple[str, ...], min_delta: float = 0.0) -> None:
+        self.monitor, self.min_delta = tuple(monitor), float(min_delta)
+        self.best: dict[str, float] = {}
+        self.bad_epochs = 0
+
+    def update(self, record: dict[str, float]) -> int:
+        """Take one epoch's ``record``; returns the epochs without progress so far (0 after progress)."""
+        missing = [name for name in self.monitor if name not in record]
+        if missing:
+            scores = ", ".join(k for k in record if k.startswith("val_"))
+            raise CapeInputError(f"early_stopping_monitor names {', '.join(missing)}, not a validation score here "
+                                 f"({scores})")
+        progressed = False
+        for name in self.monitor:
+            value, best = record[name], self.best.get(name)
+            if name.endswith("loss"):
+                better = best is None or value < best - max(self.min_delta, 1e-6)
+            else:
+                better = best is None or value > best + 1e-6
+            if better:
+                self.best[name], progressed = value, True
+        self.bad_epochs = 0 if progressed else self.bad_epochs + 1
+        return self.bad_epochs
 
 
 def _dataset_of(data: Dataset) -> CellDataset:
@@ -209,6 +248,9 @@ class Trainer:
             raise CapeInputError(f"unknown lr schedule {plan.lr_schedule!r}; choose from {', '.join(SCHEDULES)}")
         if not 0.0 <= plan.warmup_fraction < 1.0:
             raise CapeInputError(f"warmup_fraction must be in [0, 1), got {plan.warmup_fraction}")
+        if not (math.isfinite(plan.early_stopping_min_delta) and plan.early_stopping_min_delta >= 0):
+            raise CapeInputError(f"early_stopping_min_delta must be a finite number >= 0, "
+                                 f"got {plan.early_stopping_min_delta}")
         collate = CellCollator(self.pad_id)
         if distributed.is_active():
             sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=self.seed)
@@ -233,7 +275,9 @@ class Trainer:
                      and not torch.cuda.is_bf16_supported())
         history: list[dict[str, float]] = []
         best, best_state, bad_epochs = (math.inf, math.inf), None, 0
-        bar = progress(range(epochs), desc=desc, total=epochs)
+        plateau = Plateau(plan.early_stopping_monitor, plan.early_stopping_min_delta) \
+            if plan.early_stopping_monitor else None
+        bar = progress(range(epochs), desc=desc, total=epochs, unit="epoch")
         for epoch in bar:
             sampler.set_epoch(epoch)
             _dataset_of(train_set).set_epoch(epoch)
@@ -253,15 +297,19 @@ class Trainer:
                     best_state = copy.deepcopy(task.state_dict())
                 else:
                     bad_epochs += 1
+                if plateau is not None:
+                    bad_epochs = plateau.update(record)
             history.append(record)
             if hasattr(bar, "set_postfix"):
-                bar.set_postfix({k: round(v, 4) for k, v in record.items() if k.endswith("loss")})
+                bar.set_postfix({k: f"{v:.4g}" for k, v in record.items()
+                                 if k.endswith("loss") or k == plan.early_stopping_metric or k == "val_accuracy"})
             logger.debug("%s epoch %d: %s", desc, epoch + 1, record)
             patience = plan.early_stopping_patience
             if patience is not None and val_loader is not None and bad_epochs >= patience:
-                logger.info("%s: early stop after epoch %d (best %s %.4f)", desc, epoch + 1,
-                            plan.early_stopping_metric, abs(best[0]))
+                logger.info("%s: early stop after epoch %d, %d without progress (best %s %.4f)", desc, epoch + 1,
+                            bad_epochs, plan.early_stopping_metric, abs(best[0]))
                 break
+        bar.close()
         if best_state is not None:
             task.load_state_dict(best_state)
         return history
