@@ -170,8 +170,10 @@ def test_plateau_counts_epochs_without_progress_in_any_monitored_score():
         (0.697, 0.8),     # 0.003 below the best loss: none
         (0.692, 0.8),     # 0.008 below it, still within min_delta: none
         (0.689, 0.8),     # 0.011 below the best of epoch 2: the creep has added up to progress
-        (0.60, 1.0), (0.595, 1.0), (0.592, 1.0), (0.591, 1.0)]]  # at the ceiling, a loss that creeps down
-    assert counts == [0, 0, 1, 0, 1, 2, 0, 0, 1, 2, 3]
+        (0.60, 1.0), (0.595, 1.0), (0.592, 1.0), (0.591, 1.0),  # at the ceiling, a loss that creeps down
+        (0.40, 1.0), (0.20, 1.0),  # at the ceiling even a loss that falls fast is no progress: all cells are right
+        (0.30, 0.9), (0.10, 0.9)]]  # below it again, the loss counts (against its best before the ceiling)
+    assert counts == [0, 0, 1, 0, 1, 2, 0, 0, 1, 2, 3, 4, 5, 0, 0]
 
 
 def test_monitored_plateau_stops_training_and_keeps_the_best_epoch(adata):

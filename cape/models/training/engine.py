@@ -171,7 +171,9 @@ class Plateau:
     """Epochs since the monitored validation scores last made progress (:class:`TrainingPlan`'s
     ``early_stopping_monitor``): a score named ``*loss`` progresses when it falls more than ``min_delta`` below
     its best so far, any other score when it rises above its best. A best moves only on progress, so a loss that
-    creeps down counts once its fall since then exceeds ``min_delta``."""
+    creeps down counts once its fall since then exceeds ``min_delta``. While a monitored score that is not a loss (an
+    accuracy) is perfect (1.0), a falling loss is no progress: every validation cell is already right, and the loss
+    can only go on shrinking the margins, so easy data stop ``patience`` epochs after reaching it."""
 
     def __init__(self, monitor: tuple[str, ...], min_delta: float = 0.0) -> None:
         self.monitor, self.min_delta = tuple(monitor), float(min_delta)
@@ -186,10 +188,11 @@ class Plateau:
             raise CapeInputError(f"early_stopping_monitor names {', '.join(missing)}, not a validation score here "
                                  f"({scores})")
         progressed = False
+        perfect = any(not name.endswith("loss") and record[name] >= 1.0 - 1e-9 for name in self.monitor)
         for name in self.monitor:
             value, best = record[name], self.best.get(name)
             if name.endswith("loss"):
-                better = best is None or value < best - max(self.min_delta, 1e-6)
+                better = best is None or (value < best - max(self.min_delta, 1e-6) and not perfect)
             else:
                 better = best is None or value > best + 1e-6
             if better:
