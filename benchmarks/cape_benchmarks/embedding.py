@@ -159,10 +159,16 @@ def sparse_hub_dag(n_genes: int = 300, *, seed: int = 0, hubs: tuple[int, ...] =
     return sp.csr_matrix((list(edges.values()), (rows, cols)), shape=(n_genes, n_genes))
 
 
-#: Step II variants of the hierarchy section: the default, and one option changed at a time (``lambda_g`` given as a
-#: multiple of M, which puts λ_g·π on the scale of a mean-1 generality).
+#: Step II variants of the hierarchy section: the default, one option changed at a time (``lambda_g`` given as a
+#: multiple of M, which puts λ_g·π on the scale of a mean-1 generality), and per-anchor weights with that λ_g.
 HIERARCHY_VARIANTS = {"default": {}, "isolated=origin": {"isolated": "origin"}, "temperature=1": {"temperature": 1.0},
-                      "lambda_g=0.1·M": {"lambda_g_per_gene": 0.1}}
+                      "lambda_g=0.1·M": {"lambda_g_per_gene": 0.1},
+                      "positive_weights=per_anchor": {"positive_weights": "per_anchor"},
+                      "per_anchor, lambda_g=0.1·M": {"positive_weights": "per_anchor", "lambda_g_per_gene": 0.1}}
+
+
+#: Variants run on the larger graphs and on pbmc68k_reduced's DAG.
+_LARGE_VARIANTS = {name: HIERARCHY_VARIANTS[name] for name in ("default", "positive_weights=per_anchor")}
 
 
 def hierarchy_metrics(result, nodes: np.ndarray | None = None) -> dict:
@@ -320,8 +326,8 @@ def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, dim
     of a 2,000-gene, d = 32, 1,000-epoch embedding → ``embedding_scaling.json``, ``.md``, ``.png``.
     ``"hierarchy"``: Spearman(π, −‖e‖) over all genes and over those with an edge, and the most general gene's rank,
     on :func:`sparse_hub_dag` graphs of ``hierarchy_sizes`` genes (every :data:`HIERARCHY_VARIANTS` at the first
-    size, the default at the others) and on the pbmc68k_reduced run's DAG (skipped with ``quick``), d = 32
-    → ``embedding_hierarchy.json``, ``.md``.
+    size; the default and per-anchor weights at the others and on the pbmc68k_reduced run's DAG, skipped with
+    ``quick``), d = 32 → ``embedding_hierarchy.json``, ``.md``.
     """
 
     if quick:
@@ -371,11 +377,11 @@ def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, dim
         for n in sizes[1:]:
             hierarchy += _hierarchy_records({f"sparse hubs, {n} genes": (lambda s, n=n: sparse_hub_dag(n, seed=s),
                                                                          None)},
-                                            hier_seeds, hier_epochs, {"default": {}}, out=out)
+                                            hier_seeds, hier_epochs, _LARGE_VARIANTS, out=out)
         if not quick:
             dag, used = _pbmc_graph()
             hierarchy += _hierarchy_records({"pbmc68k_reduced (300 genes)": (lambda _s: dag, used)}, hier_seeds,
-                                            hier_epochs, {"default": {}}, out=out)
+                                            hier_epochs, _LARGE_VARIANTS, out=out)
         records += hierarchy
         write_json(hierarchy, out / "embedding_hierarchy.json")
         lines = ["# Step II hierarchy on sparse graphs (d = 32, " f"{hier_epochs} epochs, seeds {list(hier_seeds)})",
