@@ -213,3 +213,4 @@ def test_missing_hierarchy_is_warned(caplog):
     info = adata.uns["cape"]["hyperbolic_embedding"]
     assert np.isnan(info["hierarchy_spearman"]) and info["hierarchy_n_genes"] == 31
     assert "do not follow the graph's hierarchy" in caplog.text and "not a causal hierarchy" in caplog.text
+    assert "-norm) is undefined over the 31 genes with an edge" in caplog.text

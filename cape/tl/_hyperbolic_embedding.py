@@ -125,11 +125,11 @@ def hyperbolic_embedding(adata: ad.AnnData, config: EmbeddingConfig | None = Non
                 int(result.connected.sum()), result.n_positive_pairs, config.geometry, config.dim, result.seconds,
                 100 * at_origin)
     if hierarchy.n_genes and hierarchy.missing:
-        logger.warning("Step II: the positions do not follow the graph's hierarchy: Spearman(generality, -norm) = "
-                       "%.2f over the %d genes with an edge (general genes should sit near the origin; below %.1f "
-                       "they do not), so CAPE's encoding gives these genes distinct positions (an identity), not a "
-                       "causal hierarchy", hierarchy.spearman, hierarchy.n_genes,
-                       MIN_HIERARCHY_SPEARMAN)
+        rho = f"= {hierarchy.spearman:.2f}" if np.isfinite(hierarchy.spearman) else "is undefined"
+        logger.warning("Step II: the positions do not follow the graph's hierarchy: Spearman(generality, -norm) %s "
+                       "over the %d genes with an edge (general genes should sit near the origin; below %.1f they do "
+                       "not), so CAPE's encoding gives these genes distinct positions (an identity), not a causal "
+                       "hierarchy", rho, hierarchy.n_genes, MIN_HIERARCHY_SPEARMAN)
     return adata if copy else None
 
 
