@@ -10,7 +10,7 @@ import scipy.sparse as sp
 import torch
 
 from cape import CapeInputError
-from cape.hyperbolic import embed_dag, hyperboloid_residual
+from cape.hyperbolic import embed_dag, hyperboloid_residual, khop_positives
 from cape_benchmarks.embedding import barabasi_albert_dag, embedding_fidelity
 
 
@@ -229,7 +229,7 @@ def test_sampling_every_node_reproduces_the_exact_loss(geometry):
 
 
 def test_temperature_divides_the_contrastive_distances():
-    # With λ_g = 0 and τ, the first loss equals the paper's contrastive loss of the distances / τ.
+    # With λ_g = 0, τ and Eq. 16's weights, the first loss equals the paper's contrastive loss of the distances / τ.
     from cape.hyperbolic.geometry import LorentzGeometry
     from cape.hyperbolic.loss import contrastive_terms, negative_logsumexp_exact
     from cape.hyperbolic.poincare import lift_to_hyperboloid
@@ -242,6 +242,7 @@ def test_temperature_divides_the_contrastive_distances():
     mask[rows, cols] = True
     for tau in (1.0, 0.5):
         result = embed_dag(adj, dim=3, epochs=1, lambda_g=0.0, temperature=tau, init_scale=0.5, seed=2,
+                           positive_weights="path",
                            show_progress=False)
         spatial = torch.randn(12, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 0.5
         dist = LorentzGeometry.dist_matrix(lift_to_hyperboloid(spatial), lift_to_hyperboloid(spatial)) / tau
@@ -290,3 +291,26 @@ def test_scaling_benchmark_writes_records_table_and_plot(tmp_path):
     assert ("exact", 100) in timed and ("sampled K=64", 300) in timed
     assert "exact vs sampled" in (tmp_path / "embedding_scaling.md").read_text()
     assert (tmp_path / "embedding_scaling.png").stat().st_size > 0
+
+
+def test_per_anchor_weights_bring_a_hub_inside_its_genes_with_an_edge():
+    # a hub driving 10 genes, ten pairs and 90 genes without an edge: with Eq. 16's weights the hub's 10 negative
+    # terms push it outward; divided by each anchor's sum they push it as hard as any other gene's
+    n = 120
+    dag = sp.lil_matrix((n, n))
+    dag[0, 1:11] = 1.0
+    for a in range(11, 31, 2):
+        dag[a, a + 1] = 1.0
+    ranks = {}
+    for weights in ("path", "per_anchor"):
+        result = embed_dag(dag.tocsr(), epochs=300, positive_weights=weights, show_progress=False)
+        assert np.argmax(result.generality) == 0
+        norms = np.linalg.norm(result.poincare, axis=1)
+        ranks[weights] = int((norms[1:31] < norms[0]).sum())  # genes with an edge nearer the origin than the hub
+        assert result.params["positive_weight"].endswith("/anchor_sum") == (weights == "per_anchor")
+    assert ranks["per_anchor"] == 0 and ranks["path"] >= 10
+
+
+def test_per_anchor_weights_sum_to_one_per_anchor():
+    pairs = khop_positives(sp.csr_matrix(np.triu(np.full((4, 4), 0.5), 1)), 2).per_anchor()
+    np.testing.assert_allclose(np.bincount(pairs.rows, weights=pairs.weights), 1.0)

@@ -16,6 +16,7 @@ from cape.report.findings import (
     cells_finding,
     comparison_finding,
     headline,
+    hierarchy_finding,
     likely_causes,
     positioning,
     positioning_finding,
@@ -299,3 +300,25 @@ def test_without_labels_the_verdict_says_so(trained_adata, tmp_path):
     assert "No cell labels" in findings[1].text and "`labels: <obs column>`" in findings[1].text
     text = write_report(trained_adata, records, tmp_path / "r.md").read_text()
     assert "### comparison" not in text and "No cell labels" in text.split("## Run")[0]
+
+
+def test_missing_hierarchy_reaches_the_verdict_with_its_meaning():
+    adata = ad.AnnData(np.zeros((3, 4), dtype=np.float32))
+    adata.uns["cape"] = {"hyperbolic_embedding": {"hierarchy_spearman": 0.14, "hierarchy_n_genes": 61}}
+    finding = hierarchy_finding(adata)
+    assert finding.level == WARNING
+    assert "Spearman(generality, −norm) = 0.14 over the 61 genes with an edge" in finding.text
+    assert "an identity, not a causal hierarchy" in finding.text
+    assert finding.short in headline(verdict(adata, []))
+    adata.uns["cape"]["hyperbolic_embedding"]["hierarchy_spearman"] = float("nan")
+    assert "is undefined" in hierarchy_finding(adata).text
+
+
+def test_kept_hierarchy_or_no_measurement_adds_no_finding():
+    adata = ad.AnnData(np.zeros((3, 4), dtype=np.float32))
+    assert hierarchy_finding(adata) is None  # Step II not run, or a file written before the measurement
+    adata.uns["cape"] = {"hyperbolic_embedding": {"hierarchy_spearman": 0.8, "hierarchy_n_genes": 61}}
+    assert hierarchy_finding(adata) is None
+    adata.uns["cape"]["hyperbolic_embedding"].update(hierarchy_spearman=float("nan"), hierarchy_n_genes=0)
+    assert hierarchy_finding(adata) is None  # no edge: the positions finding already says so
+    assert all(f.topic != "hierarchy" for f in verdict(adata, []))

@@ -62,7 +62,7 @@ def test_cli_defaults_build_the_default_config(command, cls):
     (EmbeddingConfig, "epochs", -1), (EmbeddingConfig, "lr", 0.0), (EmbeddingConfig, "optimizer", "lbfgs"),
     (EmbeddingConfig, "geometry", "spherical"), (EmbeddingConfig, "negatives", 0),
     (EmbeddingConfig, "max_radius", 0.0), (EmbeddingConfig, "temperature", float("nan")),
-    (EmbeddingConfig, "isolated", "drop"),
+    (EmbeddingConfig, "isolated", "drop"), (EmbeddingConfig, "positive_weights", "degree"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_field(cls, field, value):
     with pytest.raises(CapeInputError, match=field) as err:

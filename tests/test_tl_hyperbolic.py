@@ -8,6 +8,7 @@ import anndata as ad
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from scipy.stats import spearmanr
 
 import cape
 from cape import CapeInputError
@@ -179,3 +180,37 @@ def test_cape_runs_steps_one_to_three_in_order(monkeypatch):
     assert out.varm["cape_angles"].shape == (20, 4)
     assert out.uns["cape"]["pipeline"]["steps"] == ["causal_graph", "hyperbolic_embedding", "rotary_encoding"]
     assert out.uns["cape"]["hyperbolic_embedding"]["seed"] == 5
+
+
+def _tree_adata(n: int = 31) -> ad.AnnData:
+    """A binary tree of depth 4 (root -> leaves) plus three genes without an edge."""
+    rows = (np.arange(1, n) - 1) // 2
+    dag = sp.csr_matrix((np.ones(n - 1), (rows, np.arange(1, n))), shape=(n + 3, n + 3))
+    adata = ad.AnnData(np.ones((5, n + 3), dtype=np.float32))
+    adata.var_names = [f"g{i}" for i in range(n + 3)]
+    adata.varp["cape_dag"] = dag
+    return adata
+
+
+def test_hierarchy_is_recorded_over_the_genes_with_an_edge(caplog):
+    adata = _tree_adata()
+    with caplog.at_level("WARNING", logger="cape"):
+        cape.tl.hyperbolic_embedding(adata, dim=2, epochs=400, temperature=1.0)
+    info = adata.uns["cape"]["hyperbolic_embedding"]
+    assert info["hierarchy_n_genes"] == 31
+    norms = np.linalg.norm(adata.varm["cape_poincare"][:31], axis=1)
+    rho = spearmanr(adata.var["cape_generality"].to_numpy()[:31], -norms).statistic
+    assert info["hierarchy_spearman"] == pytest.approx(rho)
+    assert info["hierarchy_spearman"] >= 0.5
+    assert "hierarchy" not in caplog.text
+
+
+def test_missing_hierarchy_is_warned(caplog):
+    adata = _tree_adata()
+    with caplog.at_level("WARNING", logger="cape"):
+        # no optimisation from a zero start: every gene at the origin, the norms order nothing
+        cape.tl.hyperbolic_embedding(adata, dim=2, epochs=0, init_scale=0.0)
+    info = adata.uns["cape"]["hyperbolic_embedding"]
+    assert np.isnan(info["hierarchy_spearman"]) and info["hierarchy_n_genes"] == 31
+    assert "do not follow the graph's hierarchy" in caplog.text and "not a causal hierarchy" in caplog.text
+    assert "-norm) is undefined over the 31 genes with an edge" in caplog.text

@@ -11,7 +11,9 @@
   ≈ 0.76 on 100-node BA DAGs); ``oracle_map_pessimistic`` scores a tie group at its end, as scikit-learn
   does (≈ 0.67).
 
-``cape-bench embedding`` compares hyperbolic against Euclidean embeddings at several dimensions.
+``cape-bench embedding`` compares hyperbolic against Euclidean embeddings at several dimensions; its ``hierarchy``
+section measures Spearman(π, −‖e‖) on graphs shaped like those Step I finds on users' data (:func:`sparse_hub_dag`:
+a few hubs, scattered edges, most genes without an edge) under Step II's default and a few changed options.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ import torch
 from scipy.stats import spearmanr
 from sklearn.metrics import average_precision_score
 
+from cape import data, pp, tl
 from cape._io import save_figure, write_json, write_text
 from cape._tables import mean_sd_table
 from cape.hyperbolic import embed_dag
 from cape.hyperbolic.embedding import DEFAULT_LR, DEFAULT_NEGATIVES, DEFAULT_TEMPERATURE
 from cape.hyperbolic.geometry import GEOMETRIES
+from cape.hyperbolic.hierarchy import hierarchy_spearman
 
 logger = logging.getLogger("cape")
 
@@ -130,6 +134,91 @@ def embedding_fidelity(points: np.ndarray, poincare: np.ndarray, adjacency: sp.s
     if with_oracle:
         out.update(oracle_map(adjacency, k, tie_draws=tie_draws))
     return out
+
+
+def sparse_hub_dag(n_genes: int = 300, *, seed: int = 0, hubs: tuple[int, ...] = (10, 5, 5), n_edges: int = 55,
+                   n_pool: int = 60) -> sp.csr_matrix:
+    """A DAG shaped like Step I's graphs on users' data: hubs driving ``hubs`` children each (weights 0.3–1, random
+    sign), then scattered edges (weights 0.2–0.6) among ``n_pool`` further genes up to ``n_edges`` edges in all;
+    every other gene has no edge. Genes are placed in a random order; scattered edges point from the lower to the
+    higher index, so the graph is acyclic."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n_genes)
+    edges: dict[tuple[int, int], float] = {}
+    start = 0
+    for n_children in hubs:
+        hub, children = order[start], order[start + 1:start + 1 + n_children]
+        start += 1 + n_children
+        for child in children:
+            edges[int(hub), int(child)] = rng.uniform(0.3, 1.0) * rng.choice([-1, 1])
+    pool = order[start:start + n_pool]
+    while len(edges) < n_edges:
+        a, b = rng.choice(pool, 2, replace=False)
+        edges[int(min(a, b)), int(max(a, b))] = rng.uniform(0.2, 0.6)
+    rows, cols = np.array(list(edges)).T
+    return sp.csr_matrix((list(edges.values()), (rows, cols)), shape=(n_genes, n_genes))
+
+
+#: Step II variants of the hierarchy section: the default (per-anchor positive weights), Eq. 16's weights as written
+#: (``path``) alone and with one more option changed (``lambda_g`` given as a multiple of M, which puts λ_g·π on the
+#: scale of a mean-1 generality), and the default with that λ_g.
+_PATH = {"positive_weights": "path"}
+HIERARCHY_VARIANTS = {"default (per_anchor)": {}, "path": _PATH,
+                      "path, isolated=origin": {**_PATH, "isolated": "origin"},
+                      "path, temperature=1": {**_PATH, "temperature": 1.0},
+                      "path, lambda_g=0.1·M": {**_PATH, "lambda_g_per_gene": 0.1},
+                      "lambda_g=0.1·M": {"lambda_g_per_gene": 0.1}}
+
+
+#: Variants run on the larger graphs and on pbmc68k_reduced's DAG.
+_LARGE_VARIANTS = {name: HIERARCHY_VARIANTS[name] for name in ("default (per_anchor)", "path")}
+
+
+def hierarchy_metrics(result, nodes: np.ndarray | None = None) -> dict:
+    """Spearman(π, −‖e‖) over the embedded genes and over those with an edge, and where the most general gene
+    sits: the share of the genes with an edge that lie nearer the origin than it (0: the most central)."""
+    embedded = result.embedded if nodes is None else result.embedded & nodes
+    connected = result.connected & embedded
+    norms = np.linalg.norm(result.poincare, axis=1)
+    hub = int(np.argmax(np.where(connected, result.generality, -np.inf)))
+    return {"spearman_all": hierarchy_spearman(result.generality, result.poincare, embedded).spearman,
+            "spearman_with_edge": hierarchy_spearman(result.generality, result.poincare, connected).spearman,
+            "n_with_edge": int(connected.sum()),
+            "hub_rank": float((norms[connected] < norms[hub]).mean()),
+            "hub_norm": float(norms[hub]), "median_norm_with_edge": float(np.median(norms[connected]))}
+
+
+def _hierarchy_records(graphs: dict, seeds, epochs: int, variants=HIERARCHY_VARIANTS, out: Path | None = None
+                       ) -> list[dict]:
+    """One record per graph, Step II variant, seed and metric of :func:`hierarchy_metrics`. ``graphs`` maps a name
+    to ``(adjacency_for_seed, nodes)``: a function of the seed giving the DAG, and the mask of genes that may take
+    part (``None``: all)."""
+    records: list[dict] = []
+    for graph, (make, nodes) in graphs.items():
+        for variant, options in variants.items():
+            for seed in seeds:
+                adjacency = make(seed)
+                options = dict(options)
+                if "lambda_g_per_gene" in options:
+                    options["lambda_g"] = options.pop("lambda_g_per_gene") * adjacency.shape[0]
+                result = embed_dag(adjacency, epochs=epochs, seed=seed, nodes=nodes, show_progress=False,
+                                   **options)
+                for metric, value in hierarchy_metrics(result, nodes).items():
+                    records.append({"section": "hierarchy", "graph": graph, "variant": variant, "seed": seed,
+                                    "metric": metric, "value": value})
+                logger.info("embedding bench: %s, %s, seed %d: Spearman %.2f (with an edge), hub rank %.2f", graph,
+                            variant, seed, records[-5]["value"], records[-3]["value"])
+                if out is not None:
+                    write_json(records, out / "embedding_hierarchy.json")
+    return records
+
+
+def _pbmc_graph() -> tuple[sp.csr_matrix, np.ndarray]:
+    """The DAG of the default pbmc68k_reduced run (300 genes, Step I's defaults, seed 0) and its used genes."""
+    adata = data.load("pbmc68k_reduced")
+    pp.preprocess(adata, n_top_genes=300)
+    tl.causal_graph(adata)
+    return sp.csr_matrix(adata.varp["cape_dag"]), adata.var["cape_used"].to_numpy(dtype=bool)
 
 
 def _fidelity_records(dims, seeds, epochs: int, n_nodes: int) -> list[dict]:
@@ -231,13 +320,17 @@ def _scaling_records(quick: bool, out: Path, seed: int = 0) -> list[dict]:
 
 def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, dims=(2, 4, 8, 16, 32),
                   seeds=(0, 1, 2, 3, 4), epochs: int = 1000, sections=("fidelity", "scaling"),
-                  n_nodes: int = 100) -> list[dict]:
+                  n_nodes: int = 100, hierarchy_sizes=(300, 2000)) -> list[dict]:
     """``cape-bench embedding``.
 
     ``"fidelity"``: MAP / Spearman of hyperbolic vs Euclidean embeddings of ``n_nodes``-node BA DAGs at several
     dimensions, with the graph-distance oracle → ``embedding.json``, ``embedding.md``, ``embedding.png``.
     ``"scaling"``: time against M for the exact and the sampled loss, MAP of both at 300 genes, and the time
     of a 2,000-gene, d = 32, 1,000-epoch embedding → ``embedding_scaling.json``, ``.md``, ``.png``.
+    ``"hierarchy"``: Spearman(π, −‖e‖) over all genes and over those with an edge, and the most general gene's rank,
+    on :func:`sparse_hub_dag` graphs of ``hierarchy_sizes`` genes (every :data:`HIERARCHY_VARIANTS` at the first
+    size; the default and ``path`` at the others and on the pbmc68k_reduced run's DAG, skipped with
+    ``quick``), d = 32 → ``embedding_hierarchy.json``, ``.md``.
     """
 
     if quick:
@@ -278,6 +371,27 @@ def run_benchmark(out: str | Path = "results/bench", *, quick: bool = False, dim
         lines += [f"Total {time.perf_counter() - start:.0f} s on this machine."]
         write_text("\n".join(lines) + "\n", out / "embedding_scaling.md")
         _plot_scaling(scaling, out / "embedding_scaling.png")
+    if "hierarchy" in sections:
+        sizes = (60,) if quick else tuple(hierarchy_sizes)
+        hier_seeds = (0,) if quick else tuple(seeds)[:3]
+        hier_epochs = min(epochs, 100) if quick else epochs
+        graphs = {f"sparse hubs, {sizes[0]} genes": (lambda s, n=sizes[0]: sparse_hub_dag(n, seed=s), None)}
+        hierarchy = _hierarchy_records(graphs, hier_seeds, hier_epochs, out=out)
+        for n in sizes[1:]:
+            hierarchy += _hierarchy_records({f"sparse hubs, {n} genes": (lambda s, n=n: sparse_hub_dag(n, seed=s),
+                                                                         None)},
+                                            hier_seeds, hier_epochs, _LARGE_VARIANTS, out=out)
+        if not quick:
+            dag, used = _pbmc_graph()
+            hierarchy += _hierarchy_records({"pbmc68k_reduced (300 genes)": (lambda _s: dag, used)}, hier_seeds,
+                                            hier_epochs, _LARGE_VARIANTS, out=out)
+        records += hierarchy
+        write_json(hierarchy, out / "embedding_hierarchy.json")
+        lines = ["# Step II hierarchy on sparse graphs (d = 32, " f"{hier_epochs} epochs, seeds {list(hier_seeds)})",
+                 "", "spearman_*: Spearman(π, −‖e‖) over the embedded genes / over the genes with an edge; hub_rank: "
+                 "share of the genes with an edge nearer the origin than the most general one (0 = most central).",
+                 "", mean_sd_table(hierarchy, rows=["graph", "variant"], columns=["metric"]), ""]
+        write_text("\n".join(lines) + "\n", out / "embedding_hierarchy.md")
     return records
 
 

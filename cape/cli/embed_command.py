@@ -53,6 +53,9 @@ def register(commands) -> None:
                        help="τ dividing the contrastive term's distances (default 0.5; 1 = the paper's Eq. 16)")
     embed.add_argument("--isolated", choices=["negatives", "origin"], default="negatives",
                        help="genes without an edge: spread apart as Step II negatives (default) or left at the origin")
+    embed.add_argument("--positive-weights", choices=["per_anchor", "path"], default="per_anchor",
+                       help="Eq. 16's positive weights divided by each gene's sum, so hubs are not pushed to the rim "
+                            "(default), or as they are (path)")
     embed.set_defaults(func=run_embed)
 
 
@@ -61,7 +64,8 @@ def config_from_args(args: argparse.Namespace) -> EmbeddingConfig:
     return EmbeddingConfig(dim=args.dim, k_hop=args.k_hop, lambda_g=args.lambda_g, restart=args.restart,
                            epochs=args.epochs, lr=args.lr, optimizer=args.optimizer, geometry=args.geometry,
                            negatives=args.negatives, max_radius=args.max_radius, init_scale=args.init_scale,
-                           temperature=args.temperature, isolated=args.isolated)
+                           temperature=args.temperature, isolated=args.isolated,
+                           positive_weights=args.positive_weights)
 
 
 def run_embed(args: argparse.Namespace) -> int:

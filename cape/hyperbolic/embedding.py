@@ -22,6 +22,12 @@ anchor it has no positive but itself, at distance 0, whose Eq. 16 term is log(1 
 it pushes the gene away from every other gene, so no two isolated genes share a position (a graph with no edge
 spreads all its genes instead of leaving them at the origin). ``isolated="origin"`` leaves them at the origin
 (``embedded`` False). Nodes outside ``nodes=`` never take part and stay at the origin.
+
+Eq. 16 adds one negative log-sum-exp per positive pair, so an anchor is pushed away from its negatives in proportion
+to the sum of its positive weights; in d ≥ 3 moving outward lengthens the distance to almost every other point, so
+a hub (many positives) is pushed towards the rim while Ω (λ_g·π, with π summing to 1) pulls it back only weakly.
+``positive_weights="per_anchor"`` (the default) divides each anchor's weights by their sum, which takes that push
+off hubs; ``"path"`` keeps Eq. 16's weights as written.
 """
 
 from __future__ import annotations
@@ -162,8 +168,9 @@ def embed_dag(adjacency, config: EmbeddingConfig | None = None, *, device: str |
     config
         Step II's options (:class:`~cape.hyperbolic.EmbeddingConfig`: ``dim``, ``k_hop``, ``lambda_g``, ``restart``,
         ``epochs``, ``lr``, ``optimizer``, ``geometry``, ``negatives``, ``max_radius``, ``init_scale``,
-        ``temperature``, ``isolated``); default: the paper's (d 32, 2-hop positives, λ_g 0.1, restart 0.15,
-        1,000 epochs of Riemannian SGD) with τ = :data:`DEFAULT_TEMPERATURE`.
+        ``temperature``, ``isolated``, ``positive_weights``); default: the paper's (d 32, 2-hop positives, λ_g 0.1,
+        restart 0.15, 1,000 epochs of Riemannian SGD) with τ = :data:`DEFAULT_TEMPERATURE` and per-anchor positive
+        weights.
     device
         ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``.
     seed
@@ -195,13 +202,17 @@ def embed_dag(adjacency, config: EmbeddingConfig | None = None, *, device: str |
     if geometry == "hyperbolic":
         points[:, 0] = 1.0
     pairs = khop_positives(sp.csr_matrix(matrix[nodes][:, nodes]), config.k_hop) if nodes.size else None
+    if pairs is not None and config.positive_weights == "per_anchor":
+        pairs = pairs.per_anchor()
     n_sampled = _resolve_negatives(config.negatives, nodes.size)
     lr = DEFAULT_LR[(geometry, config.optimizer)] if config.lr is None else float(config.lr)
     params = {"dim": dim, "k_hop": int(config.k_hop), "lambda_g": float(config.lambda_g),
               "restart": float(config.restart), "epochs": epochs, "lr": lr, "optimizer": config.optimizer,
               "geometry": geometry, "negatives": n_sampled, "max_radius": float(config.max_radius),
               "init_scale": float(config.init_scale), "temperature": float(config.temperature), "seed": int(seed),
-              "positive_weight": "strongest_path_product", "isolated": config.isolated}
+              "positive_weight": "strongest_path_product" + ("/anchor_sum" if config.positive_weights == "per_anchor"
+                                                             else ""),
+              "isolated": config.isolated}
     if not connected.any():
         logger.warning("the graph has no edges: %s", "every gene is placed at the origin" if config.isolated == "origin"
                        else "genes are only spread apart (Step II's negatives), their positions carry no causal "

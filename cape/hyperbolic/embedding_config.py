@@ -10,7 +10,7 @@ from numbers import Integral, Real
 from .._errors import CapeInputError
 from .geometry import GEOMETRIES
 
-__all__ = ["DEFAULT_TEMPERATURE", "ISOLATED", "OPTIMIZERS", "EmbeddingConfig"]
+__all__ = ["DEFAULT_TEMPERATURE", "ISOLATED", "OPTIMIZERS", "POSITIVE_WEIGHTS", "EmbeddingConfig"]
 
 #: Distances in the contrastive term are divided by this (τ; the paper's Eq. 16 has τ = 1).
 DEFAULT_TEMPERATURE = 0.5
@@ -18,6 +18,8 @@ DEFAULT_TEMPERATURE = 0.5
 OPTIMIZERS = ("rsgd", "radam")
 #: ``isolated`` values: genes without an edge as negatives of every anchor, or left at the origin.
 ISOLATED = ("negatives", "origin")
+#: ``positive_weights`` values: Eq. 16's weights as they are, or divided by each anchor's sum.
+POSITIVE_WEIGHTS = ("path", "per_anchor")
 
 
 def _is_int(value) -> bool:
@@ -66,6 +68,11 @@ class EmbeddingConfig:
         ``"negatives"`` (default): nodes without an edge take part as negatives of every anchor (Eq. 16's
         N⁻ = V ∖ N⁺) and as anchors of their self-pair term, which spreads them apart; ``"origin"``: they stay at the
         origin, where a rotary encoding leaves them unrotated and indistinguishable.
+    positive_weights
+        ``"per_anchor"`` (default): each anchor's strongest-path-product weights are divided by their sum, so every
+        anchor is pushed by its negatives as hard as any other and hubs are not pushed towards the rim; ``"path"``:
+        Eq. 16's weights as they are, so an anchor's push from its negatives is summed once per positive and a hub,
+        with many positives, is pushed outward the hardest (see ``docs/benchmarks/step2_embedding.md``).
     """
 
     dim: int = 32
@@ -81,6 +88,7 @@ class EmbeddingConfig:
     init_scale: float = 1e-3
     temperature: float = DEFAULT_TEMPERATURE
     isolated: str = "negatives"
+    positive_weights: str = "per_anchor"
 
     def __post_init__(self) -> None:
         if self.temperature is None:
@@ -112,3 +120,5 @@ class EmbeddingConfig:
             raise CapeInputError(f"temperature must be a finite number > 0, got {self.temperature!r}")
         if self.isolated not in ISOLATED:
             raise CapeInputError(f"isolated must be 'negatives' or 'origin', got {self.isolated!r}")
+        if self.positive_weights not in POSITIVE_WEIGHTS:
+            raise CapeInputError(f"positive_weights must be 'path' or 'per_anchor', got {self.positive_weights!r}")

@@ -53,6 +53,13 @@ class PositivePairs:
         """Number of positives of each node, shape (M,)."""
         return np.bincount(self.rows, minlength=self.n_nodes)
 
+    def per_anchor(self) -> PositivePairs:
+        """The same pairs with each anchor's weights divided by their sum (each anchor's weights sum to 1; the
+        matrix is no longer symmetric)."""
+        total = np.bincount(self.rows, weights=self.weights, minlength=self.n_nodes)
+        return PositivePairs(rows=self.rows, cols=self.cols, weights=self.weights / total[self.rows],
+                             n_nodes=self.n_nodes)
+
 
 def strongest_path_products(adjacency: sp.spmatrix, k: int) -> sp.csr_matrix:
     """Directed max-product path strengths up to ``k`` hops.

@@ -17,6 +17,7 @@ import numpy as np
 
 from .._tables import _inline, html_page, html_table, markdown_table
 from ..causal.postprocess import AUTO_TAU_FLOOR
+from ..hyperbolic.hierarchy import MIN_HIERARCHY_SPEARMAN, Hierarchy
 from .resources import resources_table
 from .statistics import LEVEL, N_BOOTSTRAP, Comparison, comparisons_from_records
 
@@ -345,13 +346,34 @@ def cells_finding(adata: ad.AnnData) -> Finding | None:
                    short="fewer cells than genes in Step I")
 
 
+def hierarchy_finding(adata: ad.AnnData) -> Finding | None:
+    """A warning when Step II's norms do not order the genes with an edge by generality (the record's
+    ``hierarchy_spearman`` below :data:`~cape.hyperbolic.hierarchy.MIN_HIERARCHY_SPEARMAN`, or undefined); else
+    ``None`` (also for files written before the measurement was recorded, and for graphs without an edge)."""
+    info = adata.uns.get("cape", {}).get("hyperbolic_embedding", {})
+    if "hierarchy_spearman" not in info or not int(info.get("hierarchy_n_genes", 0)):
+        return None
+    hierarchy = Hierarchy(float(info["hierarchy_spearman"]), int(info["hierarchy_n_genes"]))
+    if not hierarchy.missing:
+        return None
+    rho = (f"Spearman(generality, −norm) = {hierarchy.spearman:.2f}" if np.isfinite(hierarchy.spearman)
+           else "Spearman(generality, −norm) is undefined")
+    return Finding(WARNING, "hierarchy",
+                   f"Step II's positions do not follow the graph's hierarchy: {rho} over the "
+                   f"{hierarchy.n_genes:,} genes with an edge (general genes should sit near the centre of the "
+                   f"Poincaré disk; below {MIN_HIERARCHY_SPEARMAN:.1f} they do not). CAPE's encoding then gives "
+                   "these genes distinct positions, an identity, not a causal hierarchy.",
+                   short="Step II's positions show no causal hierarchy")
+
+
 # ---------------------------------------------------------------------------------------------------- verdict
 def verdict(adata: ad.AnnData, records: Sequence[dict], resources: Sequence[dict] | None = None) -> list[Finding]:
-    """Every finding of the verdict, in reading order: positions, Step I's cells, baselines, resources."""
+    """Every finding of the verdict, in reading order: positions, Step I's cells, Step II's hierarchy, baselines,
+    resources."""
     pos = positioning(adata)
     training = training_context(adata)
     findings = [positioning_finding(pos, training.encoding)]
-    findings += [f for f in (cells_finding(adata),) if f is not None]
+    findings += [f for f in (cells_finding(adata), hierarchy_finding(adata)) if f is not None]
     comparisons = comparisons_from_records(records)
     if comparisons:
         causes = likely_causes(training, pos)

@@ -18,6 +18,7 @@ from .._settings import resolve_seed
 from ..hyperbolic.adjacency import as_sparse_adjacency
 from ..hyperbolic.embedding import EmbeddingResult, embed_dag
 from ..hyperbolic.embedding_config import EmbeddingConfig
+from ..hyperbolic.hierarchy import MIN_HIERARCHY_SPEARMAN, hierarchy_spearman
 from ._uns import DAG_KEY, record_step
 
 logger = logging.getLogger("cape")
@@ -57,7 +58,8 @@ def hyperbolic_embedding(adata: ad.AnnData, config: EmbeddingConfig | None = Non
         ``max_radius``, ``init_scale``, ``temperature`` (τ dividing the contrastive distances; 1 is the paper's Eq. 16)
         and ``isolated`` (``"negatives"``: genes of ``var["cape_used"]`` without an edge take part as negatives of
         every anchor and are spread apart, so every gene gets its own position; ``"origin"``: they stay at the
-        origin). Default: the workflow's defaults.
+        origin) and ``positive_weights`` (``"per_anchor"``: each gene's positive weights divided by their sum, so hubs
+        are not pushed towards the rim; ``"path"``: Eq. 16's weights as written). Default: the workflow's defaults.
     adjacency
         Optional n_vars × n_vars adjacency to use instead of ``varp[dag_key]``.
     dag_key
@@ -81,7 +83,10 @@ def hyperbolic_embedding(adata: ad.AnnData, config: EmbeddingConfig | None = Non
     ``varm["cape_lorentz"]`` (``varm["cape_euclidean"]`` for the Euclidean geometry), ``varm["cape_poincare"]``,
     ``var["cape_generality"]``, ``var["cape_embedded"]`` (took part in Step II), ``var["cape_connected"]`` (has an
     edge) and ``uns["cape"]["hyperbolic_embedding"]``, whose ``fraction_at_origin`` is the share of the used genes
-    within 1e-3 of the origin. These keys are fixed: Steps III and the models read them.
+    within 1e-3 of the origin and ``hierarchy_spearman`` Spearman(π, −‖e‖) over the ``hierarchy_n_genes`` genes with
+    an edge (NaN when undefined; a warning is logged below
+    :data:`~cape.hyperbolic.hierarchy.MIN_HIERARCHY_SPEARMAN`).
+    These keys are fixed: Steps III and the models read them.
 
     Returns
     -------
@@ -100,6 +105,7 @@ def hyperbolic_embedding(adata: ad.AnnData, config: EmbeddingConfig | None = Non
     result = embed_dag(matrix, config, device=device, seed=seed, names=list(adata.var_names), nodes=used)
     _write(adata, result, used)
     at_origin = result.fraction_at_origin(used)
+    hierarchy = hierarchy_spearman(result.generality, result.poincare, result.connected)
     losses = result.losses
     record_step(adata, "hyperbolic_embedding", {
         "params": {"device": str(device), **result.params, "source": source},
@@ -107,6 +113,8 @@ def hyperbolic_embedding(adata: ad.AnnData, config: EmbeddingConfig | None = Non
         "n_genes_embedded": int(result.embedded.sum()),
         "n_genes_connected": int(result.connected.sum()),
         "fraction_at_origin": at_origin,
+        "hierarchy_spearman": hierarchy.spearman,
+        "hierarchy_n_genes": hierarchy.n_genes,
         "n_positive_pairs": int(result.n_positive_pairs),
         "final_loss": float(losses[-1]) if losses.size else float("nan"),
         "loss_curve": losses[:: max(1, losses.size // 200)].tolist(),
@@ -116,6 +124,12 @@ def hyperbolic_embedding(adata: ad.AnnData, config: EmbeddingConfig | None = Non
                 "%.1f%% of the genes within 1e-3 of the origin", int(result.embedded.sum()),
                 int(result.connected.sum()), result.n_positive_pairs, config.geometry, config.dim, result.seconds,
                 100 * at_origin)
+    if hierarchy.n_genes and hierarchy.missing:
+        rho = f"= {hierarchy.spearman:.2f}" if np.isfinite(hierarchy.spearman) else "is undefined"
+        logger.warning("Step II: the positions do not follow the graph's hierarchy: Spearman(generality, -norm) %s "
+                       "over the %d genes with an edge (general genes should sit near the origin; below %.1f they do "
+                       "not), so CAPE's encoding gives these genes distinct positions (an identity), not a causal "
+                       "hierarchy", rho, hierarchy.n_genes, MIN_HIERARCHY_SPEARMAN)
     return adata if copy else None
 
 
