@@ -229,7 +229,7 @@ def test_sampling_every_node_reproduces_the_exact_loss(geometry):
 
 
 def test_temperature_divides_the_contrastive_distances():
-    # With λ_g = 0, τ and Eq. 16's weights, the first loss equals the paper's contrastive loss of the distances / τ.
+    # With λ_g = 0 and τ, the first loss equals the paper's contrastive loss of the distances / τ.
     from cape.hyperbolic.geometry import LorentzGeometry
     from cape.hyperbolic.loss import contrastive_terms, negative_logsumexp_exact
     from cape.hyperbolic.poincare import lift_to_hyperboloid
@@ -242,7 +242,6 @@ def test_temperature_divides_the_contrastive_distances():
     mask[rows, cols] = True
     for tau in (1.0, 0.5):
         result = embed_dag(adj, dim=3, epochs=1, lambda_g=0.0, temperature=tau, init_scale=0.5, seed=2,
-                           positive_weights="path",
                            show_progress=False)
         spatial = torch.randn(12, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 0.5
         dist = LorentzGeometry.dist_matrix(lift_to_hyperboloid(spatial), lift_to_hyperboloid(spatial)) / tau

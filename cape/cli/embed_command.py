@@ -53,9 +53,9 @@ def register(commands) -> None:
                        help="τ dividing the contrastive term's distances (default 0.5; 1 = the paper's Eq. 16)")
     embed.add_argument("--isolated", choices=["negatives", "origin"], default="negatives",
                        help="genes without an edge: spread apart as Step II negatives (default) or left at the origin")
-    embed.add_argument("--positive-weights", choices=["per_anchor", "path"], default="per_anchor",
-                       help="Eq. 16's positive weights divided by each gene's sum, so hubs are not pushed to the rim "
-                            "(default), or as they are (path)")
+    embed.add_argument("--positive-weights", choices=["path", "per_anchor"], default="path",
+                       help="Eq. 16's positive weights as they are (default), or divided by each gene's sum "
+                            "(per_anchor: hubs are not pushed to the rim)")
     embed.set_defaults(func=run_embed)
 
 

@@ -26,8 +26,7 @@ spreads all its genes instead of leaving them at the origin). ``isolated="origin
 Eq. 16 adds one negative log-sum-exp per positive pair, so an anchor is pushed away from its negatives in proportion
 to the sum of its positive weights; in d ≥ 3 moving outward lengthens the distance to almost every other point, so
 a hub (many positives) is pushed towards the rim while Ω (λ_g·π, with π summing to 1) pulls it back only weakly.
-``positive_weights="per_anchor"`` (the default) divides each anchor's weights by their sum, which takes that push
-off hubs; ``"path"`` keeps Eq. 16's weights as written.
+``positive_weights="per_anchor"`` divides each anchor's weights by their sum, which takes that push off hubs.
 """
 
 from __future__ import annotations
@@ -169,8 +168,7 @@ def embed_dag(adjacency, config: EmbeddingConfig | None = None, *, device: str |
         Step II's options (:class:`~cape.hyperbolic.EmbeddingConfig`: ``dim``, ``k_hop``, ``lambda_g``, ``restart``,
         ``epochs``, ``lr``, ``optimizer``, ``geometry``, ``negatives``, ``max_radius``, ``init_scale``,
         ``temperature``, ``isolated``, ``positive_weights``); default: the paper's (d 32, 2-hop positives, λ_g 0.1,
-        restart 0.15, 1,000 epochs of Riemannian SGD) with τ = :data:`DEFAULT_TEMPERATURE` and per-anchor positive
-        weights.
+        restart 0.15, 1,000 epochs of Riemannian SGD) with τ = :data:`DEFAULT_TEMPERATURE`.
     device
         ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``.
     seed

@@ -69,10 +69,10 @@ class EmbeddingConfig:
         N⁻ = V ∖ N⁺) and as anchors of their self-pair term, which spreads them apart; ``"origin"``: they stay at the
         origin, where a rotary encoding leaves them unrotated and indistinguishable.
     positive_weights
-        ``"per_anchor"`` (default): each anchor's strongest-path-product weights are divided by their sum, so every
-        anchor is pushed by its negatives as hard as any other and hubs are not pushed towards the rim; ``"path"``:
-        Eq. 16's weights as they are, so an anchor's push from its negatives is summed once per positive and a hub,
-        with many positives, is pushed outward the hardest (see ``docs/benchmarks/step2_embedding.md``).
+        ``"path"`` (default, Eq. 16): each positive pair weighs its strongest path product, so an anchor's pull from
+        its negatives is summed once per positive and a hub, with many positives, is pushed outward the hardest;
+        ``"per_anchor"``: each anchor's weights are divided by their sum, so every anchor is pushed by its negatives
+        as hard as any other and hubs are no longer pushed towards the rim (see ``docs/benchmarks/step2_embedding.md``).
     """
 
     dim: int = 32
@@ -88,7 +88,7 @@ class EmbeddingConfig:
     init_scale: float = 1e-3
     temperature: float = DEFAULT_TEMPERATURE
     isolated: str = "negatives"
-    positive_weights: str = "per_anchor"
+    positive_weights: str = "path"
 
     def __post_init__(self) -> None:
         if self.temperature is None:

@@ -362,7 +362,9 @@ def hierarchy_finding(adata: ad.AnnData) -> Finding | None:
                    f"Step II's positions do not follow the graph's hierarchy: {rho} over the "
                    f"{hierarchy.n_genes:,} genes with an edge (general genes should sit near the centre of the "
                    f"Poincaré disk; below {MIN_HIERARCHY_SPEARMAN:.1f} they do not). CAPE's encoding then gives "
-                   "these genes distinct positions, an identity, not a causal hierarchy.",
+                   "these genes distinct positions, an identity, not a causal hierarchy."
+                   + (" `embed.positive_weights: per_anchor` (Step II's option that keeps hubs nearer the centre) "
+                      "may help." if info.get("params", {}).get("positive_weights", "path") == "path" else ""),
                    short="Step II's positions show no causal hierarchy")
 
 

@@ -58,8 +58,8 @@ def hyperbolic_embedding(adata: ad.AnnData, config: EmbeddingConfig | None = Non
         ``max_radius``, ``init_scale``, ``temperature`` (τ dividing the contrastive distances; 1 is the paper's Eq. 16)
         and ``isolated`` (``"negatives"``: genes of ``var["cape_used"]`` without an edge take part as negatives of
         every anchor and are spread apart, so every gene gets its own position; ``"origin"``: they stay at the
-        origin) and ``positive_weights`` (``"per_anchor"``: each gene's positive weights divided by their sum, so hubs
-        are not pushed towards the rim; ``"path"``: Eq. 16's weights as written). Default: the workflow's defaults.
+        origin) and ``positive_weights`` (``"path"``: Eq. 16's weights; ``"per_anchor"``: each gene's positive weights
+        divided by their sum, so hubs are not pushed towards the rim). Default: the workflow's defaults.
     adjacency
         Optional n_vars × n_vars adjacency to use instead of ``varp[dag_key]``.
     dag_key
@@ -129,7 +129,9 @@ def hyperbolic_embedding(adata: ad.AnnData, config: EmbeddingConfig | None = Non
         logger.warning("Step II: the positions do not follow the graph's hierarchy: Spearman(generality, -norm) %s "
                        "over the %d genes with an edge (general genes should sit near the origin; below %.1f they do "
                        "not), so CAPE's encoding gives these genes distinct positions (an identity), not a causal "
-                       "hierarchy", rho, hierarchy.n_genes, MIN_HIERARCHY_SPEARMAN)
+                       "hierarchy%s", rho, hierarchy.n_genes, MIN_HIERARCHY_SPEARMAN,
+                       "; positive_weights='per_anchor' keeps hubs nearer the origin" if
+                       config.positive_weights == "path" else "")
     return adata if copy else None
 
 
