@@ -310,8 +310,11 @@ def test_missing_hierarchy_reaches_the_verdict_with_its_meaning():
     assert "Spearman(generality, −norm) = 0.14 over the 61 genes with an edge" in finding.text
     assert "an identity, not a causal hierarchy" in finding.text
     assert finding.short in headline(verdict(adata, []))
+    assert "embed.positive_weights: per_anchor" in finding.text  # Eq. 16's weights: the option is the remedy
     adata.uns["cape"]["hyperbolic_embedding"]["hierarchy_spearman"] = float("nan")
     assert "is undefined" in hierarchy_finding(adata).text
+    adata.uns["cape"]["hyperbolic_embedding"]["params"] = {"positive_weight": "strongest_path_product/anchor_sum"}
+    assert "per_anchor" not in hierarchy_finding(adata).text  # already in use: no remedy to offer
 
 
 def test_kept_hierarchy_or_no_measurement_adds_no_finding():

@@ -364,7 +364,7 @@ def hierarchy_finding(adata: ad.AnnData) -> Finding | None:
                    f"Poincaré disk; below {MIN_HIERARCHY_SPEARMAN:.1f} they do not). CAPE's encoding then gives "
                    "these genes distinct positions, an identity, not a causal hierarchy."
                    + (" `embed.positive_weights: per_anchor` (Step II's option that keeps hubs nearer the centre) "
-                      "may help." if info.get("params", {}).get("positive_weights", "path") == "path" else ""),
+                      "may help." if not str(info.get("params", {}).get("positive_weight", "")).endswith("/anchor_sum") else ""),
                    short="Step II's positions show no causal hierarchy")
 
 
