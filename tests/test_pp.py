@@ -196,7 +196,7 @@ def test_one_default_gene_count_for_the_api_the_cli_and_the_workflow():
     import yaml
 
     from cape.cli import build_parser
-    from cape.pp import N_TOP_GENES
+    from cape.pp._recipe import N_TOP_GENES
 
     assert inspect.signature(cape.pp.preprocess).parameters["n_top_genes"].default == N_TOP_GENES
     parser = build_parser()

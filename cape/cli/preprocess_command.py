@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from .._io import write_h5ad
-from ..pp import N_TOP_GENES, preprocess
-from ..pp._recipe import HVG_FLAVORS
+from ..pp import preprocess
+from ..pp._recipe import HVG_FLAVORS, N_TOP_GENES
 from ._command_io import check_output, read_input
 
 

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ._recipe import N_TOP_GENES, detect_scale, preprocess
+from ._recipe import detect_scale, preprocess
 
-__all__ = ["N_TOP_GENES", "detect_scale", "preprocess"]
+__all__ = ["detect_scale", "preprocess"]
