@@ -468,17 +468,18 @@ class CellDataset(torch.utils.data.Dataset):
         n_mask = np.rint(self.mask_ratio * n_tokens).astype(np.int64) if self.mask_ratio > 0 else \
             np.zeros(n_cells, dtype=np.int64)
         chosen = np.ones(position.size, dtype=bool)
-        mask_rows, mask_cols = [], []
-        for k in np.flatnonzero((counts > n_tokens) | (n_mask > 0)).tolist():
-            rng = _item_rng(self.seed, self.epoch, int(rows[k]))
-            if counts[k] > n_tokens[k]:
+        mask_cols = []
+        drawn = np.flatnonzero((counts > n_tokens) | (n_mask > 0))
+        # Plain Python numbers in the loop: it runs once per cell that draws, so its overhead counts.
+        for i, lo, n, m, n_masked in zip(rows[drawn].tolist(), starts[drawn].tolist(), counts[drawn].tolist(),
+                                         n_tokens[drawn].tolist(), n_mask[drawn].tolist(), strict=True):
+            rng = _item_rng(self.seed, self.epoch, i)
+            if n > m:
                 # rng.choice(pick, ...) is pick[rng.choice(pick.size, ...)]: the same draws on positions.
-                lo = starts[k]
-                chosen[lo:lo + counts[k]] = False
-                chosen[lo + rng.choice(int(counts[k]), size=int(n_tokens[k]), replace=False)] = True
-            if n_mask[k]:
-                mask_cols.append(1 + rng.choice(int(n_tokens[k]), size=int(n_mask[k]), replace=False))
-                mask_rows.append(np.full(int(n_mask[k]), k))
+                chosen[lo:lo + n] = False
+                chosen[lo + rng.choice(n, size=m, replace=False)] = True
+            if n_masked:
+                mask_cols.append(1 + rng.choice(m, size=n_masked, replace=False))
         source = np.flatnonzero(chosen) if not chosen.all() else np.arange(position.size)
         length = int(n_tokens.max(initial=0)) + 1
         token_row = np.repeat(np.arange(n_cells), n_tokens)
@@ -490,8 +491,9 @@ class CellDataset(torch.utils.data.Dataset):
         values[:, 0] = 0.0
         values[token_row, token_col] = binned[source]
         mask = np.zeros((n_cells, length), dtype=bool)
-        if mask_rows:
-            mask[np.concatenate(mask_rows), np.concatenate(mask_cols)] = True
+        if mask_cols:
+            masked = drawn[n_mask[drawn] > 0]
+            mask[np.repeat(masked, n_mask[masked]), np.concatenate(mask_cols)] = True
         return CellBatch(gene_ids=gene_ids, values=values, mask=mask, lengths=n_tokens + 1,
                          pad_id=self.vocab.pad_id,
                          label=None if self.labels is None else self.labels[rows],
