@@ -20,6 +20,8 @@ from cape.models.tokenize import (
     CellDataset,
     GeneVocab,
     TokenizerConfig,
+    _item_rng,
+    _item_states,
     collate_cells,
     log2_bin,
     quantile_bin,
@@ -259,3 +261,17 @@ def test_quantile_bin_segments_is_quantile_bin_cell_by_cell(cells, n_bins):
     counts = np.array([c.size for c in cells])
     got = quantile_bin_segments(np.concatenate(cells), counts, n_bins)
     assert np.array_equal(got, np.concatenate([quantile_bin(c, n_bins) for c in cells]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1),
+       st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=5))
+def test_item_states_are_the_per_cell_generators(seed, epoch, indices):
+    states = _item_states(seed, epoch, np.array(indices, dtype=np.int64))
+    expected = [_item_rng(seed, epoch, i).bit_generator.state["state"] for i in indices]
+    assert states == [(s["state"], s["inc"]) for s in expected]
+
+
+def test_item_states_decline_indices_beyond_one_word():
+    assert _item_states(0, 0, np.array([2**32])) is None
+    assert _item_states(0, 2**32, np.array([1])) is None

@@ -299,6 +299,58 @@ def _item_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([int(seed) % (2**32), int(epoch), int(index)])
 
 
+# numpy's SeedSequence and PCG64 seeding constants (numpy/random/bit_generator.pyx, pcg64.h).
+_HASH_INIT_A, _HASH_MULT_A, _HASH_INIT_B, _HASH_MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_MULT_L, _MIX_MULT_R = 0xCA01F9DD, 0x4973F715
+_PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645
+_U32, _U128 = np.uint64(0xFFFFFFFF), (1 << 128) - 1
+
+
+def _item_states(seed: int, epoch: int, indices: np.ndarray) -> list[tuple[int, int]] | None:
+    """The PCG64 ``(state, inc)`` of ``_item_rng(seed, epoch, i)`` for every ``i`` of ``indices``, without building
+    a SeedSequence per cell: its hash of the entropy words ``[seed mod 2**32, epoch, i]`` runs on all cells at
+    once (its multipliers do not depend on the data), then PCG64's two seeding steps in 128-bit integers.
+
+    None when ``epoch`` or an index needs more than one 32-bit word (the hash then reads more words).
+    """
+    indices = np.asarray(indices, dtype=np.int64)
+    if not 0 <= epoch < 2**32 or (indices.size and not (0 <= indices.min() and indices.max() < 2**32)):
+        return None
+    hash_a = _HASH_INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal hash_a
+        value = value ^ np.uint64(hash_a)
+        hash_a = (hash_a * _HASH_MULT_A) & 0xFFFFFFFF
+        value = (value * np.uint64(hash_a)) & _U32
+        return value ^ (value >> np.uint64(16))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        result = (np.uint64(_MIX_MULT_L) * x - np.uint64(_MIX_MULT_R) * y) & _U32
+        return result ^ (result >> np.uint64(16))
+
+    shape = indices.shape
+    words = [np.full(shape, int(seed) % (2**32), dtype=np.uint64), np.full(shape, epoch, dtype=np.uint64),
+             indices.astype(np.uint64), np.zeros(shape, dtype=np.uint64)]
+    pool = [hashmix(w) for w in words]                    # three entropy words, padded to the pool of four
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    hash_b, out = _HASH_INIT_B, []
+    for k in range(8):                                    # generate_state(4, uint64): eight 32-bit words
+        value = pool[k % 4] ^ np.uint64(hash_b)
+        hash_b = (hash_b * _HASH_MULT_B) & 0xFFFFFFFF
+        value = (value * np.uint64(hash_b)) & _U32
+        out.append(value ^ (value >> np.uint64(16)))
+    seeded = [(out[2 * j] | (out[2 * j + 1] << np.uint64(32))).tolist() for j in range(4)]
+    states = []
+    for high, low, seq_high, seq_low in zip(*seeded, strict=True):
+        inc = ((((seq_high << 64) | seq_low) << 1) | 1) & _U128
+        states.append(((((inc + ((high << 64) | low)) * _PCG_MULT) + inc) & _U128, inc))
+    return states
+
+
 class CellDataset(torch.utils.data.Dataset):
     """Cells of an expression matrix as token sequences.
 
@@ -470,10 +522,19 @@ class CellDataset(torch.utils.data.Dataset):
         chosen = np.ones(position.size, dtype=bool)
         mask_cols = []
         drawn = np.flatnonzero((counts > n_tokens) | (n_mask > 0))
-        # Plain Python numbers in the loop: it runs once per cell that draws, so its overhead counts.
-        for i, lo, n, m, n_masked in zip(rows[drawn].tolist(), starts[drawn].tolist(), counts[drawn].tolist(),
-                                         n_tokens[drawn].tolist(), n_mask[drawn].tolist(), strict=True):
-            rng = _item_rng(self.seed, self.epoch, i)
+        # Each drawing cell's generator is _item_rng's, set on one reused generator (seeding one per cell would
+        # cost more than the draws); plain Python numbers in the loop, which runs once per drawing cell.
+        states = _item_states(self.seed, self.epoch, rows[drawn])
+        reused = np.random.Generator(np.random.PCG64(0))
+        for j, (i, lo, n, m, n_masked) in enumerate(zip(
+                rows[drawn].tolist(), starts[drawn].tolist(), counts[drawn].tolist(), n_tokens[drawn].tolist(),
+                n_mask[drawn].tolist(), strict=True)):
+            if states is None:
+                rng = _item_rng(self.seed, self.epoch, i)
+            else:
+                rng = reused
+                rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": states[j][0],
+                                           "inc": states[j][1]}, "has_uint32": 0, "uinteger": 0}
             if n > m:
                 # rng.choice(pick, ...) is pick[rng.choice(pick.size, ...)]: the same draws on positions.
                 chosen[lo:lo + n] = False
