@@ -1,12 +1,14 @@
 """Input-pipeline throughput: cells/s of tokenising, binning, masking and collating alone (no model), the batch
 path (:meth:`~cape.models.tokenize.CellDataset.__getitems__`) against the per-cell path, interleaved in one run.
 
-Run ``python -m cape_benchmarks.loader [--cells 4000] [--repeats 5]``; figures go to docs/benchmarks/throughput.md.
+Run ``python -m cape_benchmarks.loader [--cells 4000] [--repeats 5]``; ``--pbmc`` times one CPU pretraining epoch of
+the default model on pbmc68k_reduced with each path instead. Figures go to docs/benchmarks/throughput.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import numpy as np
@@ -36,12 +38,49 @@ def epoch_seconds(data: CellDataset, batch_size: int, batched: bool, epoch: int)
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def per_cell_path():
+    """DataLoaders fetch cell by cell (``__getitem__``) while inside: the path before batch tokenisation."""
+    batched = CellDataset.__getitems__
+    CellDataset.__getitems__ = None  # torch's fetcher and Subset fall back to __getitem__ when it is not callable
+    try:
+        yield
+    finally:
+        CellDataset.__getitems__ = batched
+
+
+def pbmc_epochs(repeats: int) -> None:
+    """Seconds of one CPU pretraining epoch (no validation) of the default model on pbmc68k_reduced, each path."""
+    import cape
+    from cape.models import CellTransformer
+
+    adata = cape.data.load("pbmc68k_reduced")
+    cape.pp.preprocess(adata, n_top_genes=300)
+    cape.tl.cape(adata)
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for batched in (False, True):
+            model = CellTransformer(adata, architecture="scgpt", encoding="cape", device="cpu", seed=0)
+            with contextlib.nullcontext() if batched else per_cell_path():
+                history = model.pretrain(adata, epochs=1, validation_fraction=0.0)
+            seconds[batched].append(history[-1]["seconds"])
+    old, new = np.median(seconds[False]), np.median(seconds[True])
+    print(f"pbmc68k_reduced ({adata.n_obs} cells), one pretraining epoch on the CPU (median of {repeats}): "
+          f"per cell {old:.2f} s, batch {new:.2f} s, ratio {new / old:.3f}")
+    print("  per cell:", " ".join(f"{x:.2f}" for x in seconds[False]), "| batch:",
+          " ".join(f"{x:.2f}" for x in seconds[True]))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=4000)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--pbmc", action="store_true", help="time pretraining epochs on pbmc68k_reduced instead")
     args = parser.parse_args(argv)
+    if args.pbmc:
+        pbmc_epochs(args.repeats)
+        return
     X = random_cells(args.cells)
     vocab = GeneVocab.from_genes([f"g{j}" for j in range(X.shape[1])])
     ids = np.arange(X.shape[1]) + 2
