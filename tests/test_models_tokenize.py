@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -15,12 +16,16 @@ from cape.models.tokenize import (
     MASK_VALUE,
     PAD_TOKEN,
     PAD_VALUE,
+    CellCollator,
     CellDataset,
     GeneVocab,
     TokenizerConfig,
+    _item_rng,
+    _item_states,
     collate_cells,
     log2_bin,
     quantile_bin,
+    quantile_bin_segments,
 )
 
 expression = arrays(np.float64, st.integers(1, 60),
@@ -173,3 +178,100 @@ def test_bad_tokenizer_config():
         TokenizerConfig(binning="rank")
     with pytest.raises(CapeInputError, match="max_len"):
         TokenizerConfig(max_len=1)
+
+
+# ------------------------------------------------------------------------------------- the batch path (DataLoader)
+def _assert_same_batch(fast: dict, slow: dict) -> None:
+    assert fast.keys() == slow.keys()
+    for key in slow:
+        assert fast[key].dtype == slow[key].dtype, key
+        assert torch.equal(fast[key], slow[key]), key
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["quantile", "log2"]), st.booleans(), st.booleans(),
+       st.sampled_from([0.0, 0.15, 0.5]), st.integers(2, 40), st.integers(0, 3))
+def test_batch_path_matches_the_per_cell_path(seed, binning, sparse, zeros, mask_ratio, max_len, epoch):
+    rng = np.random.default_rng(seed)
+    n_cells, n_genes = int(rng.integers(1, 12)), int(rng.integers(1, 30))
+    X = rng.lognormal(0.0, 1.0, (n_cells, n_genes)) * (rng.random((n_cells, n_genes)) < rng.uniform(0.05, 0.9))
+    X[rng.random(X.shape) < 0.2] = np.round(X[rng.random(X.shape) < 0.2].mean() if X.any() else 1.0, 1)  # ties
+    if rng.random() < 0.3:
+        X = np.floor(X * 3) / 3                                           # many ties, some become zero
+    ids = rng.permutation(n_genes) + 2
+    ids[rng.random(n_genes) < 0.2] = -1                                  # columns outside the vocabulary
+    if not (ids >= 0).any():
+        ids[0] = 2
+    vocab = GeneVocab.from_genes([f"g{j}" for j in range(n_genes)])
+    matrix = sp.csr_matrix(X) if sparse else X
+    config = TokenizerConfig(binning=binning, n_bins=51 if binning == "quantile" else 5, max_len=max_len,
+                             include_zero_genes=zeros)
+    labels = rng.integers(0, 3, n_cells)
+    fast_set = CellDataset(matrix, ids, vocab, config, labels=labels, mask_ratio=mask_ratio, seed=seed,
+                           cell_targets=True)
+    slow_set = CellDataset(matrix, ids, vocab, config, labels=labels, mask_ratio=mask_ratio, seed=seed,
+                           cell_targets=True)
+    fast_set.set_epoch(epoch)
+    slow_set.set_epoch(epoch)
+    order = rng.permutation(n_cells)[: int(rng.integers(1, n_cells + 1))].tolist()
+    for _ in range(2):                                                    # binned afresh, then from the cache
+        _assert_same_batch(collate_cells(fast_set.__getitems__(order), pad_id=vocab.pad_id),
+                           collate_cells([slow_set[i] for i in order], pad_id=vocab.pad_id))
+
+
+def test_batch_path_sums_duplicate_csr_entries_and_leaves_the_matrix_alone():
+    X = sp.csr_matrix((np.array([1.0, 2.0, 0.5, 4.0]), np.array([1, 1, 0, 2]), np.array([0, 3, 4])), shape=(2, 3))
+    assert not X.has_canonical_format
+    data = CellDataset(X, np.array([2, 3, 4]), GeneVocab.from_genes(["a", "b", "c"]),
+                       TokenizerConfig(binning="log2", max_len=4))
+    fast = collate_cells(data.__getitems__([0, 1]), pad_id=0)
+    _assert_same_batch(fast, collate_cells([data[0], data[1]], pad_id=0))
+    assert fast["values"][0, 1:].tolist() == [0.0, 3.0]                 # log2 bins of 0.5 and of 1 + 2
+    assert X.data.tolist() == [1.0, 2.0, 0.5, 4.0]
+
+
+@pytest.mark.parametrize("binning", ["quantile", "log2"])
+def test_batch_path_refuses_negative_expression(binning):
+    data = CellDataset(np.array([[1.0, -0.5]]), np.array([2, 3]), GeneVocab.from_genes(["a", "b"]),
+                       TokenizerConfig(binning=binning, max_len=4))
+    with pytest.raises(CapeInputError, match=f"{binning} binning needs non-negative"):
+        data.__getitems__([0])
+
+
+def test_dataloader_fetches_whole_batches_through_a_subset():
+    rng = np.random.default_rng(3)
+    X = sp.random(40, 25, density=0.3, random_state=3, format="csr")
+    vocab = GeneVocab.from_genes([f"g{j}" for j in range(25)])
+    data = CellDataset(X, np.arange(25) + 2, vocab, TokenizerConfig(max_len=6), mask_ratio=0.3, seed=5)
+    subset = torch.utils.data.Subset(data, rng.permutation(40)[:30])
+    loader = torch.utils.data.DataLoader(subset, batch_size=8, collate_fn=CellCollator(vocab.pad_id))
+    seen = 0
+    for start, batch in zip(range(0, 30, 8), loader, strict=True):
+        cells = [subset[k] for k in range(start, min(start + 8, 30))]
+        _assert_same_batch(batch, collate_cells(cells, pad_id=vocab.pad_id))
+        seen += batch["gene_ids"].shape[0]
+    assert seen == 30
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(arrays(np.float64, st.integers(0, 40), elements=st.one_of(
+    st.sampled_from([0.5, 1.0, 2.0]), st.floats(1e-3, 50.0, allow_nan=False))), min_size=1, max_size=6),
+    st.integers(2, 60))
+def test_quantile_bin_segments_is_quantile_bin_cell_by_cell(cells, n_bins):
+    counts = np.array([c.size for c in cells])
+    got = quantile_bin_segments(np.concatenate(cells), counts, n_bins)
+    assert np.array_equal(got, np.concatenate([quantile_bin(c, n_bins) for c in cells]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1),
+       st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=5))
+def test_item_states_are_the_per_cell_generators(seed, epoch, indices):
+    states = _item_states(seed, epoch, np.array(indices, dtype=np.int64))
+    expected = [_item_rng(seed, epoch, i).bit_generator.state["state"] for i in indices]
+    assert states == [(s["state"], s["inc"]) for s in expected]
+
+
+def test_item_states_decline_indices_beyond_one_word():
+    assert _item_states(0, 0, np.array([2**32])) is None
+    assert _item_states(0, 2**32, np.array([1])) is None

@@ -11,6 +11,10 @@ Genes are sampled to a maximum length (the expressed genes by default, as scGPT)
 from a generator seeded by ``(seed, epoch, cell index)``, so a cell's tokens do not depend on which process or
 which batch it lands in (this is what makes DDP match single-process training). A cell's bins do not depend on the
 epoch, so each cell is binned once and kept (its expressed genes and their bins) for the next epochs.
+
+A DataLoader fetches whole batches through :meth:`CellDataset.__getitems__`: the batch's rows are binned, sampled,
+masked and padded with array operations over all its cells at once (:class:`CellBatch`), giving the same tokens,
+values and masks as :meth:`CellDataset.__getitem__` cell by cell; only the seeded draws stay per cell.
 """
 
 from __future__ import annotations
@@ -176,6 +180,67 @@ def log2_bin(values: np.ndarray, n_bins: int = 5) -> np.ndarray:
 BINNINGS = {"quantile": quantile_bin, "log2": log2_bin}
 
 
+def quantile_bin_segments(values: np.ndarray, counts: np.ndarray, n_bins: int = 51) -> np.ndarray:
+    """:func:`quantile_bin` of many cells at once, on their non-zero values.
+
+    Parameters
+    ----------
+    values
+        The positive expression values of the cells, cell after cell (each cell's in any order).
+    counts
+        ``(n_cells,)`` number of values of each cell.
+    n_bins
+        Number of levels including 0 (scGPT: 51).
+
+    Returns
+    -------
+    ``(values.size,)`` int64 bins in ``1..n_bins - 1``: for each cell, ``quantile_bin(row)[row > 0]`` of a row
+    holding its values (the same numbers, not merely the same rule).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if n_bins < 2:
+        raise CapeInputError(f"n_bins must be at least 2, got {n_bins}")
+    if values.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    cells = np.flatnonzero(counts > 0)
+    n, start = counts[cells], starts[cells]
+    # The cells' values sorted row by row in one padded array (padding +inf sorts last and is never read).
+    rows = np.repeat(np.arange(cells.size), n)
+    padded = np.full((cells.size, int(n.max())), np.inf)
+    padded[rows, np.arange(values.size) - np.repeat(start, n)] = values
+    padded.sort(axis=1)
+    # np.quantile's default ("linear") method term by term, so that the edges are bit for bit np.quantile's: the
+    # virtual index (n - 1) q, its floor and the next index (both the last value at or beyond n - 1), the weight
+    # taken against the clamped floor, and numpy's two-sided lerp.
+    q = np.linspace(0.0, 1.0, n_bins - 1)
+    last = (n - 1)[:, None]
+    virtual = last * q[None, :]
+    above = virtual >= last
+    previous = np.floor(virtual).astype(np.intp)
+    previous[above] = -1
+    following = previous + 1
+    following[above] = -1
+    gamma = virtual - previous
+    r = np.arange(cells.size)[:, None]
+    a = padded[r, np.where(previous < 0, last, previous)]
+    b = padded[r, np.where(following < 0, last, following)]
+    diff = b - a
+    edges = a + diff * gamma
+    upper = gamma >= 0.5
+    edges[upper] = (b - diff * (1 - gamma))[upper]
+    # np.digitize(x, edges) is searchsorted(edges, x, "right") for non-decreasing edges; it refuses others, and so
+    # does quantile_bin, to which such a cell goes.
+    unordered = np.any(edges[:, 1:] < edges[:, :-1], axis=1).tolist()
+    out = np.empty(values.size, dtype=np.int64)
+    for k, (s0, m) in enumerate(zip(start.tolist(), n.tolist(), strict=True)):
+        cell = values[s0:s0 + m]
+        out[s0:s0 + m] = quantile_bin(cell, n_bins)[cell > 0] if unordered[k] else \
+            np.searchsorted(edges[k], cell, side="right")
+    return np.clip(out, 1, n_bins - 1)
+
+
 def n_value_levels(binning: str, n_bins: int) -> int:
     """Number of distinct binned values: ``n_bins`` for quantile bins, ``n_bins + 1`` for log2 bins."""
     return n_bins if binning == "quantile" else n_bins + 1
@@ -234,6 +299,58 @@ def _item_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([int(seed) % (2**32), int(epoch), int(index)])
 
 
+# numpy's SeedSequence and PCG64 seeding constants (numpy/random/bit_generator.pyx, pcg64.h).
+_HASH_INIT_A, _HASH_MULT_A, _HASH_INIT_B, _HASH_MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_MULT_L, _MIX_MULT_R = 0xCA01F9DD, 0x4973F715
+_PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645
+_U32, _U128 = np.uint64(0xFFFFFFFF), (1 << 128) - 1
+
+
+def _item_states(seed: int, epoch: int, indices: np.ndarray) -> list[tuple[int, int]] | None:
+    """The PCG64 ``(state, inc)`` of ``_item_rng(seed, epoch, i)`` for every ``i`` of ``indices``, without building
+    a SeedSequence per cell: its hash of the entropy words ``[seed mod 2**32, epoch, i]`` runs on all cells at
+    once (its multipliers do not depend on the data), then PCG64's two seeding steps in 128-bit integers.
+
+    None when ``epoch`` or an index needs more than one 32-bit word (the hash then reads more words).
+    """
+    indices = np.asarray(indices, dtype=np.int64)
+    if not 0 <= epoch < 2**32 or (indices.size and not (0 <= indices.min() and indices.max() < 2**32)):
+        return None
+    hash_a = _HASH_INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal hash_a
+        value = value ^ np.uint64(hash_a)
+        hash_a = (hash_a * _HASH_MULT_A) & 0xFFFFFFFF
+        value = (value * np.uint64(hash_a)) & _U32
+        return value ^ (value >> np.uint64(16))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        result = (np.uint64(_MIX_MULT_L) * x - np.uint64(_MIX_MULT_R) * y) & _U32
+        return result ^ (result >> np.uint64(16))
+
+    shape = indices.shape
+    words = [np.full(shape, int(seed) % (2**32), dtype=np.uint64), np.full(shape, epoch, dtype=np.uint64),
+             indices.astype(np.uint64), np.zeros(shape, dtype=np.uint64)]
+    pool = [hashmix(w) for w in words]                    # three entropy words, padded to the pool of four
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    hash_b, out = _HASH_INIT_B, []
+    for k in range(8):                                    # generate_state(4, uint64): eight 32-bit words
+        value = pool[k % 4] ^ np.uint64(hash_b)
+        hash_b = (hash_b * _HASH_MULT_B) & 0xFFFFFFFF
+        value = (value * np.uint64(hash_b)) & _U32
+        out.append(value ^ (value >> np.uint64(16)))
+    seeded = [(out[2 * j] | (out[2 * j + 1] << np.uint64(32))).tolist() for j in range(4)]
+    states = []
+    for high, low, seq_high, seq_low in zip(*seeded, strict=True):
+        inc = ((((seq_high << 64) | seq_low) << 1) | 1) & _U128
+        states.append(((((inc + ((high << 64) | low)) * _PCG_MULT) + inc) & _U128, inc))
+    return states
+
+
 class CellDataset(torch.utils.data.Dataset):
     """Cells of an expression matrix as token sequences.
 
@@ -279,6 +396,14 @@ class CellDataset(torch.utils.data.Dataset):
         self.epoch = 0
         self._bins: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._bins_entries = 0
+        # The batch path reads CSR rows directly: duplicate entries summed (as toarray does) in a copy, never in
+        # the caller's matrix; and each column's position among the vocabulary genes (-1: dropped).
+        self._csr = self.X
+        if sp.issparse(self.X) and not self.X.has_canonical_format:
+            self._csr = self.X.copy()
+            self._csr.sum_duplicates()
+        self._column_position = np.full(self.gene_ids.size, -1, dtype=np.int64)
+        self._column_position[self.keep] = np.arange(self.keep.size)
 
     @property
     def target_ids(self) -> np.ndarray:
@@ -322,6 +447,119 @@ class CellDataset(torch.utils.data.Dataset):
                 self._bins_entries += expressed.size
         return hit
 
+    def _expressed_values(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``rows``' expressed vocabulary genes: the number of each row, then their positions (among the vocabulary
+        genes, increasing within a row) and values, row after row."""
+        if sp.issparse(self._csr):
+            indptr = self._csr.indptr
+            begin, end = indptr[rows].astype(np.int64), indptr[rows + 1].astype(np.int64)
+            lengths = end - begin
+            entries = np.repeat(begin - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(
+                int(lengths.sum()))
+            position = self._column_position[self._csr.indices[entries]]
+            values = self._csr.data[entries]
+            row_of = np.repeat(np.arange(rows.size), lengths)
+            kept = position >= 0
+            position, values, row_of = position[kept], values[kept], row_of[kept]
+        else:
+            block = np.asarray(self.X[rows][:, self.keep])
+            row_of, position = np.nonzero(block != 0)
+            values = block[row_of, position]
+        if np.any(values < 0):
+            raise CapeInputError(f"{self.config.binning} binning needs non-negative expression (log-normalised, not "
+                                 "scaled data)")
+        expressed = values > 0
+        row_of = row_of[expressed]
+        return np.bincount(row_of, minlength=rows.size), position[expressed], values[expressed]
+
+    def _batch_bins(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_expressed_bins` of many cells: the number of expressed genes of each, then their positions and
+        bins, cell after cell; the cells not yet kept are binned together and kept as the cache allows."""
+        found = [self._bins.get(i) for i in rows.tolist()]
+        todo = np.array([k for k, hit in enumerate(found) if hit is None], dtype=np.int64)
+        if todo.size:
+            counts, position, values = self._expressed_values(rows[todo])
+            if self.config.binning == "quantile":
+                binned = quantile_bin_segments(values, counts, self.config.n_bins)
+            else:
+                binned = np.minimum(np.floor(values.astype(np.float64)), self.config.n_bins).astype(np.int64)
+            position, binned = position.astype(np.int32), binned.astype(np.int32)
+            ends = np.cumsum(counts).tolist()
+            for k, i, lo, hi in zip(todo.tolist(), rows[todo].tolist(), [0, *ends[:-1]], ends, strict=True):
+                hit = (position[lo:hi], binned[lo:hi])
+                found[k] = hit
+                if i not in self._bins and self._bins_entries + hit[0].size <= BIN_CACHE_MAX_ENTRIES:
+                    self._bins[i] = hit
+                    self._bins_entries += hit[0].size
+        counts = np.array([hit[0].size for hit in found], dtype=np.int64)
+        if not found:
+            return counts, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return (counts, np.concatenate([hit[0] for hit in found]).astype(np.int64),
+                np.concatenate([hit[1] for hit in found]).astype(np.int64))
+
+    def __getitems__(self, indices: Sequence[int]) -> CellBatch:
+        """The cells ``indices`` as one padded batch (what DataLoaders fetch): the tokens, values and masks of
+        :meth:`__getitem__` for each cell, made with array operations over the whole batch; only the seeded draws
+        (gene sampling beyond ``max_len``, masking) are made cell by cell, from the same generators."""
+        cfg = self.config
+        rows = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n_cells, n_genes = rows.size, self.keep.size
+        counts, position, binned = self._batch_bins(rows)
+        row_of = np.repeat(np.arange(n_cells), counts)
+        full = None
+        if cfg.include_zero_genes or self.cell_targets:
+            full = np.zeros((n_cells, n_genes), dtype=np.int64)
+            full[row_of, position] = binned
+        if cfg.include_zero_genes:
+            # Every vocabulary gene is a candidate token, in vocabulary-gene order.
+            counts = np.full(n_cells, n_genes, dtype=np.int64)
+            position, binned = np.tile(np.arange(n_genes), n_cells), full.ravel()
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        n_tokens = np.minimum(counts, cfg.max_len - 1)
+        # Python's round, as __getitem__ (both round half to even).
+        n_mask = np.rint(self.mask_ratio * n_tokens).astype(np.int64) if self.mask_ratio > 0 else \
+            np.zeros(n_cells, dtype=np.int64)
+        chosen = np.ones(position.size, dtype=bool)
+        mask_cols = []
+        drawn = np.flatnonzero((counts > n_tokens) | (n_mask > 0))
+        # Each drawing cell's generator is _item_rng's, set on one reused generator (seeding one per cell would
+        # cost more than the draws); plain Python numbers in the loop, which runs once per drawing cell.
+        states = _item_states(self.seed, self.epoch, rows[drawn])
+        reused = np.random.Generator(np.random.PCG64(0))
+        for j, (i, lo, n, m, n_masked) in enumerate(zip(
+                rows[drawn].tolist(), starts[drawn].tolist(), counts[drawn].tolist(), n_tokens[drawn].tolist(),
+                n_mask[drawn].tolist(), strict=True)):
+            if states is None:
+                rng = _item_rng(self.seed, self.epoch, i)
+            else:
+                rng = reused
+                rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": states[j][0],
+                                           "inc": states[j][1]}, "has_uint32": 0, "uinteger": 0}
+            if n > m:
+                # rng.choice(pick, ...) is pick[rng.choice(pick.size, ...)]: the same draws on positions.
+                chosen[lo:lo + n] = False
+                chosen[lo + rng.choice(n, size=m, replace=False)] = True
+            if n_masked:
+                mask_cols.append(1 + rng.choice(m, size=n_masked, replace=False))
+        source = np.flatnonzero(chosen) if not chosen.all() else np.arange(position.size)
+        length = int(n_tokens.max(initial=0)) + 1
+        token_row = np.repeat(np.arange(n_cells), n_tokens)
+        token_col = 1 + np.arange(source.size) - np.repeat(np.cumsum(n_tokens) - n_tokens, n_tokens)
+        gene_ids = np.full((n_cells, length), self.vocab.pad_id, dtype=np.int64)
+        gene_ids[:, 0] = self.vocab.cls_id
+        gene_ids[token_row, token_col] = self.gene_ids[self.keep][position[source]]
+        values = np.full((n_cells, length), PAD_VALUE, dtype=np.float32)
+        values[:, 0] = 0.0
+        values[token_row, token_col] = binned[source]
+        mask = np.zeros((n_cells, length), dtype=bool)
+        if mask_cols:
+            masked = drawn[n_mask[drawn] > 0]
+            mask[np.repeat(masked, n_mask[masked]), np.concatenate(mask_cols)] = True
+        return CellBatch(gene_ids=gene_ids, values=values, mask=mask, lengths=n_tokens + 1,
+                         pad_id=self.vocab.pad_id,
+                         label=None if self.labels is None else self.labels[rows],
+                         cell_values=full.astype(np.float32) if self.cell_targets else None)
+
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         cfg = self.config
         expressed, expressed_bins = self._expressed_bins(int(i))
@@ -349,14 +587,72 @@ class CellDataset(torch.utils.data.Dataset):
         return item
 
 
-def collate_cells(batch: list[dict[str, np.ndarray]], *, pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad a list of :class:`CellDataset` items to the longest sequence.
+@dataclass(eq=False)
+class CellBatch(Sequence):
+    """Cells tokenised and padded together (:meth:`CellDataset.__getitems__`); also a sequence of the per-cell
+    items of :meth:`CellDataset.__getitem__`, so that it stands wherever a list of items does.
+
+    Attributes
+    ----------
+    gene_ids, values, mask
+        ``(B, L)`` tokens (``pad_id`` at padding), values (``PAD_VALUE`` at padding) and the masked positions.
+    lengths
+        ``(B,)`` tokens of each cell, ``<cls>`` included.
+    pad_id
+        The padding token of ``gene_ids``.
+    label, cell_values
+        ``(B,)`` labels and ``(B, n_genes)`` binned values of every vocabulary gene, when the dataset has them.
+    """
+
+    gene_ids: np.ndarray
+    values: np.ndarray
+    mask: np.ndarray
+    lengths: np.ndarray
+    pad_id: int
+    label: np.ndarray | None = None
+    cell_values: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.lengths.size
+
+    def __getitem__(self, b):
+        if isinstance(b, slice):
+            return [self[k] for k in range(*b.indices(len(self)))]
+        m = int(self.lengths[b])
+        item = {"gene_ids": self.gene_ids[b, :m].copy(), "values": self.values[b, :m].copy(),
+                "mask": self.mask[b, :m].copy()}
+        if self.cell_values is not None:
+            item["cell_values"] = self.cell_values[b].copy()
+        if self.label is not None:
+            item["label"] = np.int64(self.label[b])
+        return item
+
+    def collate(self, pad_id: int) -> dict[str, torch.Tensor]:
+        """The tensors of :func:`collate_cells`, padded with ``pad_id``."""
+        padding = torch.from_numpy(np.arange(self.gene_ids.shape[1])[None, :] >= self.lengths[:, None])
+        gene_ids = torch.from_numpy(self.gene_ids)
+        if int(pad_id) != self.pad_id:
+            gene_ids = gene_ids.masked_fill(padding, int(pad_id))
+        values, mask = torch.from_numpy(self.values), torch.from_numpy(self.mask)
+        out = {"gene_ids": gene_ids, "values": values, "masked_values": values.masked_fill(mask, MASK_VALUE),
+               "mask": mask, "padding_mask": padding}
+        if self.label is not None:
+            out["label"] = torch.from_numpy(np.asarray(self.label, dtype=np.int64))
+        if self.cell_values is not None:
+            out["cell_values"] = torch.from_numpy(self.cell_values)
+        return out
+
+
+def collate_cells(batch: Sequence[dict[str, np.ndarray]], *, pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad a list of :class:`CellDataset` items to the longest sequence (a :class:`CellBatch` is padded already).
 
     Returns ``gene_ids (B, L)`` long (``pad_id`` at padding), ``values (B, L)`` float (``PAD_VALUE`` at padding),
     ``masked_values`` (``values`` with ``MASK_VALUE`` at masked positions), ``mask (B, L)`` bool (masked for
     prediction), ``padding_mask (B, L)`` bool (True = padding, PyTorch's convention), and ``label (B,)`` and
     ``cell_values (B, n_genes)`` if present.
     """
+    if isinstance(batch, CellBatch):
+        return batch.collate(pad_id)
     length = max(item["gene_ids"].size for item in batch)
     n = len(batch)
     gene_ids = torch.full((n, length), pad_id, dtype=torch.long)
@@ -384,5 +680,5 @@ class CellCollator:
     def __init__(self, pad_id: int) -> None:
         self.pad_id = int(pad_id)
 
-    def __call__(self, batch: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         return collate_cells(batch, pad_id=self.pad_id)
