@@ -74,7 +74,8 @@ def preprocess(
     log1p
         Apply ``log1p`` after normalisation.
     n_top_genes
-        Number of highly variable genes to use (default 300, as ``cape preprocess`` and the workflow; the paper used 2,000).
+        Number of highly variable genes to use (default 300, as ``cape preprocess`` and the workflow; the paper
+        used 2,000).
     min_cells
         Minimum number of cells a gene must be detected in (0: keep all genes).
     hvg_flavor

@@ -354,6 +354,7 @@ def hierarchy_finding(adata: ad.AnnData) -> Finding | None:
     if "hierarchy_spearman" not in info or not int(info.get("hierarchy_n_genes", 0)):
         return None
     hierarchy = Hierarchy(float(info["hierarchy_spearman"]), int(info["hierarchy_n_genes"]))
+    per_anchor = str(info.get("params", {}).get("positive_weight", "")).endswith("/anchor_sum")
     if not hierarchy.missing:
         return None
     rho = (f"Spearman(generality, −norm) = {hierarchy.spearman:.2f}" if np.isfinite(hierarchy.spearman)
@@ -364,7 +365,7 @@ def hierarchy_finding(adata: ad.AnnData) -> Finding | None:
                    f"Poincaré disk; below {MIN_HIERARCHY_SPEARMAN:.1f} they do not). CAPE's encoding then gives "
                    "these genes distinct positions, an identity, not a causal hierarchy."
                    + (" `embed.positive_weights: per_anchor` (Step II's option that keeps hubs nearer the centre) "
-                      "may help." if not str(info.get("params", {}).get("positive_weight", "")).endswith("/anchor_sum") else ""),
+                      "may help." if not per_anchor else ""),
                    short="Step II's positions show no causal hierarchy")
 
 
