@@ -264,6 +264,19 @@ def test_budget_keeps_as_many_edges_as_the_data_support(fitted, tmp_path) -> Non
     assert ad.read_h5ad(tmp_path / "a.h5ad").uns["cape"]["causal_graph"]["tau_rule"] == "budget"
 
 
+def test_budget_with_few_genes_positioned_informs_and_does_not_warn(fitted, caplog) -> None:
+    a = ad.AnnData(_chain_data().astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(12)]))
+    A = np.zeros((12, 12), dtype=np.float32)
+    A[0, 1] = 0.5  # one edge the budget keeps: 2 of 12 genes positioned, under min_positioned's half
+    fitted["A"] = A
+    with caplog.at_level(logging.INFO, logger="cape"):
+        causal_graph(a, **FAST)
+    record = a.uns["cape"]["causal_graph"]
+    assert record["tau_rule"] == "budget" and record["n_positioned"] < 0.5 * 12
+    kept = [r for r in caplog.records if "Step I kept" in r.getMessage()]
+    assert kept and all(r.levelno == logging.INFO for r in kept)
+
+
 def test_budget_fdr_sets_the_rate_of_the_budget_test(fitted, tmp_path, capsys) -> None:
     from cape.cli import main
 

@@ -264,11 +264,15 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
                 f"genes (preprocess n_top_genes), or a fixed tau to accept such weak edges")
         budget_note = (" (tau=budget keeps the edges the data support, not a share of the genes)"
                        if tau_rule == "budget" else "")
+        # The budget sized the graph by the data's evidence, and genes without an edge are still tokens of the model
+        # (they only carry no causal position): a share below min_positioned is then information, not a fault.
+        # A fixed tau that positions few genes is the user's choice to revisit: a warning.
+        log = logger.info if tau_rule == "budget" else logger.warning
         if needed >= AUTO_TAU_FLOOR:
-            logger.warning("%s: use tau=auto or tau≤%.2g to position %.0f%% of the genes, or more cells%s", reason,
+            log("%s: use tau=auto or tau≤%.2g to position %.0f%% of the genes, or more cells%s", reason,
                            needed, 100 * config.min_positioned, budget_note)
         else:  # no threshold would do it: advising tau=auto or a smaller tau would only fail or add noise
-            logger.warning("%s: no threshold above the noise floor %g positions %.0f%% of the genes; more cells (%d "
+            log("%s: no threshold above the noise floor %g positions %.0f%% of the genes; more cells (%d "
                            "for %d genes) or fewer genes (preprocess n_top_genes) give Step I more to go on%s",
                            reason, AUTO_TAU_FLOOR, 100 * config.min_positioned, n_cells, n_genes, budget_note)
     return graph
