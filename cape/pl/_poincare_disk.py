@@ -115,28 +115,7 @@ def poincare(adata: ad.AnnData, color: str | None = "cape_generality", *, edges:
         both = keep[coo.row] & keep[coo.col] & (coo.data != 0)
         segments = np.stack([xy[coo.row[both]], xy[coo.col[both]]], axis=1)
         ax.add_collection(LineCollection(segments, colors="0.4", linewidths=0.5, alpha=0.25, zorder=1))
-    kwargs = {"s": 16, "edgecolors": "k", "linewidths": 0.2, "zorder": 3, "gid": POINTS_GID}
-    shown = np.flatnonzero(keep)
-    if values is not None and numeric:
-        c = values.astype(float)
-        shown = shown[np.argsort(c[shown], kind="stable")]  # high values drawn last, on top
-        sc = ax.scatter(*xy[shown].T, c=c[shown], cmap=cmap, norm=_colour_scale(c[shown]), **kwargs)
-        fig.colorbar(sc, ax=ax, shrink=0.7, label=_COLOUR_NAMES.get(color, color))
-    elif values is not None:
-        categories = values.astype(str)
-        names = list(np.unique(categories[shown]))
-        ax.scatter(*xy[shown].T, color=[f"C{names.index(c) % 10}" for c in categories[shown]], **kwargs)
-        ax.legend(handles=[Line2D([], [], ls="", marker="o", color=f"C{k % 10}", label=name)
-                           for k, name in enumerate(names)], fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
-    else:
-        ax.scatter(*xy[shown].T, color="C0", **kwargs)
-    ax.set_aspect("equal")
-    ax.set_xlim(-1.08, 1.08)
-    ax.set_ylim(-1.08, 1.08)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    for side in ax.spines.values():
-        side.set_visible(False)
+    _draw_genes(ax, xy, np.flatnonzero(keep), values, numeric, color, cmap)
     what = ("radius: ‖e‖, the true norm in the Poincaré ball" if radius == "norm" else
             "radius: hyperbolic distance from the origin, 2·artanh‖e‖, over its largest value")
     how = ("angle: the embedding's own" if d == 2 and components is None else
@@ -153,6 +132,32 @@ def poincare(adata: ad.AnnData, color: str | None = "cape_generality", *, edges:
     if show:
         plt.show()
     return fig if return_fig else None
+
+
+def _draw_genes(ax, xy: np.ndarray, shown: np.ndarray, values, numeric: bool, color: str | None, cmap: str) -> None:
+    """The genes ``shown`` as points at ``xy`` coloured by ``values`` (a colourbar, a legend or one colour), on a
+    bare, square disk."""
+    kwargs = {"s": 16, "edgecolors": "k", "linewidths": 0.2, "zorder": 3, "gid": POINTS_GID}
+    if values is not None and numeric:
+        c = values.astype(float)
+        shown = shown[np.argsort(c[shown], kind="stable")]  # high values drawn last, on top
+        sc = ax.scatter(*xy[shown].T, c=c[shown], cmap=cmap, norm=_colour_scale(c[shown]), **kwargs)
+        ax.figure.colorbar(sc, ax=ax, shrink=0.7, label=_COLOUR_NAMES.get(color, color))
+    elif values is not None:
+        categories = values.astype(str)
+        names = list(np.unique(categories[shown]))
+        ax.scatter(*xy[shown].T, color=[f"C{names.index(c) % 10}" for c in categories[shown]], **kwargs)
+        ax.legend(handles=[Line2D([], [], ls="", marker="o", color=f"C{k % 10}", label=name)
+                           for k, name in enumerate(names)], fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    else:
+        ax.scatter(*xy[shown].T, color="C0", **kwargs)
+    ax.set_aspect("equal")
+    ax.set_xlim(-1.08, 1.08)
+    ax.set_ylim(-1.08, 1.08)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for side in ax.spines.values():
+        side.set_visible(False)
 
 
 #: gid of the genes' markers (one PathCollection), so that tests can read the positions drawn.
