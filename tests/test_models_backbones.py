@@ -16,7 +16,7 @@ import cape.encodings as E
 from cape import CapeInputError
 from cape.models import CellTransformer, GeneVocab, NetworkConfig, ScBERTBackbone, ScGPTBackbone, gene_positions
 from cape.models.modules.self_attention import softmax_features
-from cape.models.tokenize import collate_cells
+from cape.models.tokenize import collate_cells, pad_to_multiple
 
 ENCODINGS = E.available()
 SMALL = dict(d_model=16, n_heads=2, n_layers=2, max_len=32, dropout=0.0)
@@ -68,8 +68,12 @@ def test_every_encoding_forward_backward_and_roundtrip(adata, tmp_path, architec
         ref = model.backbone(batch["gene_ids"], batch["masked_values"], batch["padding_mask"])
         noisy = batch["masked_values"].masked_fill(batch["padding_mask"], 3.0)
         alt = model.backbone(batch["gene_ids"], noisy, batch["padding_mask"])
+        # ... and so does padding every sequence further, as batches on CUDA are (pad_to_multiple)
+        longer = pad_to_multiple(batch, batch["gene_ids"].shape[1] + 5, model.vocab.pad_id)
+        padded = model.backbone(longer["gene_ids"], longer["masked_values"], longer["padding_mask"])
     keep = ~batch["padding_mask"]
     torch.testing.assert_close(ref[keep], alt[keep], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ref[keep], padded[:, :keep.shape[1]][keep], rtol=1e-5, atol=1e-5)
     # Save/load: perturb every parameter (so a load that silently re-initialised would differ), round trip.
     with torch.no_grad():
         for p in model.module.parameters():

@@ -275,3 +275,19 @@ def test_item_states_are_the_per_cell_generators(seed, epoch, indices):
 def test_item_states_decline_indices_beyond_one_word():
     assert _item_states(0, 0, np.array([2**32])) is None
     assert _item_states(0, 2**32, np.array([1])) is None
+
+
+def test_padding_to_a_multiple_adds_only_masked_padding() -> None:
+    from cape.models.tokenize import PAD_VALUE, pad_to_multiple
+
+    batch = {"gene_ids": torch.tensor([[5, 6, 7], [8, 0, 0]]), "values": torch.tensor([[1.0, 2, 3], [4, -2, -2]]),
+             "masked_values": torch.tensor([[1.0, -1, 3], [4, -2, -2]]),
+             "mask": torch.tensor([[0, 1, 0], [0, 0, 0]]).bool(),
+             "padding_mask": torch.tensor([[0, 0, 0], [0, 1, 1]]).bool(), "label": torch.tensor([1, 2])}
+    out = pad_to_multiple(batch, 4, pad_id=0)
+    assert out["gene_ids"].shape == (2, 4) and torch.equal(out["label"], batch["label"])
+    for key in ("gene_ids", "values", "masked_values", "mask", "padding_mask"):
+        assert torch.equal(out[key][:, :3], batch[key])
+    assert out["padding_mask"][:, 3].all() and not out["mask"][:, 3].any()
+    assert (out["gene_ids"][:, 3] == 0).all() and (out["values"][:, 3] == PAD_VALUE).all()
+    assert pad_to_multiple(batch, 3, pad_id=0) is batch and pad_to_multiple(batch, 1, pad_id=0) is batch

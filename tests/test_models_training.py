@@ -16,7 +16,15 @@ from cape import CapeInputError
 from cape._settings import PROGRESS
 from cape.models import CellTransformer, TrainingPlan
 from cape.models.modules.heads import ClsDecoder, pool_cells, pooled_width
-from cape.models.training.engine import Plateau, _fused_adamw, _Step, lr_factor
+from cape.models.training.engine import (
+    CUDA_PAD_MULTIPLE,
+    Plateau,
+    _fused_adamw,
+    _Step,
+    cell_loader,
+    loader_workers,
+    lr_factor,
+)
 from cape.models.training.objectives import balanced_class_weights
 
 SMALL = dict(d_model=32, n_heads=4, n_layers=1, max_len=32, dropout=0.0)
@@ -250,3 +258,33 @@ def test_adamw_runs_fused_where_torch_has_the_kernel():
     assert _fused_adamw([]) is ((major, minor) >= (2, 4))
     step = _Step(torch.nn.Linear(3, 2), TrainingPlan(), total_steps=4, scaled=False)
     assert bool(step.optimizer.defaults["fused"]) is _fused_adamw(step.params)
+
+
+def test_loader_workers_and_padding_follow_the_device(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert loader_workers(None, cpu) == 0 and loader_workers(3, cpu) == 3 and loader_workers(0, cuda) == 0
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert loader_workers(None, cuda) == 8
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert loader_workers(None, cuda) == 1
+    for bad in (-1, 1.5):
+        with pytest.raises(CapeInputError, match="num_workers"):
+            loader_workers(bad, cpu)
+    data = [{"gene_ids": np.arange(n) + 2, "values": np.ones(n, np.float32), "mask": np.zeros(n, bool)}
+            for n in (3, 70)]
+    lengths = {dev.type: next(iter(cell_loader(data, dev, 0, batch_size=2, num_workers=0)))["gene_ids"].shape[1]
+               for dev in (cpu, cuda)}
+    assert lengths == {"cpu": 70, "cuda": 2 * CUDA_PAD_MULTIPLE}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_training_step_matches_the_cpu():
+    # One pretraining epoch without autocast on each device from the same weights: the losses agree to float32
+    # rounding of different kernels (workers, pinned memory and padding to a multiple of 64 on CUDA only).
+    losses, adata = {}, cape_adata()
+    for device in ("cpu", "cuda"):
+        model = CellTransformer(adata, "scgpt", "cape", d_model=16, n_heads=2, n_layers=1, dropout=0.0,
+                                device=device, amp=False, seed=0)
+        losses[device] = model.pretrain(adata, epochs=1, validation_fraction=0.0)[-1]["train_loss"]
+    assert losses["cuda"] == pytest.approx(losses["cpu"], rel=1e-3)

@@ -674,11 +674,34 @@ def collate_cells(batch: Sequence[dict[str, np.ndarray]], *, pad_id: int) -> dic
     return out
 
 
-class CellCollator:
-    """Picklable collate function (DataLoader workers) around :func:`collate_cells`."""
+#: The padding each (B, L) tensor of a batch gets beyond its longest cell (see :func:`pad_to_multiple`).
+_PAD_FILL = {"gene_ids": None, "values": PAD_VALUE, "masked_values": PAD_VALUE, "mask": False, "padding_mask": True}
 
-    def __init__(self, pad_id: int) -> None:
-        self.pad_id = int(pad_id)
+
+def pad_to_multiple(batch: dict[str, torch.Tensor], multiple: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """``batch`` (from :func:`collate_cells`) padded to a sequence length that is a multiple of ``multiple``.
+
+    Padding is masked out of attention and losses, so the model computes the same thing; but a GPU's attention
+    kernels are planned per sequence length, and batches padded to their own longest cell bring a new length (a
+    new plan) almost every step. Rounding up to a multiple of 64 leaves a handful of lengths.
+    """
+    length = batch["gene_ids"].shape[1]
+    extra = -length % max(int(multiple), 1)
+    if not extra:
+        return batch
+    out = dict(batch)
+    for key, fill in _PAD_FILL.items():
+        if key in batch:
+            out[key] = torch.nn.functional.pad(batch[key], (0, extra), value=pad_id if fill is None else fill)
+    return out
+
+
+class CellCollator:
+    """Picklable collate function (DataLoader workers) around :func:`collate_cells`, padding every batch to a
+    multiple of ``pad_multiple`` tokens (1: to its longest cell; see :func:`pad_to_multiple`)."""
+
+    def __init__(self, pad_id: int, pad_multiple: int = 1) -> None:
+        self.pad_id, self.pad_multiple = int(pad_id), int(pad_multiple)
 
     def __call__(self, batch: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-        return collate_cells(batch, pad_id=self.pad_id)
+        return pad_to_multiple(collate_cells(batch, pad_id=self.pad_id), self.pad_multiple, self.pad_id)

@@ -53,9 +53,9 @@ from .modules.scgpt import ScGPTBackbone
 from .persistence import ModelFiles, h5_safe
 from .positions import co_expression_positions, gene_positions
 from .scgpt_checkpoint import load_scgpt_checkpoint
-from .tokenize import CellCollator, GeneVocab, TokenizerConfig, n_value_levels
+from .tokenize import GeneVocab, TokenizerConfig, n_value_levels
 from .training import distributed
-from .training.engine import Trainer, TrainingPlan, validation_split
+from .training.engine import Trainer, TrainingPlan, cell_loader, validation_split
 from .training.objectives import (
     ClassifierTask,
     PretrainingTask,
@@ -340,8 +340,7 @@ class CellTransformer(CellData):
             yield self._to_device(batch)
 
     def _loader(self, adata, batch_size: int) -> DataLoader:
-        return DataLoader(self._dataset(adata), batch_size=batch_size, shuffle=False,
-                          collate_fn=CellCollator(self.vocab.pad_id))
+        return cell_loader(self._dataset(adata), self.device, self.vocab.pad_id, batch_size=batch_size, shuffle=False)
 
     @torch.no_grad()
     def _forward_all(self, adata, batch_size: int, fn: Callable[[Tensor, dict[str, Tensor]], Any]) -> list:

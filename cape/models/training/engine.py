@@ -13,6 +13,7 @@ import contextlib
 import copy
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -119,7 +120,7 @@ class TrainingPlan:
         ``"constant"`` or ``"cosine"`` decay to 0 over the epochs, after a linear warm-up over ``warmup_fraction``
         of the steps (:func:`lr_factor`).
     num_workers
-        DataLoader worker processes.
+        DataLoader worker processes (``None``: :func:`loader_workers` picks them for the device).
     """
 
     lr: float = 1e-3
@@ -132,7 +133,35 @@ class TrainingPlan:
     early_stopping_min_delta: float = 0.0
     lr_schedule: str = "constant"
     warmup_fraction: float = 0.0
-    num_workers: int = 0
+    num_workers: int | None = None
+
+
+#: Most DataLoader workers ``num_workers=None`` starts on CUDA (each tokenises whole batches; a few keep a GPU fed).
+MAX_AUTO_WORKERS = 8
+#: On CUDA batches are padded to a multiple of this many tokens (:func:`~cape.models.tokenize.pad_to_multiple`).
+CUDA_PAD_MULTIPLE = 64
+
+
+def loader_workers(num_workers: int | None, device: torch.device) -> int:
+    """DataLoader workers: ``num_workers`` as given, or (``None``) none on the CPU, where the model and the loader
+    share the cores, and on CUDA half the CPU cores up to :data:`MAX_AUTO_WORKERS`, so that tokenising runs beside
+    the GPU's work instead of between its steps."""
+    if num_workers is not None:
+        if int(num_workers) != num_workers or num_workers < 0:
+            raise CapeInputError(f"num_workers must be a whole number >= 0 (or None: automatic), got {num_workers}")
+        return int(num_workers)
+    if device.type != "cuda":
+        return 0
+    return max(1, min(MAX_AUTO_WORKERS, (os.cpu_count() or 2) // 2))
+
+
+def cell_loader(data: Dataset, device: torch.device, pad_id: int, *, batch_size: int, num_workers: int | None = None,
+                **kwargs) -> DataLoader:
+    """A DataLoader of padded cell batches for ``device``: workers (:func:`loader_workers`), pinned memory and
+    batches padded to a multiple of :data:`CUDA_PAD_MULTIPLE` tokens on CUDA."""
+    cuda = device.type == "cuda"
+    return DataLoader(data, batch_size=batch_size, collate_fn=CellCollator(pad_id, CUDA_PAD_MULTIPLE if cuda else 1),
+                      num_workers=loader_workers(num_workers, device), pin_memory=cuda, **kwargs)
 
 
 def _fused_adamw(params: list[Tensor]) -> bool:
@@ -254,13 +283,12 @@ class Trainer:
         if not (math.isfinite(plan.early_stopping_min_delta) and plan.early_stopping_min_delta >= 0):
             raise CapeInputError(f"early_stopping_min_delta must be a finite number >= 0, "
                                  f"got {plan.early_stopping_min_delta}")
-        collate = CellCollator(self.pad_id)
         if distributed.is_active():
             sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=self.seed)
         else:
             sampler = SeededShuffle(len(train_set), self.seed)
-        loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, collate_fn=collate,
-                            num_workers=plan.num_workers, pin_memory=self.device.type == "cuda")
+        loader = cell_loader(train_set, self.device, self.pad_id, batch_size=batch_size, sampler=sampler,
+                             num_workers=plan.num_workers)
         model = task
         if distributed.is_active():
             # Some encodings leave parameters without gradient (e.g. TAPE's update after the last layer); DDP
@@ -269,8 +297,8 @@ class Trainer:
             model = DistributedDataParallel(
                 task, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=unused)
-        val_loader = (DataLoader(val_set, batch_size=batch_size, shuffle=False, collate_fn=collate,
-                                 num_workers=plan.num_workers) if val_set is not None and len(val_set) else None)
+        val_loader = (cell_loader(val_set, self.device, self.pad_id, batch_size=batch_size, shuffle=False,
+                                  num_workers=plan.num_workers) if val_set is not None and len(val_set) else None)
         if score_fn is None:
             def score_fn(m, batch):
                 return {"val_loss": float(loss_fn(m, batch)) * batch["gene_ids"].shape[0]}
@@ -323,15 +351,18 @@ class Trainer:
         all processes), ``seconds``, ``cells_per_s`` and the ``lr`` after the epoch's last step."""
         model.train()
         start = time.perf_counter()
-        total, n_cells = 0.0, 0
+        # The loss is summed on the device and read once per epoch: reading it every step would make the host wait
+        # for the GPU between steps.
+        total, n_cells = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for batch in loader:
             batch = self.to_device(batch)
             with self.autocast():
                 loss = loss_fn(model, batch)
             step(loss)
             b = batch["gene_ids"].shape[0]
-            total += float(loss.detach()) * b
+            total += loss.detach().double() * b
             n_cells += b
+        total = float(total)
         seconds = time.perf_counter() - start
         total, n_cells = distributed.all_reduce_sum([total, float(n_cells)], self.device)
         return {"epoch": epoch + 1, "train_loss": total / max(n_cells, 1), "seconds": seconds,
