@@ -11,16 +11,24 @@ from .annotation import annotation_metrics, annotation_split, logistic_regressio
 from .clustering import clustering_metrics, kmeans_clusters
 from .labels import SPLIT_KEY, checked_labels, resolve_label_key
 from .perturbation import PerturbationTask, simulation_split, top_de_mse
-from .perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+from .perturbation_predictors import (
+    AdditivePredictor,
+    EmbeddingPerturbationPredictor,
+    LinearPerturbationPredictor,
+    NoChangePredictor,
+    TrainingMeanPredictor,
+)
 from .perturbation_scm import SCMPerturbationPredictor
 
 __all__ = [
     "SPLIT_KEY",
     "AdditivePredictor",
     "EmbeddingPerturbationPredictor",
+    "LinearPerturbationPredictor",
     "NoChangePredictor",
     "PerturbationTask",
     "SCMPerturbationPredictor",
+    "TrainingMeanPredictor",
     "annotation_metrics",
     "annotation_split",
     "checked_labels",

@@ -7,7 +7,8 @@
   against control, ``rankby_abs=True``): the MSE between the mean predicted and the mean true expression, and
   GEARS'/scGPT's ``pearson_delta``, the Pearson correlation of the predicted and the true change from the control
   mean; each averaged over perturbations, overall and per subgroup (:meth:`PerturbationTask.evaluate`).
-* Predictors: "no change" (control mean), "additive" (sum of the seen singles' shifts) and
+* Predictors (:mod:`cape.tasks.perturbation_predictors`): "no change" (control mean), "additive" (sum of the seen
+  singles' shifts), Ahlmann-Eltze et al.'s "train_mean" and "linear" baselines, and
   :class:`EmbeddingPerturbationPredictor`, which maps gene embeddings (e.g. from a transformer backbone) to the
   post-perturbation mean expression.
 """
