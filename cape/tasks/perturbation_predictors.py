@@ -164,13 +164,13 @@ class LinearPerturbationPredictor(NoChangePredictor):
         change = expression - self.control_mean_[:, None]
         self.gene_embedding_ = _pca_scores(expression, self.n_components)
         self.n_components_ = self.gene_embedding_.shape[1]
-        pert = np.vstack([np.zeros(self.n_components_), self._embed(perts, warn=False)])
+        pert = np.vstack([np.zeros(self.n_components_), self._embed(perts)])
         self.offset_ = change.mean(axis=1)
         self.coef_ = _ridge_bilinear(change - self.offset_[:, None], self.gene_embedding_, pert,
                                      self.ridge_penalty)
         return self
 
-    def _embed(self, conditions: Sequence[str], *, warn: bool = True) -> np.ndarray:
+    def _embed(self, conditions: Sequence[str]) -> np.ndarray:
         """Perturbation embeddings (conditions × K): the sum of the perturbed genes' rows of ``G``."""
         out = np.zeros((len(conditions), self.n_components_))
         missing: dict[str, None] = {}
@@ -180,7 +180,7 @@ class LinearPerturbationPredictor(NoChangePredictor):
                     out[r] += self.gene_embedding_[self.index_[g]]
                 else:
                     missing[g] = None
-        if missing and warn:
+        if missing:
             logger.warning("linear predictor: %d perturbed gene(s) not among the data's genes have no embedding "
                            "and add no change: %s", len(missing), ", ".join(list(missing)[:3]))
         return out
