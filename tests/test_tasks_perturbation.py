@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import anndata as ad
 import numpy as np
@@ -16,6 +17,7 @@ from cape.tasks.perturbation import (
     condition_means,
     downstream_de,
     simulation_split,
+    to_gears_conditions,
     top_de_genes,
     top_de_mse,
     top_de_pearson_delta,
@@ -53,7 +55,7 @@ def test_condition_genes():
     assert condition_genes("A+ctrl") == ("A",)
     assert condition_genes("ctrl+A") == ("A",)
     assert condition_genes("A+B") == ("A", "B")
-    with pytest.raises(CapeInputError, match="GEARS format"):
+    with pytest.raises(CapeInputError, match="GEARS format.*to_gears_conditions converts"):
         condition_genes("A+B+C")
 
 
@@ -324,3 +326,73 @@ def test_downstream_scores_leave_the_perturbed_genes_out(sim):
     assert {"mse_downstream_overall", "pearson_delta_downstream_overall"} <= set(scores)
     truth_only = task.score(NoChangePredictor())
     assert truth_only["pearson_delta_downstream_overall"] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- label spellings
+CONTROL_SPELLINGS = ["ctrl", "CTRL", "control", "Control", "non-targeting", "Non-Targeting", "NT", "nt",
+                     "non_targeting", "negative_control", "NEGATIVE-CONTROL", "unperturbed"]
+SPELLINGS = {  # label → GEARS condition, without genes=
+    "A": "A+ctrl", "A+ctrl": "A+ctrl", "ctrl+A": "ctrl+A", "A_ctrl": "A+ctrl", "A+non-targeting": "A+ctrl",
+    "A+B": "A+B", "A_B": "A+B", "A|B": "A+B", "A,B": "A+B", "A;B": "A+B", " A , B ": "A+B", "B_A": "B+A",
+    "HLA-A": "HLA-A+ctrl", "HLA-A_B": "HLA-A+B", "NKX2-1|A": "NKX2-1+A", "Sox2": "Sox2+ctrl", "SGK1": "SGK1+ctrl",
+}
+
+
+@pytest.mark.parametrize("label", CONTROL_SPELLINGS)
+def test_control_spellings_become_ctrl(label):
+    assert to_gears_conditions([label]).tolist() == ["ctrl"]
+
+
+@pytest.mark.parametrize(("label", "want"), SPELLINGS.items())
+def test_each_spelling_becomes_its_gears_condition(label, want):
+    got = to_gears_conditions([label]).iloc[0]
+    assert got == want
+    assert condition_genes(got) == tuple(g for g in want.split("+") if g != "ctrl")
+
+
+def test_conversion_is_idempotent_and_keeps_the_index():
+    labels = pd.Series([*CONTROL_SPELLINGS, *SPELLINGS], index=[f"cell{i}" for i in range(29)], name="guide")
+    once = to_gears_conditions(labels)
+    assert list(once.index) == list(labels.index) and once.name == "condition"
+    pd.testing.assert_series_equal(to_gears_conditions(once), once)
+    genes = ["A", "B", "HLA-A", "NKX2-1", "Sox2", "SGK1"]
+    pd.testing.assert_series_equal(to_gears_conditions(once, genes), to_gears_conditions(labels, genes))
+    assert set(once) <= {"ctrl", *SPELLINGS.values(), "A+B"}
+
+
+def test_one_perturbation_spelled_two_ways_gets_one_condition():
+    got = to_gears_conditions(["B_A", "A+B", "ctrl+C", "C", "D|E", "ctrl+F"]).tolist()
+    # both orders of a pair → sorted; both positions of ctrl → A+ctrl; a single spelling is kept
+    assert got == ["A+B", "A+B", "C+ctrl", "C+ctrl", "D+E", "ctrl+F"]
+
+
+def test_genes_decide_where_underscores_split():
+    genes = ["NKX2_1", "A", "B", "HLA-A"]
+    got = to_gears_conditions(["NKX2_1", "NKX2_1_A", "A_B", "A_ctrl", "HLA-A+NKX2_1"], genes=genes).tolist()
+    assert got == ["NKX2_1+ctrl", "NKX2_1+A", "A+B", "A+ctrl", "HLA-A+NKX2_1"]
+    with pytest.raises(CapeInputError, match=r"'A_B' \('A_B' splits into genes in 2 ways\)"):
+        to_gears_conditions(["A_B"], genes=["A", "B", "A_B"])
+    with pytest.raises(CapeInputError, match=r"'A\+X9' \('X9' is not a gene of the data\)"):
+        to_gears_conditions(["A+X9"], genes=genes)
+    with pytest.raises(CapeInputError, match="'1' is not a gene symbol.*pass genes=adata.var_names"):
+        to_gears_conditions(["NKX2_1"])
+
+
+@pytest.mark.parametrize(("labels", "why"), [
+    (["sgA_1"], "'sgA' is not a gene symbol"), (["A_sg2"], "'sg2' is not a gene symbol"),
+    (["A_guide3"], "'guide3' is not a gene symbol"), ([""], "an empty part"), (["A+"], "an empty part"),
+    (["A||B"], "an empty part"), ([None], "a missing label"), ([np.nan], "a missing label"),
+    (["A+B+C"], "more than two target genes"), (["A_B_C"], "more than two target genes"),
+    (["A+A"], "the same gene twice"), (["7"], "'7' is not a gene symbol"),
+])
+def test_unreadable_labels_are_refused(labels, why):
+    with pytest.raises(CapeInputError, match=re.escape(why)) as err:
+        to_gears_conditions(["ctrl", "A", *labels])
+    assert "\n" not in str(err.value) and "'A+ctrl' or 'A+B'" in str(err.value)
+
+
+def test_refusal_names_at_most_three_labels_and_counts_all():
+    with pytest.raises(CapeInputError, match=r"^5 perturbation label\(s\)") as err:
+        to_gears_conditions(["sgA_1", "sgA_2", "sgB_1", "sgB_2", "", "A", "ctrl"])
+    message = str(err.value)
+    assert "'sgA_1'" in message and "'sgB_1'" in message and "'sgB_2'" not in message

@@ -153,7 +153,7 @@ def gears(files: dict[str, Path], manifest: Manifest) -> ad.AnnData:
     bad = sorted({c for c in conditions.unique() if c != "ctrl" and not _GEARS_CONDITION.match(c)})
     if bad:
         raise CapeInputError(f"{files['data']}: conditions not in GEARS format ('ctrl', 'A+ctrl', 'A+B'): "
-                             f"{', '.join(bad[:5])}")
+                             f"{', '.join(bad[:5])} (cape.tasks.to_gears_conditions converts other spellings)")
     if "ctrl" not in set(conditions):
         raise CapeInputError(f"{files['data']}: no control cells (condition 'ctrl')")
     if "gene_name" in adata.var:

@@ -10,17 +10,25 @@ from __future__ import annotations
 from .annotation import annotation_metrics, annotation_split, logistic_regression_pca
 from .clustering import clustering_metrics, kmeans_clusters
 from .labels import SPLIT_KEY, checked_labels, resolve_label_key
-from .perturbation import PerturbationTask, simulation_split, top_de_mse
-from .perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+from .perturbation import PerturbationTask, simulation_split, to_gears_conditions, top_de_mse
+from .perturbation_predictors import (
+    AdditivePredictor,
+    EmbeddingPerturbationPredictor,
+    LinearPerturbationPredictor,
+    NoChangePredictor,
+    TrainingMeanPredictor,
+)
 from .perturbation_scm import SCMPerturbationPredictor
 
 __all__ = [
     "SPLIT_KEY",
     "AdditivePredictor",
     "EmbeddingPerturbationPredictor",
+    "LinearPerturbationPredictor",
     "NoChangePredictor",
     "PerturbationTask",
     "SCMPerturbationPredictor",
+    "TrainingMeanPredictor",
     "annotation_metrics",
     "annotation_split",
     "checked_labels",
@@ -29,5 +37,6 @@ __all__ = [
     "logistic_regression_pca",
     "resolve_label_key",
     "simulation_split",
+    "to_gears_conditions",
     "top_de_mse",
 ]

@@ -7,14 +7,17 @@
   against control, ``rankby_abs=True``): the MSE between the mean predicted and the mean true expression, and
   GEARS'/scGPT's ``pearson_delta``, the Pearson correlation of the predicted and the true change from the control
   mean; each averaged over perturbations, overall and per subgroup (:meth:`PerturbationTask.evaluate`).
-* Predictors: "no change" (control mean), "additive" (sum of the seen singles' shifts) and
+* Predictors (:mod:`cape.tasks.perturbation_predictors`): "no change" (control mean), "additive" (sum of the seen
+  singles' shifts), Ahlmann-Eltze et al.'s "train_mean" and "linear" baselines, and
   :class:`EmbeddingPerturbationPredictor`, which maps gene embeddings (e.g. from a transformer backbone) to the
   post-perturbation mean expression.
+* Other spellings of the labels (``non-targeting``, ``A_B``, ...) are converted by :func:`to_gears_conditions`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,8 +46,139 @@ def condition_genes(condition: str) -> tuple[str, ...]:
     """
     parts = str(condition).split("+")
     if len(parts) > 2 or any(not p for p in parts):
-        raise CapeInputError(f"condition {condition!r} is not in GEARS format ('ctrl', 'A+ctrl', 'A+B')")
+        raise CapeInputError(f"condition {condition!r} is not in GEARS format ('ctrl', 'A+ctrl', 'A+B'); "
+                             "cape.tasks.to_gears_conditions converts other spellings")
     return tuple(p for p in parts if p != CONTROL)
+
+
+# Spellings of a control cell, compared case-insensitively and ignoring '-', '_' and spaces.
+_CONTROL_WORDS = frozenset({"ctrl", "control", "nontargeting", "nt", "negativecontrol", "unperturbed"})
+_SEPARATORS = re.compile(r"[+|,;]")  # never part of a gene symbol; '_' is, so it is split with care
+_SYMBOL = re.compile(r"[A-Za-z][A-Za-z0-9.\-]*")  # a letter, then letters, digits, '.' or '-' (HLA-A, NKX2-1)
+_MAX_UNDERSCORES = 8  # the readings of a name grow as 2^underscores; real labels have one or two
+
+
+def _is_control(word: str) -> bool:
+    return re.sub(r"[\s_\-]", "", word).lower() in _CONTROL_WORDS
+
+
+def _looks_like_gene(word: str) -> bool:
+    """A gene symbol's shape, and not a guide ID's (``sgA``, ``guide2``, ``gRNA_1``)."""
+    return bool(_SYMBOL.fullmatch(word)) and not word.startswith("sg") and not re.search("guide|grna", word, re.I)
+
+
+def _groupings(tokens: list[str]) -> list[list[str]]:
+    """Every way to rejoin consecutive ``_``-separated tokens: ``[a, b, c]`` → ``a|b|c``, ``a_b|c``, ..."""
+    if len(tokens) == 1:
+        return [tokens]
+    out = []
+    for rest in _groupings(tokens[1:]):
+        out.append([tokens[0], *rest])
+        out.append([f"{tokens[0]}_{rest[0]}", *rest[1:]])
+    return out
+
+
+def _read_piece(piece: str, genes: frozenset[str] | None) -> list[str] | str:
+    """The targets (or ``ctrl``) of one separator-free piece of a label, or why it cannot be read."""
+    piece = piece.strip()
+    if not piece:
+        return "an empty part"
+    if _is_control(piece):
+        return [CONTROL]
+    tokens = piece.split("_")
+    if len(tokens) > _MAX_UNDERSCORES + 1:
+        return "too many '_'"
+    if genes is None:
+        bad = [t for t in tokens if not (_is_control(t) or _looks_like_gene(t))]
+        if bad:
+            return f"{bad[0]!r} is not a gene symbol"
+        return [CONTROL if _is_control(t) else t for t in tokens]
+    readings = [r for r in _groupings(tokens) if all(p in genes or _is_control(p) for p in r)]
+    if len(readings) > 1:
+        return f"{piece!r} splits into genes in {len(readings)} ways"
+    if not readings:
+        return f"{piece!r} is not a gene of the data"
+    return [p if p in genes else CONTROL for p in readings[0]]
+
+
+def _read_label(label: object, genes: frozenset[str] | None) -> list[str] | str:
+    """A label's targets and controls in the order written, or why it is not a perturbation."""
+    if label is None or (isinstance(label, float) and np.isnan(label)):
+        return "a missing label"
+    parts: list[str] = []
+    for piece in _SEPARATORS.split(str(label)):
+        read = _read_piece(piece, genes)
+        if isinstance(read, str):
+            return read
+        parts += read
+    targets = [p for p in parts if p != CONTROL]
+    if len(targets) > 2:
+        return "more than two target genes"
+    if len(set(targets)) < len(targets):
+        return "the same gene twice"
+    return parts
+
+
+def _gears_form(parts: list[str]) -> str:
+    targets = [p for p in parts if p != CONTROL]
+    if not targets:
+        return CONTROL
+    if len(targets) == 2:
+        return "+".join(targets)
+    return f"{CONTROL}+{targets[0]}" if parts[0] == CONTROL and len(parts) == 2 else f"{targets[0]}+{CONTROL}"
+
+
+def to_gears_conditions(labels: Sequence[str] | pd.Series, genes: Sequence[str] | None = None) -> pd.Series:
+    """Perturbation labels in common spellings, rewritten as GEARS conditions (``ctrl``, ``A+ctrl``, ``A+B``).
+
+    Parameters
+    ----------
+    labels
+        One label per cell, e.g. ``adata.obs["perturbation"]``. Read as:
+
+        * ``ctrl``, ``control``, ``non-targeting``, ``non_targeting``, ``NT``, ``negative_control``,
+          ``unperturbed`` (any case) → ``ctrl``;
+        * ``A`` → ``A+ctrl``; ``A+ctrl`` and ``ctrl+A`` are kept;
+        * ``A+B``, ``A_B``, ``A|B``, ``A,B``, ``A;B`` → ``A+B``, the genes in the order written (GEARS' own
+          data keep the order of the source, and :func:`condition_genes` reads either).
+
+        One perturbation written two ways in the column (``A+B`` and ``B_A``; ``A+ctrl`` and ``ctrl+A``) gets
+        one label, ``A+ctrl`` or the genes sorted, so that it is one condition.
+    genes
+        The gene names of the data (``adata.var_names``). Gene symbols may contain ``_``, so with ``genes`` a
+        name is split at ``_`` only into parts that are all genes (or control words), and every target must be
+        a gene of the data; without it, every ``_`` separates genes and a part need only look like a symbol.
+
+    Returns
+    -------
+    The conditions, one per label, with the index of ``labels`` when it is a Series (assign it to
+    ``adata.obs["condition"]`` directly). Converting conditions already in GEARS form changes nothing.
+
+    Raises
+    ------
+    CapeInputError
+        For labels that name no perturbation this way — guide IDs (``sgA_1``, ``A_sg2``), empty or missing
+        labels, more than two genes, a name that splits into genes in several ways — listing up to three.
+    """
+    series = labels if isinstance(labels, pd.Series) else pd.Series(list(labels), dtype=object)
+    known = None if genes is None else frozenset(map(str, genes))
+    read = {label: _read_label(label, known) for label in pd.unique(series.to_numpy(dtype=object))}
+    bad = {label: why for label, why in read.items() if isinstance(why, str)}
+    if bad:
+        shown = "; ".join(f"{label!r} ({why})" for label, why in list(bad.items())[:3])
+        hint = "" if genes is not None else " (pass genes=adata.var_names when gene names contain '_')"
+        raise CapeInputError(f"{len(bad)} perturbation label(s) name no gene perturbation: {shown}; map guides "
+                             f"to their target genes and write each label as 'ctrl', 'A+ctrl' or 'A+B'{hint}")
+    form = {label: _gears_form(parts) for label, parts in read.items()}
+    spellings: dict[frozenset[str], set[str]] = {}
+    for label, parts in read.items():
+        spellings.setdefault(frozenset(parts) - {CONTROL}, set()).add(form[label])
+    for label, parts in read.items():
+        targets = [p for p in parts if p != CONTROL]
+        if len(spellings[frozenset(targets)]) > 1:  # one perturbation, one condition
+            form[label] = "+".join(sorted(targets)) if len(targets) == 2 else f"{targets[0]}+{CONTROL}"
+    return pd.Series([form[label] for label in series.to_numpy(dtype=object)], index=series.index,
+                     name="condition", dtype=object)
 
 
 def intervention_labels(adata: ad.AnnData, key: str) -> tuple[np.ndarray, dict[str, tuple[str, ...]]]:

@@ -1,6 +1,11 @@
 """Perturbation predictors (GEARS setting, CAPE Sec. 5.2): "no change" (control mean), "additive" (sum of the seen
-singles' shifts) and :class:`EmbeddingPerturbationPredictor`, which maps gene embeddings (e.g. from a transformer
-backbone) to the post-perturbation mean expression; plus gene embeddings for baselines and tests."""
+singles' shifts), "train_mean" (the training perturbations' mean), "linear" (Ahlmann-Eltze et al.'s PCA-embedding
+linear model) and :class:`EmbeddingPerturbationPredictor`, which maps gene embeddings (e.g. from a transformer
+backbone) to the post-perturbation mean expression; plus gene embeddings for baselines and tests.
+
+Every predictor has ``name``, ``fit(adata, train, *, condition_key, control) -> self`` and
+``predict(conditions) -> DataFrame`` (conditions × genes, predicted mean expression).
+"""
 
 from __future__ import annotations
 
@@ -72,6 +77,134 @@ class AdditivePredictor(NoChangePredictor):
                 if g in self.single_shift_:
                     out.loc[cond] += self.single_shift_[g]
         return out
+
+
+def _training_perturbations(train: Sequence[str], control: str) -> list[str]:
+    """The distinct training conditions besides control; at least one."""
+    perts = [c for c in dict.fromkeys(map(str, train)) if c != control]
+    if not perts:
+        raise CapeInputError(f"no training perturbations: pass conditions besides {control!r} in train")
+    return perts
+
+
+class TrainingMeanPredictor(NoChangePredictor):
+    """Predicts, for every perturbation, the mean over the training perturbations of their mean expression.
+
+    The "mean" baseline of Ahlmann-Eltze, Huber & Anders (Nat. Methods 2025): the control mean plus the average
+    training shift, one profile for all conditions. Each training perturbation counts once, whatever its number
+    of cells (a mean of condition means), and control cells are not among them. It knows which genes respond to
+    perturbations in general, nothing about which perturbation was made.
+    """
+
+    name = "train_mean"
+
+    def fit(self, adata: ad.AnnData, train: Sequence[str], *, condition_key: str = "condition",
+            control: str = CONTROL) -> TrainingMeanPredictor:
+        super().fit(adata, train, condition_key=condition_key, control=control)
+        perts = _training_perturbations(train, control)
+        self.train_mean_ = condition_means(adata, perts, condition_key=condition_key).to_numpy().mean(axis=0)
+        return self
+
+    def predict(self, conditions: Sequence[str]) -> pd.DataFrame:
+        for cond in conditions:
+            condition_genes(cond)  # a label not in GEARS form is refused, as by the other predictors
+        return pd.DataFrame(np.tile(self.train_mean_, (len(conditions), 1)), index=list(conditions),
+                            columns=self.genes_)
+
+
+class LinearPerturbationPredictor(NoChangePredictor):
+    """The linear baseline of Ahlmann-Eltze, Huber & Anders (Nat. Methods 2025): ``Y ≈ G W Pᵀ + b``.
+
+    * ``Y`` (genes × training columns): the pseudobulk (mean) expression change versus the control mean. As in
+      the authors' code (``run_linear_pretrained_model.R``), the control pseudobulk is one training column,
+      with zero change and a zero perturbation embedding.
+    * ``G`` (genes × K), the gene embedding: the top-K principal-component scores of the genes in the training
+      pseudobulk expression (genes as observations, each column centred over the genes, like R's ``prcomp``).
+    * ``P`` (columns × K), the perturbation embedding: a perturbation of gene g is row g of ``G``; a double
+      takes the sum of its two genes' rows, as the authors' double-perturbation script does, so that its
+      predicted change is the sum of its singles' predicted changes around ``b``; control is the zero vector.
+    * ``b``: the row means of ``Y`` (over the training perturbations and the control column).
+    * ``W = (GᵀG + λI)⁻¹ Gᵀ (Y − b) P (PᵀP + λI)⁻¹``, ridge-regularised least squares.
+
+    The prediction is ``control mean + b + G W pᵀ``. A perturbed gene that is not among the data's genes has no
+    row in ``G``, so it adds nothing to ``p`` (a warning is logged): a condition of such genes alone is predicted
+    as ``control mean + b``, what every condition tends to as λ → ∞ (the authors' script gives no prediction
+    there). Training conditions must name genes of the data.
+
+    Parameters
+    ----------
+    n_components
+        K, the number of principal components (default 10, the ``--pca_dim`` default of the authors'
+        ``run_linear_pretrained_model.R``). At most the rank of the centred training expression is used
+        (:attr:`n_components_`): further components are zero and carry no gene information.
+    ridge_penalty
+        λ > 0, on both sides (default 0.1, the ``--ridge_penalty`` default of the same script).
+    """
+
+    name = "linear"
+
+    def __init__(self, n_components: int = 10, ridge_penalty: float = 0.1) -> None:
+        if isinstance(n_components, bool) or not isinstance(n_components, int | np.integer) or n_components < 1:
+            raise CapeInputError(f"n_components must be a positive integer, got {n_components!r}")
+        if not np.isfinite(ridge_penalty) or ridge_penalty <= 0:
+            raise CapeInputError(f"ridge_penalty must be a positive number, got {ridge_penalty!r}")
+        self.n_components, self.ridge_penalty = int(n_components), float(ridge_penalty)
+
+    def fit(self, adata: ad.AnnData, train: Sequence[str], *, condition_key: str = "condition",
+            control: str = CONTROL) -> LinearPerturbationPredictor:
+        super().fit(adata, train, condition_key=condition_key, control=control)
+        perts = _training_perturbations(train, control)
+        self.index_ = {g: i for i, g in enumerate(self.genes_)}
+        unknown = [c for c in perts if any(g not in self.index_ for g in condition_genes(c))]
+        if unknown:
+            raise CapeInputError(f"training condition(s) name genes absent from var_names: "
+                                 f"{', '.join(unknown[:3])}; leave them out of train")
+        expression = np.column_stack([self.control_mean_,
+                                      condition_means(adata, perts, condition_key=condition_key).to_numpy().T])
+        change = expression - self.control_mean_[:, None]
+        self.gene_embedding_ = _pca_scores(expression, self.n_components)
+        self.n_components_ = self.gene_embedding_.shape[1]
+        pert = np.vstack([np.zeros(self.n_components_), self._embed(perts)])
+        self.offset_ = change.mean(axis=1)
+        self.coef_ = _ridge_bilinear(change - self.offset_[:, None], self.gene_embedding_, pert,
+                                     self.ridge_penalty)
+        return self
+
+    def _embed(self, conditions: Sequence[str]) -> np.ndarray:
+        """Perturbation embeddings (conditions × K): the sum of the perturbed genes' rows of ``G``."""
+        out = np.zeros((len(conditions), self.n_components_))
+        missing: dict[str, None] = {}
+        for r, cond in enumerate(conditions):
+            for g in condition_genes(cond):
+                if g in self.index_:
+                    out[r] += self.gene_embedding_[self.index_[g]]
+                else:
+                    missing[g] = None
+        if missing:
+            logger.warning("linear predictor: %d perturbed gene(s) not among the data's genes have no embedding "
+                           "and add no change: %s", len(missing), ", ".join(list(missing)[:3]))
+        return out
+
+    def predict(self, conditions: Sequence[str]) -> pd.DataFrame:
+        shift = self.gene_embedding_ @ self.coef_ @ self._embed(conditions).T  # genes × conditions
+        return pd.DataFrame((self.control_mean_ + self.offset_)[None, :] + shift.T, index=list(conditions),
+                            columns=self.genes_)
+
+
+def _pca_scores(x: np.ndarray, k: int) -> np.ndarray:
+    """Principal-component scores of the rows of ``x`` (columns centred), at most ``k`` and only non-zero ones."""
+    u, s, _ = np.linalg.svd(x - x.mean(axis=0), full_matrices=False)
+    # round-off components would only make the ridge system ill-conditioned
+    rank = int(np.sum(s > s.max(initial=0.0) * max(x.shape) * np.finfo(float).eps))
+    keep = min(k, rank)
+    return u[:, :keep] * s[:keep]
+
+
+def _ridge_bilinear(y: np.ndarray, g: np.ndarray, p: np.ndarray, penalty: float) -> np.ndarray:
+    """``W = (GᵀG + λI)⁻¹ Gᵀ Y P (PᵀP + λI)⁻¹``: ridge least squares for ``Y ≈ G W Pᵀ``."""
+    eye = np.eye(g.shape[1])
+    left = np.linalg.solve(g.T @ g + penalty * eye, g.T @ y @ p)
+    return np.linalg.solve(p.T @ p + penalty * eye, left.T).T
 
 
 class EmbeddingPerturbationPredictor(NoChangePredictor):
