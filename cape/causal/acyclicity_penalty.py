@@ -206,5 +206,5 @@ class _LowRankL1AndChange(torch.autograd.Function):
         U, V, W, A = ctx.saved_tensors
         G = torch.sign(A).mul_(grad_l1)
         G.diagonal().zero_()
-        G.add_(W * A, alpha=float(2.0 * grad_change))
+        G.add_(W * A * (2.0 * grad_change))  # a tensor factor, not alpha=float(...): no wait for the device
         return G @ V, G.T @ U, None, None

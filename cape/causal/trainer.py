@@ -330,8 +330,35 @@ def _flushing_denormals(fit):
     return wrapper
 
 
+#: On CUDA the standardised matrix (and the intervention mask) stay on the device when they take at most this share of
+#: its free memory: one host-to-device copy per fit instead of one per step.
+RESIDENT_MAX_SHARE = 0.25
+
+
+def _fits_on_device(dev: torch.device, n_bytes: int) -> bool:
+    """Whether ``n_bytes`` more can stay resident on ``dev`` (CUDA only: on the CPU rows are sliced per batch)."""
+    if dev.type != "cuda":
+        return False
+    free, _ = torch.cuda.mem_get_info(dev)
+    return n_bytes <= RESIDENT_MAX_SHARE * free
+
+
+def _dense_rows(rows, dev: torch.device, chunk: int = 4096) -> torch.Tensor:
+    """A dense float32 copy of ``rows`` (NumPy or CSR) on ``dev``, densified ``chunk`` rows at a time."""
+    out = torch.empty(rows.shape, dtype=torch.float32, device=dev)
+    for lo in range(0, rows.shape[0], chunk):
+        part = rows[lo:lo + chunk]
+        part = part.toarray() if sp.issparse(part) else part
+        out[lo:lo + chunk] = torch.as_tensor(part, dtype=torch.float32).to(dev, non_blocking=False)
+    return out
+
+
 class _Standardised:
-    """Rows of X sliced, densified and standardised per batch, on the device (memory O(batch × genes))."""
+    """Rows of X sliced, densified and standardised per batch, on the device (memory O(batch × genes)).
+
+    On CUDA, where the standardised matrix fits (:data:`RESIDENT_MAX_SHARE` of the free memory), it is built once on
+    the device and batches are gathered there (the same float32 values: the same subtraction and product per entry).
+    """
 
     def __init__(self, X, standardize: str | bool, dev: torch.device) -> None:
         mean, std = gene_moments(X)
@@ -343,11 +370,34 @@ class _Standardised:
         self.inv_std_t = torch.as_tensor(1.0 / self.std, dtype=torch.float32, device=dev)
         self.rows = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
         self.dev = dev
+        self.resident: torch.Tensor | None = None
+        if _fits_on_device(dev, 4 * X.shape[0] * X.shape[1]):
+            self.resident = _dense_rows(self.rows, dev).sub_(self.mean_t).mul_(self.inv_std_t)
 
     def __call__(self, idx) -> torch.Tensor:
+        if self.resident is not None:
+            if isinstance(idx, slice):
+                return self.resident[idx]
+            return self.resident.index_select(0, torch.as_tensor(idx, device=self.dev))
         rows = self.rows[idx]
         rows = rows.toarray() if sp.issparse(rows) else rows
         return (torch.as_tensor(rows, dtype=torch.float32, device=self.dev) - self.mean_t) * self.inv_std_t
+
+
+class _Kept:
+    """1 − the intervention mask of a batch's rows (None without interventions), resident on CUDA where it fits."""
+
+    def __init__(self, Irows, dev: torch.device) -> None:
+        self.Irows, self.dev, self.resident = Irows, dev, None
+        if Irows is not None and _fits_on_device(dev, 4 * Irows.shape[0] * Irows.shape[1]):
+            self.resident = _dense_rows(Irows, dev).neg_().add_(1.0)
+
+    def __call__(self, idx) -> torch.Tensor | None:
+        if self.Irows is None:
+            return None
+        if self.resident is not None:
+            return self.resident.index_select(0, torch.as_tensor(idx, device=self.dev))
+        return 1.0 - torch.as_tensor(self.Irows[idx].toarray(), dtype=torch.float32, device=self.dev)
 
 
 def resolve_sparse(sparse: bool | None, n_genes: int, candidates) -> bool:
@@ -378,8 +428,12 @@ def _optimiser(model: VariationalNotears, config: NotearsConfig) -> torch.optim.
     """AdamW; L1 and the acyclicity penalty already regularise A, so weight decay acts on the MLPs only."""
     adj_ids = {id(p) for p in model.adjacency_parameters()}
     other = [p for p in model.parameters() if id(p) not in adj_ids]
+    # CUDA: the fused kernel, one launch for all parameters instead of several per parameter (the CPU keeps torch's
+    # default implementation, so CPU fits are unchanged).
+    fused = True if next(model.parameters()).device.type == "cuda" else None
     return torch.optim.AdamW([{"params": other, "weight_decay": config.weight_decay},
-                              {"params": model.adjacency_parameters(), "weight_decay": 0.0}], lr=config.lr)
+                              {"params": model.adjacency_parameters(), "weight_decay": 0.0}], lr=config.lr,
+                             fused=fused)
 
 
 def _compile_if_worth(model: VariationalNotears, data: _Standardised, config: NotearsConfig, n_cells: int) -> bool:
@@ -437,13 +491,13 @@ class _Run:
                  recon_rows: int | None) -> None:
         self.model, self.config, self.h_every, self.lagrangian = model, config, h_every, lagrangian
         self.optimiser = _optimiser(model, config)
-        self.adj_params = model.adjacency_parameters()
         self.recon_rows = recon_rows
         self.linearised: LinearisedAcyclicity | None = None
         self.step = 0
 
-    def batch(self, xb: torch.Tensor, keep: torch.Tensor | None) -> tuple[float, float]:
-        """One AdamW step on a standardised batch; its loss and −ELBO."""
+    def batch(self, xb: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One AdamW step on a standardised batch; its loss and −ELBO (detached tensors: reading them would make
+        the host wait for the device at every step)."""
         model, lam, l1_price = self.model, self.lagrangian, L1_UNIT * self.config.lambda_sparse
         terms = model(xb, recon_rows=self.recon_rows, keep=keep)
         self.optimiser.zero_grad(set_to_none=True)
@@ -458,17 +512,27 @@ class _Run:
             (loss + lam.penalty(h).to(loss.dtype)).backward()
         else:
             loss = terms["nelbo"] + l1_price * model.l1()
-            loss.backward()
             h = (model.acyclicity() if self.h_every == 1 else
                  self.linearised(model.edge_weight if model.sparse else model.acyclicity_matrix()))
-            for p, g in zip(self.adj_params, torch.autograd.grad(lam.penalty(h), self.adj_params), strict=True):
-                p.grad.add_(g.to(p.dtype))
+            # One backward pass; the penalty's gradient stays float64 down to A, as h is.
+            (loss.double() + lam.penalty(h)).backward()
         self.optimiser.step()
         self.step += 1
-        return float(loss.detach()), float(terms["nelbo"].detach())
+        return loss.detach(), terms["nelbo"].detach()
 
 
-def _train(run: _Run, data: _Standardised, Irows, rng: np.random.Generator, progress_desc: str
+def _epoch_batches(rng: np.random.Generator, n_cells: int, n_batches: int, data: _Standardised) -> list:
+    """One epoch's batches of row indices, each sorted: near-equal sizes (differing by at most one), never a batch of
+    one cell, which batch normalisation of f(X) cannot use. With the rows resident on the device, the indices go
+    there in one copy per epoch."""
+    batches = [np.sort(batch) for batch in np.array_split(rng.permutation(n_cells), n_batches)]
+    if data.resident is None:
+        return batches
+    flat = torch.as_tensor(np.concatenate(batches), device=data.dev)
+    return list(torch.split(flat, [len(batch) for batch in batches]))
+
+
+def _train(run: _Run, data: _Standardised, kept: _Kept, rng: np.random.Generator, progress_desc: str
            ) -> tuple[dict[str, list[float]], int, bool]:
     """The epochs of a fit: its history, the epochs run and whether the stop rule fired."""
     config, model, lam = run.config, run.model, run.lagrangian
@@ -481,19 +545,16 @@ def _train(run: _Run, data: _Standardised, Irows, rng: np.random.Generator, prog
     for epoch in bar:
         t_epoch = time.perf_counter()
         model.train()
-        loss_sum = nelbo_sum = 0.0
-        # Near-equal batches (sizes differ by at most one): never a batch of one cell, which batch
-        # normalisation of f(X) cannot use.
-        for batch in np.array_split(rng.permutation(n_cells), n_batches):
-            idx = np.sort(batch)
-            keep = None if Irows is None else \
-                1.0 - torch.as_tensor(Irows[idx].toarray(), dtype=torch.float32, device=data.dev)
-            loss, nelbo = run.batch(data(idx), keep)
-            loss_sum, nelbo_sum = loss_sum + loss, nelbo_sum + nelbo
+        # Summed on the device in float64 (as Python floats were), read once per epoch.
+        sums = torch.zeros(2, dtype=torch.float64, device=data.dev)
+        for idx in _epoch_batches(rng, n_cells, n_batches, data):
+            loss, nelbo = run.batch(data(idx), kept(idx))
+            sums += torch.stack((loss.double(), nelbo.double()))
         with torch.no_grad():
             h_now = float(model.acyclicity())
             max_weight = float(model.adjacency().abs().max())
         lam.dual_step(epoch, run.step, h_now, config)
+        loss_sum, nelbo_sum = sums.tolist()
         epoch_loss = loss_sum / n_batches
         for key, value in (("loss", epoch_loss), ("nelbo", nelbo_sum / n_batches), ("h", h_now), ("rho", lam.rho),
                            ("alpha", lam.alpha), ("max_weight", max_weight),
@@ -589,7 +650,7 @@ def fit_variational_notears(X, config: NotearsConfig | None = None, *, device: s
     recon_fraction = _recon_fraction(config, n_cells, n_genes)
     recon_rows = None if recon_fraction == 1 else max(2, math.ceil(recon_fraction * min(config.batch_size, n_cells)))
     run = _Run(model, config, h_every, _Lagrangian(float(config.rho_init), rho_max), recon_rows)
-    history, epochs_run, converged = _train(run, data, Irows, rng, progress_desc)
+    history, epochs_run, converged = _train(run, data, _Kept(Irows, dev), rng, progress_desc)
 
     model.eval()
     for mlp in (model.encoder_mlp, model.decoder_mlp):
