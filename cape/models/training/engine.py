@@ -13,7 +13,6 @@ import contextlib
 import copy
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 
@@ -120,7 +119,7 @@ class TrainingPlan:
         ``"constant"`` or ``"cosine"`` decay to 0 over the epochs, after a linear warm-up over ``warmup_fraction``
         of the steps (:func:`lr_factor`).
     num_workers
-        DataLoader worker processes (``None``: :func:`loader_workers` picks them for the device).
+        DataLoader worker processes (``None``: :func:`loader_workers`, none).
     """
 
     lr: float = 1e-3
@@ -136,23 +135,23 @@ class TrainingPlan:
     num_workers: int | None = None
 
 
-#: Most DataLoader workers ``num_workers=None`` starts on CUDA (each tokenises whole batches; a few keep a GPU fed).
-MAX_AUTO_WORKERS = 8
 #: On CUDA batches are padded to a multiple of this many tokens (:func:`~cape.models.tokenize.pad_to_multiple`).
 CUDA_PAD_MULTIPLE = 64
 
 
-def loader_workers(num_workers: int | None, device: torch.device) -> int:
-    """DataLoader workers: ``num_workers`` as given, or (``None``) none on the CPU, where the model and the loader
-    share the cores, and on CUDA half the CPU cores up to :data:`MAX_AUTO_WORKERS`, so that tokenising runs beside
-    the GPU's work instead of between its steps."""
-    if num_workers is not None:
-        if int(num_workers) != num_workers or num_workers < 0:
-            raise CapeInputError(f"num_workers must be a whole number >= 0 (or None: automatic), got {num_workers}")
-        return int(num_workers)
-    if device.type != "cuda":
+def loader_workers(num_workers: int | None) -> int:
+    """DataLoader workers: ``num_workers`` as given, or (``None``) none.
+
+    A batch is tokenised with array operations in the main process (:meth:`~cape.models.tokenize.CellDataset.
+    __getitems__`), a small share of a step; workers are started afresh every epoch (each draws that epoch's genes
+    and masks), and on the GPU machines measured that start cost more than the tokenising it took off the main
+    process (docs/benchmarks/throughput.md). Large datasets, where an epoch is long, may gain from a few.
+    """
+    if num_workers is None:
         return 0
-    return max(1, min(MAX_AUTO_WORKERS, (os.cpu_count() or 2) // 2))
+    if int(num_workers) != num_workers or num_workers < 0:
+        raise CapeInputError(f"num_workers must be a whole number >= 0 (or None: automatic), got {num_workers}")
+    return int(num_workers)
 
 
 def cell_loader(data: Dataset, device: torch.device, pad_id: int, *, batch_size: int, num_workers: int | None = None,
@@ -161,7 +160,7 @@ def cell_loader(data: Dataset, device: torch.device, pad_id: int, *, batch_size:
     batches padded to a multiple of :data:`CUDA_PAD_MULTIPLE` tokens on CUDA."""
     cuda = device.type == "cuda"
     return DataLoader(data, batch_size=batch_size, collate_fn=CellCollator(pad_id, CUDA_PAD_MULTIPLE if cuda else 1),
-                      num_workers=loader_workers(num_workers, device), pin_memory=cuda, **kwargs)
+                      num_workers=loader_workers(num_workers), pin_memory=cuda, **kwargs)
 
 
 def _fused_adamw(params: list[Tensor]) -> bool:
