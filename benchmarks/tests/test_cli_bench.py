@@ -11,7 +11,7 @@ import pytest
 from cape_benchmarks.cli import BENCH_MODULES, main
 
 COMMANDS = ("attention", "non-relativity", "causal", "causal-scale", "intervention", "pretrain", "embedding",
-            "properties", "baselines", "recipe", "encodings", "gears", "paper-runtime")
+            "properties", "baselines", "recipe", "encodings", "gears", "paper-runtime", "throughput")
 
 
 def test_help_lists_every_benchmark(capsys):

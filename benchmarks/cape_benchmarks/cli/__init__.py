@@ -26,12 +26,14 @@ from . import (
     pretrain_command,
     properties_command,
     recipe_command,
+    throughput_command,
 )
 
 #: In the order ``cape-bench --help`` lists them.
 BENCH_MODULES = (attention_command, non_relativity_command, causal_command, causal_scale_command,
                  intervention_command, pretrain_command, embedding_command, properties_command, baselines_command,
-                 recipe_command, encodings_command, gears_command, paper_runtime_command)
+                 recipe_command, encodings_command, gears_command, paper_runtime_command,
+                 throughput_command)
 
 
 PROG = "cape-bench"

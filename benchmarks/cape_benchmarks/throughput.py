@@ -1,0 +1,243 @@
+"""Throughput on the CPU and on CUDA side by side: Step I's seconds and its graph's F1, Step II's seconds, pretraining
+and fine-tuning cells/s, the share of a profiled stretch in which the GPU is busy, and the model FLOPs utilisation
+of the scGPT-sized model.
+
+Data: ``simulate_grn_cells(**GRN_SIMULATIONS[size])`` (``"scale"``: 2,000 genes, 10,000 control cells; ``--quick``:
+``"quick"``), ``cape.pp.preprocess(min_genes=20)`` with every gene kept as highly variable, control cells, genes that
+vary. Every stage runs on each device
+asked for, one after the other in one process; each record names its device. Run ``cape-bench throughput``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import torch
+
+import cape
+from cape.causal import CausalConfig, fit_variational_notears
+from cape.causal import pipeline as step1
+from cape.causal.structure_recovery import dag_metrics
+from cape.data.grn_cells import GRN_SIMULATIONS, simulate_grn_cells
+from cape.models import CellTransformer
+
+from .causal import skeleton_f1
+
+logger = logging.getLogger("cape")
+
+#: The scGPT-sized backbone (scGPT's pretrained whole-human model: 512 wide, 12 layers, 8 heads).
+SCGPT_SIZE = {"d_model": 512, "n_layers": 12, "n_heads": 8}
+#: Dense bf16 peak of the card, for the FLOPs utilisation (NVIDIA's datasheets; H100 and H200 SXM share it).
+PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12}
+#: Epochs timed per pretraining run (the first also starts workers and plans kernels; the later ones are the rate).
+EPOCHS = 3
+
+
+def scale_cells(size: str = "scale", seed: int = 0) -> tuple[ad.AnnData, np.ndarray]:
+    """The preprocessed control cells of the ``size`` design and their true DAG (genes that vary only)."""
+    a = simulate_grn_cells(**{**GRN_SIMULATIONS[size], "seed": seed})
+    # Every gene is highly variable here, so that Step I sees the design's genes (the default 300 would cut it).
+    cape.pp.preprocess(a, min_genes=20, n_top_genes=a.n_vars)
+    a = a[a.obs["condition"].astype(str) == "ctrl"].copy()
+    X = a.X.toarray() if hasattr(a.X, "toarray") else np.asarray(a.X)
+    a = a[:, X.std(0) > 0].copy()
+    return a, a.varp["true_dag"].toarray()
+
+
+def hardware(device: str) -> str:
+    """The processor or GPU a record was measured on."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
+
+
+def busy_share(fn: Callable[[], object]) -> tuple[float, float]:
+    """Run ``fn`` under torch.profiler: (wall seconds, share of them in which a CUDA kernel or copy ran).
+
+    Kernel intervals are merged before summing, so overlapping kernels are counted once.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    busy, end = 0.0, -np.inf
+    for lo, hi in spans:
+        if hi > end:
+            busy += hi - max(lo, end)
+            end = hi
+    return wall, busy * 1e-6 / max(wall, 1e-9)
+
+
+def step1_record(adata: ad.AnnData, truth: np.ndarray, device: str, seed: int) -> dict:
+    """Step I's default fit (``cape.tl.causal_graph``): seconds, edges, directed and skeleton F1."""
+    b = adata.copy()
+    _sync(device)
+    start = time.perf_counter()
+    cape.tl.causal_graph(b, device=device, seed=seed)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    A = b.varp["cape_dag"]
+    A = np.asarray(A.toarray() if hasattr(A, "toarray") else A)
+    metrics = dag_metrics(truth, A)
+    return {"stage": "step1", "device": device, "seconds": seconds, "edges": int(np.count_nonzero(A)),
+            "directed_f1": metrics["f1"], "skeleton_f1": skeleton_f1(truth, A), "adata": b}
+
+
+def step1_loop_busy(adata: ad.AnnData, device: str, seed: int, epochs: int = 3) -> dict:
+    """The GPU's busy share over ``epochs`` epochs of Step I's default training loop (screened candidates)."""
+    config = CausalConfig()
+    X, _, _ = step1.check_matrix(adata.X, np.asarray(adata.var_names))
+    _, candidates, _ = step1.screen(config, X)
+    options = {**config.notears_options(X.shape[1], screened=candidates is not None), "epochs": epochs}
+    wall, share = busy_share(lambda: fit_variational_notears(X, device=device, seed=seed, candidates=candidates,
+                                                             **options))
+    return {"stage": "step1_loop", "device": device, "seconds": wall, "epochs": epochs, "gpu_busy": share}
+
+
+def step2_record(adata: ad.AnnData, device: str, seed: int) -> dict:
+    """Step II (``cape.tl.hyperbolic_embedding``) on the Step I graph in ``adata``: seconds."""
+    b = adata.copy()
+    _sync(device)
+    start = time.perf_counter()
+    cape.tl.hyperbolic_embedding(b, device=device, seed=seed)
+    _sync(device)
+    return {"stage": "step2", "device": device, "seconds": time.perf_counter() - start}
+
+
+def training_records(adata: ad.AnnData, device: str, seed: int, n_cells: int, size: str, batch_size: int,
+                     finetune: bool = False) -> list[dict]:
+    """Cells/s per epoch of pretraining (or, with ``finetune``, of annotation training on ``cell_type``)."""
+    options = SCGPT_SIZE if size == "scgpt" else {}
+    cells = adata[:n_cells].copy()
+    model = CellTransformer(cells, architecture="scgpt", encoding="cape", device=device, seed=seed, **options)
+    if finetune:
+        history = model.train(cells, "cell_type", epochs=EPOCHS, batch_size=batch_size, validation_fraction=0.0)
+    else:
+        history = model.pretrain(cells, epochs=EPOCHS, batch_size=batch_size, validation_fraction=0.0)
+    stage = ("finetune" if finetune else "pretrain") + ("_scgpt" if size == "scgpt" else "")
+    records = [{"stage": stage, "device": device, "batch_size": batch_size, "cells": n_cells, "epoch": h["epoch"],
+                "cells_per_s": h["cells_per_s"], "seconds": h["seconds"]} for h in history]
+    if device.startswith("cuda") and size == "scgpt" and not finetune:
+        records[-1]["mfu"] = model_flops_utilisation(model, cells, device, batch_size, records[-1]["cells_per_s"])
+    return records
+
+
+def model_flops_utilisation(model: CellTransformer, cells: ad.AnnData, device: str, batch_size: int,
+                            cells_per_s: float) -> float | None:
+    """Achieved FLOP/s of pretraining (FLOPs of one forward and backward pass per cell, counted by torch's
+    FlopCounterMode, times cells/s) over the card's dense bf16 peak; None for a card without a known peak."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    name = torch.cuda.get_device_name(torch.device(device))
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    if peak is None:
+        return None
+    batch = next(iter(model.batches(cells, batch_size=batch_size)))
+    counter = FlopCounterMode(display=False)
+    with counter, model._autocast():
+        hidden = model.backbone(batch["gene_ids"], batch["values"], batch["padding_mask"])
+        hidden.float().pow(2).mean().backward()
+    model.module.zero_grad(set_to_none=True)
+    per_cell = counter.get_total_flops() / batch["gene_ids"].shape[0]
+    return per_cell * cells_per_s / peak
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _table(records: list[dict]) -> str:
+    columns = ["stage", "device", "batch", "epoch", "seconds", "cells/s", "edges", "directed F1", "skeleton F1",
+               "GPU busy", "MFU"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+    def cell(r, key, fmt):
+        return fmt.format(r[key]) if r.get(key) is not None else ""
+
+    for r in records:
+        lines.append("| " + " | ".join([r["stage"], r["device"], cell(r, "batch_size", "{}"), cell(r, "epoch", "{}"),
+                                        cell(r, "seconds", "{:.2f}"), cell(r, "cells_per_s", "{:,.0f}"),
+                                        cell(r, "edges", "{:,}"), cell(r, "directed_f1", "{:.3f}"),
+                                        cell(r, "skeleton_f1", "{:.3f}"), cell(r, "gpu_busy", "{:.0%}"),
+                                        cell(r, "mfu", "{:.1%}")]) + " |")
+    return "\n".join(lines)
+
+
+def _training_stages(ready: ad.AnnData, device: str, seed: int, n_cells: int, stages: list[str]) -> list[dict]:
+    """Pretraining (batch 32, the default, and on CUDA 64 and 256), fine-tuning (batch 32), the scGPT-sized model
+    (CUDA) and a profiled pretraining run (CUDA)."""
+    cuda, records = device.startswith("cuda"), []
+    for batch in (32, 64, 256) if cuda else (32,):
+        if "pretrain" in stages:
+            records += training_records(ready, device, seed, n_cells, "default", batch)
+    if "finetune" in stages:
+        records += training_records(ready, device, seed, n_cells, "default", 32, finetune=True)
+    if "scgpt" in stages and cuda:
+        for batch in (64, 256):
+            records += training_records(ready, device, seed, n_cells, "scgpt", batch)
+    if "pretrain" in stages and cuda:
+        wall, share = busy_share(functools.partial(training_records, ready, device, seed, min(n_cells, 2000),
+                                                   "default", 64))
+        records.append({"stage": "pretrain_profiled", "device": device, "batch_size": 64, "seconds": wall,
+                        "gpu_busy": share})
+    return records
+
+
+def run_throughput(out: str | Path = "results/bench", *, devices: list[str] | None = None, quick: bool = False,
+                   stages: list[str] | None = None, seed: int = 0, pretrain_cells: int = 4000) -> list[dict]:
+    """Every stage on every device; writes ``throughput.json`` and ``throughput.md`` under ``out``."""
+    devices = devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    stages = stages or ["step1", "step2", "pretrain", "finetune", "scgpt"]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    adata, truth = scale_cells("quick" if quick else "scale", seed)
+    X = adata.X
+    header = {"cells": adata.n_obs, "genes": adata.n_vars, "true_edges": int(np.count_nonzero(truth)),
+              "x_sum": float(X.sum()), "x_nnz": int(X.nnz if hasattr(X, "nnz") else np.count_nonzero(X)),
+              "torch": torch.__version__, "hardware": {d: hardware(d) for d in devices}}
+    print(json.dumps(header), flush=True)
+    records: list[dict] = []
+
+    def keep(new: list[dict]) -> None:
+        for r in new:
+            records.append({k: v for k, v in r.items() if k != "adata"})
+            print(json.dumps(records[-1]), flush=True)
+        (out / "throughput.json").write_text(json.dumps({"data": header, "records": records}, indent=1))
+        (out / "throughput.md").write_text(_table(records) + "\n")
+
+    n_cells = min(pretrain_cells, adata.n_obs)
+    graph = None  # Step I's graph for the later stages: the first device's
+    for device in devices:
+        if "step1" in stages:
+            rec = step1_record(adata, truth, device, seed)
+            graph = graph if graph is not None else rec["adata"]
+            keep([rec])
+            if device.startswith("cuda"):
+                keep([step1_loop_busy(adata, device, seed)])
+    if graph is None:
+        graph = adata.copy()
+        cape.tl.causal_graph(graph, device=devices[0], seed=seed)
+    ready = graph.copy()
+    cape.tl.hyperbolic_embedding(ready, device=devices[0], seed=seed)
+    cape.tl.rotary_encoding(ready)
+    for device in devices:
+        if "step2" in stages:
+            keep([step2_record(graph, device, seed)])
+        keep(_training_stages(ready, device, seed, n_cells, stages))
+    print(_table(records))
+    return records
