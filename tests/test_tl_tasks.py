@@ -134,7 +134,7 @@ def test_predict_perturbation_writes_predictions_and_baselines(tmp_path):
     assert list(out["predicted_mean"].index) == out["split"]["test"]
     assert list(out["predicted_mean"].columns) == list(adata.var_names)
     assert metrics["mse_overall"] == pytest.approx(np.mean(list(out["top_de_mse"].values())))
-    assert set(out["baselines"]) == {"no_change", "additive"}
+    assert set(out["baselines"]) == {"no_change", "train_mean", "additive", "linear"}
     adata.write_h5ad(tmp_path / "p.h5ad")  # everything set is storable
     back = ad.read_h5ad(tmp_path / "p.h5ad").uns["cape_perturbation"]
     pd.testing.assert_frame_equal(back["predicted_mean"], out["predicted_mean"], check_names=False)

@@ -13,7 +13,8 @@ Each tool returns ``None`` (the AnnData copy with ``copy=True``); metrics go to 
     ``obs[key_added]`` k-means clusters, ``uns["cape"]["cluster"]`` (k, seed, ARI/NMI/ASW when labels are given).
 ``predict_perturbation``
     ``uns[key_added]``: predicted mean expression of each test perturbation (DataFrame), per-perturbation top-DE
-    MSE, the GEARS split and the metrics of the embedding predictor and of the no-change/additive baselines;
+    MSE, the GEARS split and the metrics of the embedding predictor and of the no-change, training-mean, additive
+    and linear baselines;
     ``uns["cape"]["predict_perturbation"]`` (parameters, metrics).
 """
 
@@ -35,7 +36,13 @@ from ..tasks.annotation import annotation_metrics, fine_tune_cells, record_split
 from ..tasks.clustering import clustering_metrics, kmeans_clusters
 from ..tasks.labels import checked_labels
 from ..tasks.perturbation import PerturbationTask
-from ..tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+from ..tasks.perturbation_predictors import (
+    AdditivePredictor,
+    EmbeddingPerturbationPredictor,
+    LinearPerturbationPredictor,
+    NoChangePredictor,
+    TrainingMeanPredictor,
+)
 from ._uns import step_key
 
 logger = logging.getLogger("cape")
@@ -203,7 +210,8 @@ def predict_perturbation(adata: ad.AnnData, *, gene_embedding_key: str = "cape_g
     :class:`~cape.tasks.perturbation_predictors.EmbeddingPerturbationPredictor` reading
     ``varm[gene_embedding_key]`` (e.g. written by :meth:`cape.models.CellTransformer.embed` on control cells) is
     trained on the training perturbations and scored by the top-``n_de`` DE-gene MSE on the test perturbations,
-    next to the no-change and additive baselines.
+    next to the baselines users try first: no change, the training perturbations' mean, additive, and the linear
+    model of Ahlmann-Eltze, Huber & Anders (2025).
 
     Reads
     -----
@@ -229,7 +237,8 @@ def predict_perturbation(adata: ad.AnnData, *, gene_embedding_key: str = "cape_g
     predictor = EmbeddingPerturbationPredictor(np.asarray(adata.varm[gene_embedding_key]), seed=seed,
                                                **(predictor_kwargs or {}))
     predicted, per_condition, metrics = task.evaluate(predictor)
-    baselines = {p.name: task.score(p) for p in (NoChangePredictor(), AdditivePredictor())}
+    baselines = {p.name: task.score(p) for p in (NoChangePredictor(), TrainingMeanPredictor(), AdditivePredictor(),
+                                                 LinearPerturbationPredictor())}
     adata.uns[key_added] = {
         "predicted_mean": predicted,
         "top_de_mse": per_condition.to_dict(),
