@@ -31,7 +31,7 @@ from cape.tasks.perturbation import (
     top_de_pearson_delta,
     validate_perturbation_data,
 )
-from cape.tasks.perturbation_predictors import AdditivePredictor, EmbeddingPerturbationPredictor, NoChangePredictor
+from cape.tasks.perturbation_predictors import EmbeddingPerturbationPredictor, simple_baselines
 from cape.tasks.perturbation_scm import SCMPerturbationPredictor
 
 
@@ -101,7 +101,7 @@ def run_perturbation_benchmark(adata: ad.AnnData, *, dataset: str = "data",
 
     Returns records ``{task, dataset, method, seed, subgroup, metric, value, n_perturbations}`` with metrics
     ``top{n_de}_de_mse`` and ``top{n_de}_de_pearson_delta``; ``subgroup`` is ``overall`` or one of
-    :data:`SUBGROUPS`. The no-change and additive baselines are deterministic and reported
+    :data:`SUBGROUPS`. The simple baselines (no change, training mean, additive, linear) are deterministic and reported
     once (seed ``None``); each embedding predictor runs once per seed.
     """
     conditions = validate_perturbation_data(adata, condition_key=condition_key, control=control)
@@ -122,7 +122,7 @@ def run_perturbation_benchmark(adata: ad.AnnData, *, dataset: str = "data",
         return out
 
     out = []
-    for predictor in (NoChangePredictor(), AdditivePredictor()):
+    for predictor in simple_baselines():
         predictor.fit(adata, train, condition_key=condition_key, control=control)
         out += records(predictor.name, None, predictor.predict(split.test))
     for name, emb in (gene_embeddings or {}).items():

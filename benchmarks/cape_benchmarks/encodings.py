@@ -17,7 +17,7 @@
   :class:`~cape.tasks.perturbation_predictors.EmbeddingPerturbationPredictor`; GEARS simulation split (seed 1);
   top-20 DE MSE for unseen singles and doubles (0/1/2 genes seen).
 * **Baselines in the same run**: logistic regression on PCA (annotation, same split per seed), PCA + k-means
-  (clustering), no-change and additive predictors (perturbation).
+  (clustering), the simple perturbation baselines (no change, training mean, additive, linear).
 * **Integration** (``integrations``): every model runs in ``complement`` mode (the backbone keeps its gene-identity
   embedding beside the encoding) and/or ``replace`` mode (the encoding takes its place, CAPE Supp. F.2; there
   ``cape_null`` has no gene identity at all, the paper's null); see :mod:`cape.models.modules.backbone`.
@@ -67,12 +67,11 @@ from cape.tasks.clustering import clustering_metrics, kmeans_clusters, pca_embed
 from cape.tasks.labels import checked_labels
 from cape.tasks.perturbation import PerturbationTask
 from cape.tasks.perturbation_predictors import (
-    AdditivePredictor,
     EmbeddingPerturbationPredictor,
-    NoChangePredictor,
     constant_gene_embeddings,
     pca_gene_embeddings,
     permuted_gene_embeddings,
+    simple_baselines,
 )
 
 from .encodings_controls import apply_control
@@ -316,7 +315,7 @@ def _baselines(task: str, data: ad.AnnData, labels, ptask, seeds, dataset: str, 
             res = clustering_metrics(emb, labels.to_numpy(), kmeans_clusters(emb, labels.nunique(), seed=seed))
             out += [{**base, "encoding": "pca_kmeans", "seed": seed, "metric": m, "value": v} for m, v in res.items()]
     else:
-        for predictor in (NoChangePredictor(), AdditivePredictor()):
+        for predictor in simple_baselines():
             res = ptask.score(predictor)  # deterministic: once
             out += [{**base, "encoding": predictor.name, "seed": None, "metric": m, "value": v} for m, v in res.items()]
         # The embedding predictor on informative PCA gene embeddings and on two controls that carry no gene

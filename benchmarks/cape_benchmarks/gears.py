@@ -27,12 +27,7 @@ from cape.tasks.gears_inputs import _import_gears
 from cape.tasks.perturbation import (
     PerturbationTask,
 )
-from cape.tasks.perturbation_predictors import (
-    AdditivePredictor,
-    NoChangePredictor,
-    pca_gene_embeddings,
-    random_gene_embeddings,
-)
+from cape.tasks.perturbation_predictors import pca_gene_embeddings, random_gene_embeddings, simple_baselines
 
 from .encodings_models import BenchSettings, position_sets, prepare_expression
 
@@ -82,8 +77,9 @@ def run_gears_benchmark(adata: ad.AnnData, *, dataset: str = "data", arms: Seque
                         go_graph="known", trainable_embeddings: bool = False, positions_seed: int = 0,
                         out: str | Path | None = "results/bench", name: str | None = None, threads: int | None = 1,
                         device: str | None = "auto", settings_overrides: Mapping | None = None) -> dict:
-    """Each arm × seed through :func:`run_gears` on the same data, GO graph and split; no-change and additive
-    baselines in the same run. Writes ``<out>/<name>.{json,md,png}`` (``name`` = ``gears_<dataset>``).
+    """Each arm × seed through :func:`run_gears` on the same data, GO graph and split; the simple baselines (no
+    change, training mean, additive, linear) in the same run. Writes ``<out>/<name>.{json,md,png}`` (``name`` =
+    ``gears_<dataset>``).
 
     CAPE's positions come from :func:`cape_benchmarks.encodings.position_sets` on the control cells (the same
     Steps I–III settings as ``cape-bench encodings``, quick or full, changed by ``settings_overrides``, e.g.
@@ -103,7 +99,7 @@ def run_gears_benchmark(adata: ad.AnnData, *, dataset: str = "data", arms: Seque
     task = PerturbationTask.build(data)
     base = {"task": "perturbation", "dataset": dataset}
     records: list[dict] = []
-    for predictor in (NoChangePredictor(), AdditivePredictor()):
+    for predictor in simple_baselines():
         predicted, _, scores = task.evaluate(predictor)
         scores["mse_overall_excl_targets"] = mse_excluding_targets(predicted, task)
         records += [{**base, "kind": "baseline", "arm": predictor.name, "seed": None, "metric": m, "value": v}
@@ -214,7 +210,8 @@ def gears_markdown(result: dict, dataset: str, info: dict) -> str:
              "Rows: " + "; ".join(f"{'GEARS' if a == 'plain' else 'GEARS + ' + a}: {ARM_NOTES[a]}" for a in arms)
              + f". Embeddings {'fine-tuned by GEARS' if info['trainable_embeddings'] else 'frozen'}, width "
              f"{info['embed_dim']} zero-padded to GEARS' 64 and scaled into its unit ball; they initialise "
-             "`gene_emb` and `pert_emb`. no_change / additive: cape's baselines on the same split.", "",
+             "`gene_emb` and `pert_emb`. no_change / train_mean / additive / linear: cape's baselines on the same "
+             "split.", "",
              f"GO graph: {info['go_graph']}.", "",
              f"Split: GEARS' simulation split, seed 1 (identical to cape's reimplementation: "
              f"{all(r.get('split_matches_cape', True) for r in records if r.get('kind') == 'gears')}); "

@@ -215,7 +215,7 @@ def test_clustering_and_perturbation_records(labelled, perturbed):
     assert {"mse_single", "mse_double", "mse_overall"} <= {r["metric"] for r in models}
     assert all(r["value"] >= 0 for r in models if not math.isnan(r["value"]))
     assert {r["encoding"] for r in pert if r["kind"] == "baseline"} == {
-        "no_change", "additive", "embedding_pca", "control_constant", "control_permuted"}
+        "no_change", "train_mean", "additive", "linear", "embedding_pca", "control_constant", "control_permuted"}
     base = {(r["encoding"], r["metric"]): r["value"] for r in pert if r["kind"] == "baseline"}
     # the constant control is no change exactly; pearson_delta of a prediction without variation is 0
     assert base[("control_constant", "mse_single")] == pytest.approx(base[("no_change", "mse_single")])

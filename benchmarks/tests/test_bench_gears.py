@@ -26,7 +26,7 @@ def test_bench_cli_writes_records(tiny_perturbation, tmp_path):
     records = json.loads((tmp_path / "out" / "gears_tiny.json").read_text())
     arms = {r["arm"] for r in records if r["kind"] == "gears"}
     assert arms == {"plain", "pca"}
-    assert {r["arm"] for r in records if r["kind"] == "baseline"} == {"no_change", "additive"}
+    assert {r["arm"] for r in records if r["kind"] == "baseline"} == {"no_change", "train_mean", "additive", "linear"}
     assert "GEARS + pca" in (tmp_path / "out" / "gears_tiny.md").read_text()
     assert (tmp_path / "out" / "gears_tiny.png").stat().st_size > 0
     assert main(["--quiet", "gears", "--dataset", str(path), "--go-graph", "nope.txt",

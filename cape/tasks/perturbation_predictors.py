@@ -191,6 +191,12 @@ class LinearPerturbationPredictor(NoChangePredictor):
                             columns=self.genes_)
 
 
+def simple_baselines() -> tuple[NoChangePredictor, ...]:
+    """Fresh instances of the baselines every perturbation prediction is compared with: no change, the training
+    perturbations' mean, additive and Ahlmann-Eltze et al.'s linear model (all deterministic)."""
+    return NoChangePredictor(), TrainingMeanPredictor(), AdditivePredictor(), LinearPerturbationPredictor()
+
+
 def _pca_scores(x: np.ndarray, k: int) -> np.ndarray:
     """Principal-component scores of the rows of ``x`` (columns centred), at most ``k`` and only non-zero ones."""
     u, s, _ = np.linalg.svd(x - x.mean(axis=0), full_matrices=False)

@@ -36,13 +36,7 @@ from ..tasks.annotation import annotation_metrics, fine_tune_cells, record_split
 from ..tasks.clustering import clustering_metrics, kmeans_clusters
 from ..tasks.labels import checked_labels
 from ..tasks.perturbation import PerturbationTask
-from ..tasks.perturbation_predictors import (
-    AdditivePredictor,
-    EmbeddingPerturbationPredictor,
-    LinearPerturbationPredictor,
-    NoChangePredictor,
-    TrainingMeanPredictor,
-)
+from ..tasks.perturbation_predictors import EmbeddingPerturbationPredictor, simple_baselines
 from ._uns import step_key
 
 logger = logging.getLogger("cape")
@@ -237,8 +231,7 @@ def predict_perturbation(adata: ad.AnnData, *, gene_embedding_key: str = "cape_g
     predictor = EmbeddingPerturbationPredictor(np.asarray(adata.varm[gene_embedding_key]), seed=seed,
                                                **(predictor_kwargs or {}))
     predicted, per_condition, metrics = task.evaluate(predictor)
-    baselines = {p.name: task.score(p) for p in (NoChangePredictor(), TrainingMeanPredictor(), AdditivePredictor(),
-                                                 LinearPerturbationPredictor())}
+    baselines = {p.name: task.score(p) for p in simple_baselines()}
     adata.uns[key_added] = {
         "predicted_mean": predicted,
         "top_de_mse": per_condition.to_dict(),
