@@ -17,6 +17,7 @@ from .perturbation_predictors import (
     LinearPerturbationPredictor,
     NoChangePredictor,
     TrainingMeanPredictor,
+    simple_baselines,
 )
 from .perturbation_scm import SCMPerturbationPredictor
 
@@ -36,6 +37,7 @@ __all__ = [
     "kmeans_clusters",
     "logistic_regression_pca",
     "resolve_label_key",
+    "simple_baselines",
     "simulation_split",
     "to_gears_conditions",
     "top_de_mse",
