@@ -523,6 +523,10 @@ def test_rows_resident_on_the_device_give_the_same_fit(monkeypatch, sparse_input
     resident = fit_variational_notears(X, **kw)
     np.testing.assert_array_equal(sliced.adjacency, resident.adjacency)
     assert sliced.history["loss"] == resident.history["loss"]
+    # the data resident and the mask, checked after it, not
+    fits = iter([True, False])
+    monkeypatch.setattr(trainer, "_fits_on_device", lambda dev, n_bytes: next(fits))
+    np.testing.assert_array_equal(fit_variational_notears(X, **kw).adjacency, sliced.adjacency)
 
 
 @pytest.mark.gpu

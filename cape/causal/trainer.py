@@ -397,6 +397,8 @@ class _Kept:
             return None
         if self.resident is not None:
             return self.resident.index_select(0, torch.as_tensor(idx, device=self.dev))
+        if isinstance(idx, torch.Tensor):  # the data fitted on the device, the mask (checked after it) did not
+            idx = idx.cpu().numpy()
         return 1.0 - torch.as_tensor(self.Irows[idx].toarray(), dtype=torch.float32, device=self.dev)
 
 
