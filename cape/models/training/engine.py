@@ -144,13 +144,13 @@ def loader_workers(num_workers: int | None) -> int:
 
     A batch is tokenised with array operations in the main process (:meth:`~cape.models.tokenize.CellDataset.
     __getitems__`), a small share of a step; workers are started afresh every epoch (each draws that epoch's genes
-    and masks), and on the GPU machines measured that start cost more than the tokenising it took off the main
+    and masks), and on the GPU machine measured that start cost more than the tokenising it took off the main
     process (docs/benchmarks/throughput.md). Large datasets, where an epoch is long, may gain from a few.
     """
     if num_workers is None:
         return 0
     if int(num_workers) != num_workers or num_workers < 0:
-        raise CapeInputError(f"num_workers must be a whole number >= 0 (or None: automatic), got {num_workers}")
+        raise CapeInputError(f"num_workers must be a whole number >= 0 (or None: none), got {num_workers}")
     return int(num_workers)
 
 
