@@ -219,7 +219,7 @@ def test_benchmark_records(sim):
                                       gene_embeddings={"random": random_gene_embeddings(sim.n_vars, 8)},
                                       predictor_kwargs={"epochs": 60, "hidden": 16})
     frame = pd.DataFrame(recs)
-    assert set(frame["method"]) == {"no_change", "additive", "embedding_mlp[random]"}
+    assert set(frame["method"]) == {"no_change", "train_mean", "additive", "linear", "embedding_mlp[random]"}
     assert set(frame["subgroup"]) == {"overall", *SUBGROUPS}
     assert set(frame["metric"]) == {"top20_de_mse", "top20_de_pearson_delta"}
     ok = frame.dropna(subset=["value"])
