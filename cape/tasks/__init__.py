@@ -11,6 +11,7 @@ from .annotation import annotation_metrics, annotation_split, logistic_regressio
 from .clustering import clustering_metrics, kmeans_clusters
 from .labels import SPLIT_KEY, checked_labels, resolve_label_key
 from .perturbation import PerturbationTask, simulation_split, to_gears_conditions, top_de_mse
+from .perturbation_cell_eval import cell_eval_scores
 from .perturbation_predictors import (
     AdditivePredictor,
     EmbeddingPerturbationPredictor,
@@ -32,6 +33,7 @@ __all__ = [
     "TrainingMeanPredictor",
     "annotation_metrics",
     "annotation_split",
+    "cell_eval_scores",
     "checked_labels",
     "clustering_metrics",
     "kmeans_clusters",
