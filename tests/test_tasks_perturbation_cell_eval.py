@@ -13,7 +13,7 @@ from cape import CapeInputError
 from cape.data.perturbation_data import simulate_perturbation
 from cape.tasks import cell_eval_scores
 from cape.tasks.perturbation import condition_means, validate_perturbation_data
-from cape.tasks.perturbation_cell_eval import predicted_cells
+from cape.tasks.perturbation_cell_eval import _cell_eval_names, predicted_cells
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,11 @@ def test_predicted_cells_have_the_predicted_means_and_no_negative_value():
     np.testing.assert_allclose(cells[:20].mean(0), means.iloc[0].clip(lower=0), atol=1e-5)
     np.testing.assert_allclose(cells[20:].mean(0), means.iloc[1], atol=1e-5)
     np.testing.assert_array_equal(cells, predicted_cells(means, control, [20, 80], seed=1))  # seeded
+
+
+def test_singles_are_named_by_their_gene_for_cell_eval():
+    assert _cell_eval_names(["A+ctrl", "ctrl+B", "A+B"], "ctrl") == {"A+ctrl": "A", "ctrl+B": "B", "A+B": "A+B"}
+    assert _cell_eval_names(["A+ctrl", "A+B"], "A") == {"A+ctrl": "A+ctrl", "A+B": "A+B"}  # clashes: unchanged
 
 
 def test_without_the_extra_the_refusal_is_one_line(screen, monkeypatch):

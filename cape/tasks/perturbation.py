@@ -6,7 +6,9 @@
 * Metrics: per test perturbation, over its top-20 differentially expressed genes (scanpy ``rank_genes_groups``
   against control, ``rankby_abs=True``): the MSE between the mean predicted and the mean true expression, and
   GEARS'/scGPT's ``pearson_delta``, the Pearson correlation of the predicted and the true change from the control
-  mean; each averaged over perturbations, overall and per subgroup (:meth:`PerturbationTask.evaluate`).
+  mean; each averaged over perturbations, overall and per subgroup (:meth:`PerturbationTask.evaluate`). The
+  Virtual Cell Challenge's evaluator scores the same predictions: :func:`cape.tasks.cell_eval_scores` (extra
+  ``perturb``).
 * Predictors (:mod:`cape.tasks.perturbation_predictors`): "no change" (control mean), "additive" (sum of the seen
   singles' shifts), Ahlmann-Eltze et al.'s "train_mean" and "linear" baselines, and
   :class:`EmbeddingPerturbationPredictor`, which maps gene embeddings (e.g. from a transformer backbone) to the

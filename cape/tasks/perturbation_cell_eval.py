@@ -11,7 +11,6 @@ with the observed cells of the same conditions, so that the scores are the field
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 import warnings
@@ -24,8 +23,7 @@ from scipy.stats import ConstantInputWarning
 
 from .._arrays import dense
 from .._errors import CapeInputError
-
-logger = logging.getLogger("cape")
+from .perturbation import condition_genes
 
 #: ``cell-eval``'s metric profiles (``MetricsEvaluator.compute(profile=...)``) that :func:`cell_eval_scores` takes.
 PROFILES = ("full", "minimal", "vcc", "de", "anndata")
@@ -103,13 +101,25 @@ def predicted_cells(means: pd.DataFrame, control_x: np.ndarray, n_cells: Sequenc
     return np.vstack(blocks).astype(np.float32) if blocks else np.empty((0, control_x.shape[1]), np.float32)
 
 
+def _cell_eval_names(conditions: list[str], control: str) -> dict[str, str]:
+    """cell-eval's name of each condition: a single ``A+ctrl`` is ``A``, as in the Virtual Cell Challenge, so
+    that cell-eval leaves the target gene out of ``discrimination_score_*``; a double keeps its name."""
+    names = {c: condition_genes(c)[0] if len(condition_genes(c)) == 1 else c for c in conditions}
+    if len(set(names.values()) | {control}) != len(conditions) + 1:  # a gene named like a condition or the control
+        return {c: c for c in conditions}
+    return names
+
+
 def _anndata_pair(means: pd.DataFrame, adata: ad.AnnData, conditions: list[str], labels: np.ndarray,
-                  condition_key: str, control: str, seed: int) -> tuple[ad.AnnData, ad.AnnData]:
-    """(observed, predicted) AnnData for cell-eval: each condition's cells and the control cells."""
+                  names: dict[str, str], condition_key: str, control: str, seed: int
+                  ) -> tuple[ad.AnnData, ad.AnnData]:
+    """(observed, predicted) AnnData for cell-eval: each condition's cells and the control cells, the conditions
+    under their cell-eval ``names``."""
     genes = pd.DataFrame(index=adata.var_names.astype(str))
     keep = np.isin(labels, [*conditions, control])
+    real_labels = np.array([names.get(label, label) for label in labels[keep]], dtype=object)
     real = ad.AnnData(X=dense(adata.X[keep]).astype(np.float32), var=genes.copy(),
-                      obs=pd.DataFrame({condition_key: labels[keep]}, index=[f"real_{i}" for i in range(keep.sum())]))
+                      obs=pd.DataFrame({condition_key: real_labels}, index=[f"real_{i}" for i in range(keep.sum())]))
     if real.X.min(initial=0.0) < 0:
         raise CapeInputError("cell-eval needs non-negative expression (log-normalised counts); adata.X has negative "
                              "values")
@@ -117,10 +127,27 @@ def _anndata_pair(means: pd.DataFrame, adata: ad.AnnData, conditions: list[str],
     n_cells = [int((labels == c).sum()) for c in conditions]
     x = np.vstack([control_x, predicted_cells(means, control_x, n_cells, seed=seed)])
     pred_labels = np.concatenate([np.full(len(control_x), control, dtype=object),
-                                  np.repeat(np.asarray(conditions, dtype=object), n_cells)])
+                                  np.repeat(np.asarray([names[c] for c in conditions], dtype=object), n_cells)])
     pred = ad.AnnData(X=x, var=genes.copy(),
                       obs=pd.DataFrame({condition_key: pred_labels}, index=[f"pred_{i}" for i in range(len(x))]))
     return real, pred
+
+
+def _per_condition(results: pd.DataFrame, names: dict[str, str], means: pd.DataFrame, control_x: np.ndarray,
+                   condition_key: str) -> pd.DataFrame:
+    """cell-eval's results as conditions (under their cape names, in the order of ``means``) × metrics."""
+    table = results.set_index("perturbation")
+    table.index = table.index.astype(str).map({name: c for c, name in names.items()})
+    table = table.reindex(list(means.index))
+    table.index.name = condition_key
+    if "pearson_delta" in table:
+        # cell-eval correlates float32 round-off where a prediction does not move from the control mean; like
+        # cape's top_de_pearson_delta, such a prediction carries no direction and scores 0
+        control_mean = control_x.astype(np.float64).mean(axis=0)
+        shift = np.abs(means.to_numpy() - control_mean).max(axis=1)
+        flat = shift <= 1e-6 * max(float(np.abs(control_mean).max(initial=0.0)), 1.0)
+        table.loc[means.index[flat], "pearson_delta"] = 0.0
+    return table
 
 
 def cell_eval_scores(predicted: pd.DataFrame, adata: ad.AnnData, conditions: Sequence[str] | None = None, *,
@@ -141,7 +168,9 @@ def cell_eval_scores(predicted: pd.DataFrame, adata: ad.AnnData, conditions: Seq
     shift is large against the control spread, not whether a predictor knows the cells' spread. A condition whose
     prediction does not move from the control mean (the "no change" baseline) has no defined ``pearson_delta``
     (cell-eval would correlate float round-off); it scores 0, as in cape's own
-    :func:`~cape.tasks.perturbation.top_de_pearson_delta`.
+    :func:`~cape.tasks.perturbation.top_de_pearson_delta`. cell-eval sees a single ``A+ctrl`` as ``A`` (the
+    challenge's naming), so that ``discrimination_score_*`` leave its target gene out as in the challenge; for a
+    double both targets count.
 
     Parameters
     ----------
@@ -174,6 +203,15 @@ def cell_eval_scores(predicted: pd.DataFrame, adata: ad.AnnData, conditions: Seq
     ``pearson_delta``, ``overlap_at_N``, ``de_nsig_counts_real``; metrics that cell-eval computes once over all
     conditions, such as ``de_spearman_sig``, repeat on every row), and the mean of each column over conditions.
 
+    Examples
+    --------
+    With the split, truth and a predictor of :class:`cape.tasks.PerturbationTask`::
+
+        task = PerturbationTask.build(adata)
+        predicted, _, _ = task.evaluate(AdditivePredictor())
+        per_condition, summary = cell_eval_scores(predicted, task.adata, task.split.test)
+        summary["pearson_delta"], summary["overlap_at_N"], summary["discrimination_score_l1"]
+
     Raises
     ------
     CapeInputError
@@ -188,7 +226,8 @@ def cell_eval_scores(predicted: pd.DataFrame, adata: ad.AnnData, conditions: Seq
         raise CapeInputError(f"obs[{condition_key!r}] not found; it should hold GEARS conditions")
     labels = adata.obs[condition_key].astype(str).to_numpy(dtype=object)
     means, conditions = _checked_means(predicted, adata, conditions, labels, control)
-    real, pred = _anndata_pair(means, adata, conditions, labels, condition_key, control, seed)
+    names = _cell_eval_names(conditions, control)
+    real, pred = _anndata_pair(means, adata, conditions, labels, names, condition_key, control, seed)
     with tempfile.TemporaryDirectory(prefix="cape_cell_eval_") as tmp:  # cell-eval writes its DE tables there
         evaluator = cell_eval.MetricsEvaluator(
             adata_pred=pred, adata_real=real, control_pert=control, pert_col=condition_key,
@@ -199,17 +238,7 @@ def cell_eval_scores(predicted: pd.DataFrame, adata: ad.AnnData, conditions: Seq
             warnings.simplefilter("ignore", ConstantInputWarning)
             # break_on_error: cell-eval otherwise logs a failing metric and leaves its column out
             results, _ = evaluator.compute(profile=profile, write_csv=False, break_on_error=True)
-    table = results.to_pandas().set_index("perturbation")
-    table.index = table.index.astype(str)
-    table = table.reindex(conditions)
-    table.index.name = condition_key
-    if "pearson_delta" in table:
-        # cell-eval correlates float32 round-off where a prediction does not move from the control mean; like
-        # cape's top_de_pearson_delta, such a prediction carries no direction and scores 0
-        control_mean = dense(adata.X[labels == control]).astype(np.float64).mean(axis=0)
-        shift = np.abs(means.to_numpy() - control_mean).max(axis=1)
-        flat = shift <= 1e-6 * max(float(np.abs(control_mean).max(initial=0.0)), 1.0)
-        table.loc[np.asarray(conditions)[flat], "pearson_delta"] = 0.0
+    table = _per_condition(results.to_pandas(), names, means, dense(adata.X[labels == control]), condition_key)
     summary = {str(name): float(np.nanmean(col)) if np.isfinite(col).any() else float("nan")
                for name, col in table.astype(float).items()}
     return table, summary
