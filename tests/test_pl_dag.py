@@ -74,3 +74,20 @@ def test_dag_keeps_a_hub_with_its_targets_when_n_genes_is_small():
     assert len(nodes.get_offsets()) == 5
     assert "causal gene graph: 5 genes" in fig.axes[0].get_title()
     assert ", 4 of 11 edges" in fig.axes[0].get_title()  # the hub and four targets, each drawn with its edge
+
+
+def test_dag_dashes_the_edges_below_solid_confidence():
+    adata = _hub_graph()
+    dag = adata.varp["cape_dag"].toarray()
+    confidence = np.where(dag != 0, 1.0, 0.0)
+    confidence[0, 1] = 0.5  # one guess
+    adata.varp["cape_dag_confidence"] = sp.csr_matrix(confidence)
+    fig = cape.pl.dag(adata, return_fig=True)
+    arrows = [p for p in fig.axes[0].patches if hasattr(p, "get_linestyle")]
+    dashed = [p for p in arrows if p.get_linestyle() not in ("-", "solid")]
+    assert len(arrows) == int((dag != 0).sum()) and len(dashed) == 1
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels[-1] == f"confidence < {cape.causal.SOLID_CONFIDENCE:g}"
+    del adata.varp["cape_dag_confidence"]
+    fig = cape.pl.dag(adata, return_fig=True)
+    assert all(p.get_linestyle() in ("-", "solid") for p in fig.axes[0].patches)

@@ -65,3 +65,28 @@ def test_non_relativity_table_says_how_to_read_it(trained_adata, tmp_path):
     table = text.split("### attention", 1)[1]
     assert "0 = how strongly two genes attend depends only on how far apart they sit" in table
     assert "`Poincaré distance`, Step II's causal geometry" in table and "one column per attention layer" in table
+
+
+def test_report_lists_the_strongest_edges_with_their_confidence(trained_adata, tmp_path):
+    import numpy as np
+    import scipy.sparse as sp
+
+    adata = trained_adata.copy()
+    records = evaluate_run(adata, "cell_type", dataset="toy")
+    dag = np.zeros((adata.n_vars, adata.n_vars))
+    dag[0, 1], dag[2, 3], dag[1, 4] = 0.9, -0.5, 0.2
+    adata.varp["cape_dag"] = sp.csr_matrix(dag)
+    adata.varp["cape_dag_confidence"] = sp.csr_matrix(np.where(dag != 0, 1.0, 0.0) - np.where(dag == 0.2, 0.6, 0))
+    adata.uns["cape"]["causal_graph"] = {**adata.uns["cape"]["causal_graph"], "n_edges": 3,
+                                         "edge_confidence": {"n_solid": 2, "solid_confidence": 0.95, "n_states": 4}}
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    genes = adata.var_names
+    assert "3 edges" in text and ("2 of 3 edges solid (confidence ≥ 0.95: the dependence holds given the child's "
+                                  "other parents and 4 cell state(s))") in text
+    table = text.split("## Strongest edges")[1]
+    assert f"| {genes[0]} | {genes[1]} | +0.9 | 1.000 | solid |" in table
+    assert f"| {genes[1]} | {genes[4]} | +0.2 | 0.400 | guess |" in table
+    assert table.index(genes[3]) < table.index(genes[4])  # heaviest first
+    del adata.varp["cape_dag_confidence"]
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert "(no confidence stored)" in text

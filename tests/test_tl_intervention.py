@@ -224,3 +224,37 @@ def test_equivalence_class_averages_the_orientations_of_the_graph(fitted, tmp_pa
         assert per_set[:, gene].min() == 0.0
     assert "parent sets" in fig.axes[0].get_xlabel()
     matplotlib.pyplot.close(fig)
+
+
+def test_an_effect_through_guessed_edges_warns_and_is_counted(fitted):
+    import scipy.sparse as sp
+
+    adata = fitted.copy()
+    source = _source_gene(adata)
+    confidence = sp.csr_matrix(adata.varp["cape_dag_confidence"], copy=True)
+    confidence.data[:] = 1.0
+    adata.varp["cape_dag_confidence"] = confidence
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cape.tl.predict_intervention(adata, {source: "ko"})
+    assert not [w for w in caught if "guesses" in str(w.message)]  # every edge solid: no such warning
+    record = adata.uns["cape_intervention"]
+    assert record["n_guess_edges_travelled"] == 0 and record["n_edges_travelled"] >= 1
+    confidence.data[:] = 0.5
+    adata.varp["cape_dag_confidence"] = confidence
+    with pytest.warns(UserWarning, match=rf"of the \d+ edges the effect of {source} travels are guesses"):
+        cape.tl.predict_intervention(adata, {source: "ko"})
+    assert adata.uns["cape_intervention"]["n_guess_edges_travelled"] == record["n_edges_travelled"]
+
+
+def test_a_chain_keeps_its_edges_solid_and_an_independent_gene_is_a_guess(fitted):
+    """On the chain cells, the edges of the true chain are solid; an edge to MYB (independent of all) is a guess."""
+    dag, confidence = fitted.varp["cape_dag"].toarray(), fitted.varp["cape_dag_confidence"].toarray()
+    names = list(fitted.var_names)
+    true = {("GATA1", "SPI1"), ("SPI1", "CEBPA"), ("TAL1", "KLF1")}
+    for i, j in zip(*np.nonzero(dag), strict=True):
+        pair = (names[i], names[j])
+        if pair in true or pair[::-1] in true:
+            assert confidence[i, j] >= cape.causal.SOLID_CONFIDENCE, pair
+        elif "MYB" in pair:
+            assert confidence[i, j] < cape.causal.SOLID_CONFIDENCE, pair

@@ -17,6 +17,7 @@ from .acyclicity_penalty import (
     trace_expm,
 )
 from .causal_config import CausalConfig, NotearsConfig
+from .confidence import SOLID_CONFIDENCE, EdgeConfidence, cell_states, edge_confidence, edge_tests
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
 from .intervention_orientation import Orientation, descendant_evidence, orient_by_shifts, shift_tests
 from .model import ElementwiseMLP, VariationalNotears
@@ -57,9 +58,11 @@ __all__ = [
     "BUDGET_TEST",
     "BUDGET_TESTS",
     "MIN_CELLS",
+    "SOLID_CONFIDENCE",
     "CausalConfig",
     "CausalFit",
     "CausalGraph",
+    "EdgeConfidence",
     "ElementwiseMLP",
     "LinearisedAcyclicity",
     "NotearsConfig",
@@ -75,10 +78,13 @@ __all__ = [
     "acyclicity_weights",
     "budget_rows",
     "budget_tests",
+    "cell_states",
     "cpdag",
     "descendant_evidence",
     "descendants",
     "edge_budget",
+    "edge_confidence",
+    "edge_tests",
     "equivalence_class_effects",
     "fit_parents_mlp",
     "fit_variational_notears",

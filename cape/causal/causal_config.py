@@ -122,6 +122,9 @@ class CausalConfig:
         With intervention labels: after thresholding, turn each kept edge i → j where i's level shifted in the cells
         intervened on j and j's did not shift in those intervened on i (a t-test against the control cells,
         Benjamini–Hochberg at 5 %; :func:`cape.causal.orient_by_shifts`). Default ``True``.
+    edge_confidence
+        Test every kept edge again given the child's other parents and the cells' state (Leiden clusters) and give it
+        a confidence, 1 − its q-value (:func:`cape.causal.edge_confidence`). Default ``True``.
     """
 
     model: str = "variational"
@@ -139,6 +142,7 @@ class CausalConfig:
     screen: str = "partial_correlation"
     leave_out_targets: bool = True
     orient_by_shifts: bool = True
+    edge_confidence: bool = True
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -167,7 +171,7 @@ class CausalConfig:
             raise CapeInputError(f"h_every must be a positive integer or None (automatic), got {self.h_every!r}")
         if self.screen not in SCREENS:
             raise CapeInputError(f"screen must be one of {', '.join(SCREENS)}, got {self.screen!r}")
-        for name in ("leave_out_targets", "orient_by_shifts"):
+        for name in ("leave_out_targets", "orient_by_shifts", "edge_confidence"):
             if not isinstance(getattr(self, name), bool):
                 raise CapeInputError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

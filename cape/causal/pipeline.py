@@ -31,6 +31,7 @@ from .._errors import CapeInputError
 from .._settings import resolve_device, seed_everything
 from . import parents_mlp as _parents_mlp
 from .causal_config import CausalConfig
+from .confidence import edge_confidence
 from .intervention_orientation import (
     MIN_SHIFT_CELLS,
     ORIENT_FDR,
@@ -338,6 +339,9 @@ class CausalGraph:
         where they applied.
     candidates
         The screened candidate parents (boolean M×M) the fit was restricted to, or ``None``.
+    confidence
+        Each edge's confidence (M×M, 1 − q of its test given the child's other parents and the cells' state, 0 off
+        the edges; :func:`cape.causal.edge_confidence`), or ``None`` with ``edge_confidence=False``.
     """
 
     dag: np.ndarray
@@ -345,6 +349,7 @@ class CausalGraph:
     fit: CausalFit
     record: dict = field(default_factory=dict)
     candidates: np.ndarray | None = None
+    confidence: np.ndarray | None = None
 
     @property
     def n_edges(self) -> int:
@@ -396,10 +401,13 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     budget, budget_record = edge_budget_for(X, tests, config, seed) if config.tau == "budget" else (None, None)
     graph = threshold(fitted.adjacency, config, budget, X.shape[0])
     orientation = orient(config, graph, X, intervened, genes)
+    confidence = edge_confidence(X, graph.dag, intervened=intervened, seed=seed) if config.edge_confidence else None
     record = _record(config, X, dropped, fitted, graph, screened=candidates is not None)
     extra = {"edge_budget": budget_record, "screening": screen_record, "orientation": orientation,
+             "edge_confidence": None if confidence is None else confidence.record,
              # a CausalFit built without its model (e.g. from a stored adjacency) has no equations
              "equations": None if fitted.model is None else equations_record(fitted, X, graph.dag, genes)}
     record.update({k: v for k, v in extra.items() if v is not None})
     logger.debug("Step I pipeline: %.1f s", time.perf_counter() - start)
-    return CausalGraph(graph.dag, genes, fitted, record, candidates)
+    return CausalGraph(graph.dag, genes, fitted, record, candidates,
+                       None if confidence is None else confidence.confidence)

@@ -91,6 +91,11 @@ def register(commands) -> None:
                         default=CausalConfig.orient_by_shifts,
                         help="with --interventions: turn kept edges i → j where i shifted under j's intervention "
                              "and j did not under i's (t-test against the controls, BH 5 %%; default)")
+    parser.add_argument("--edge-confidence", action=argparse.BooleanOptionalAction,
+                        default=CausalConfig.edge_confidence,
+                        help="test each kept edge again given the child's other parents and the cells' state "
+                             "(Leiden clusters) and store its confidence, 1 − q, in varp['cape_dag_confidence'] "
+                             "(default)")
     parser.add_argument("--screen", choices=SCREENS, default="partial_correlation",
                         help="candidate parents of a dense A: gene pairs with a significant partial correlation "
                              "(20 %% FDR; default), or 'none'")
@@ -107,7 +112,7 @@ def config_from_args(args: argparse.Namespace) -> CausalConfig:
                         min_positioned=args.min_positioned, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
                         batch_size=args.batch_size, lr=args.lr,
                         h_every=args.h_every, screen=args.screen, leave_out_targets=args.leave_out_targets,
-                        orient_by_shifts=args.orient_by_shifts)
+                        orient_by_shifts=args.orient_by_shifts, edge_confidence=args.edge_confidence)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ import scipy.sparse as sp
 from matplotlib.lines import Line2D
 
 from .._errors import CapeInputError
+from ..causal import SOLID_CONFIDENCE
 from ._labels import place_labels
 
 __all__ = ["dag"]
@@ -22,8 +23,10 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
     """Draw ``varp[key]`` on at most ``n_genes`` genes: the most general genes that have an edge, each with its
     heaviest partners, so that every gene drawn has an edge.
 
-    Edge width is ``|weight|``, colour its sign; each connected module is laid out on its own (Kamada–Kawai) and
-    the modules are packed in rows, largest first; the ``n_labels`` most general genes drawn are named, without
+    Edge width is ``|weight|``, colour its sign; with ``varp[key + "_confidence"]`` (Step I's edge confidence), an
+    edge below :data:`~cape.causal.SOLID_CONFIDENCE` is dashed: a guess, whose dependence the child's other parents
+    and the cells' state explain. Each connected module is laid out on its own (Kamada–Kawai) and the modules are
+    packed in rows, largest first; the ``n_labels`` most general genes drawn are named, without
     overlapping labels. Genes without any edge are left out, and a note under the graph counts them.
 
     Parameters
@@ -43,8 +46,8 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
 
     Reads
     -----
-    ``varp["cape_dag"]`` (``key``), ``var["cape_generality"]`` (``order_by``) and ``var["cape_used"]`` (which genes
-    the note counts).
+    ``varp["cape_dag"]`` (``key``), ``varp["cape_dag_confidence"]`` when present, ``var["cape_generality"]``
+    (``order_by``) and ``var["cape_used"]`` (which genes the note counts).
     """
 
     if key not in adata.varp:
@@ -62,8 +65,9 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
     sub = A[keep][:, keep].toarray()
     graph = nx.DiGraph()
     graph.add_nodes_from(range(len(keep)))
+    solid = _solid_edges(adata, key, keep)
     for i, j in zip(*np.nonzero(sub), strict=True):
-        graph.add_edge(int(i), int(j), weight=float(sub[i, j]))
+        graph.add_edge(int(i), int(j), weight=float(sub[i, j]), solid=bool(solid is None or solid[i, j]))
     pos = _layout(graph, seed)
 
     fig = None
@@ -78,8 +82,12 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
     nodes = nx.draw_networkx_nodes(graph, pos, ax=ax, node_color=list(node_colour), node_size=90,
                                    edgecolors="0.3", linewidths=0.5)
     nodes.set_gid(NODES_GID)
-    nx.draw_networkx_edges(graph, pos, ax=ax, width=list(widths), edge_color=colours, arrowsize=8, node_size=90,
-                           alpha=0.8)
+    for style in ("solid", "dashed"):
+        chosen = [k for k, (*_, d) in enumerate(graph.edges(data=True)) if d["solid"] == (style == "solid")]
+        if chosen:
+            nx.draw_networkx_edges(graph, pos, ax=ax, edgelist=[list(graph.edges)[k] for k in chosen],
+                                   width=list(widths[chosen]), edge_color=[colours[k] for k in chosen],
+                                   style=style, arrowsize=8, node_size=90, alpha=0.8)
     xy = np.array([pos[n] for n in range(len(keep))])
     pad = 0.12 * float(np.ptp(xy, axis=0).max() or 1.0)
     ax.set_xlim(xy[:, 0].min() - pad, xy[:, 0].max() + pad)
@@ -93,8 +101,11 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
             f"{int(np.sum(degree > 0)) - len(keep)} more genes with an edge are not shown. "
             f"Orange: the {len(labelled)} most general genes drawn ({order_by if order_by in adata.var else 'degree'})."
             " Arrows point from cause to effect.", transform=ax.transAxes, fontsize=7, va="top", wrap=True)
-    ax.legend(handles=[Line2D([], [], color="tab:blue", label="positive weight"),
-                       Line2D([], [], color="tab:red", label="negative weight")],
+    handles = [Line2D([], [], color="tab:blue", label="positive weight"),
+               Line2D([], [], color="tab:red", label="negative weight")]
+    if solid is not None:
+        handles.append(Line2D([], [], color="0.4", linestyle="--", label=f"confidence < {SOLID_CONFIDENCE:g}"))
+    ax.legend(handles=handles,
               loc="lower right", fontsize=7, frameon=False, title="edge width: |weight|", title_fontsize=7)
     centre = xy.mean(axis=0)
     place_labels(ax, xy[labelled], [str(adata.var_names[keep[i]]) for i in labelled],
@@ -104,6 +115,16 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
     if show or show is None:
         plt.show()
     return None
+
+
+def _solid_edges(adata, key: str, keep: np.ndarray) -> np.ndarray | None:
+    """Boolean matrix over ``keep``: the edge's confidence reaches :data:`SOLID_CONFIDENCE` (``None``: no
+    confidence stored)."""
+    if f"{key}_confidence" not in adata.varp:
+        return None
+    confidence = adata.varp[f"{key}_confidence"]
+    confidence = confidence.tocsr() if sp.issparse(confidence) else sp.csr_matrix(np.asarray(confidence))
+    return confidence[keep][:, keep].toarray() >= SOLID_CONFIDENCE
 
 
 def _select_genes(A: sp.csr_matrix, degree: np.ndarray, score: np.ndarray, n_genes: int) -> np.ndarray:

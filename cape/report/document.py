@@ -16,6 +16,7 @@ from .. import pl
 from .._io import save_figure, write_json, write_text
 from .._tables import html_page, html_table, markdown_table, mean_sd_table, parse_markdown_table
 from ..causal.postprocess import BUDGET_TEST_NAMES
+from .edges import edge_table, solid_sentence
 from .findings import verdict, verdict_html, verdict_markdown
 from .resources import resources_from_records
 from .statistics import N_BOOTSTRAP
@@ -127,6 +128,9 @@ def write_report(adata: ad.AnnData, records: list[dict], output: str | os.PathLi
             sections.append(f"## {heading}\n\n![{alt}]({fig_dir.name}/{name})")
         elif name in not_drawn and not_drawn[name][0]:
             sections.append(f"## {heading}\n\n{not_drawn[name][1]}")
+    edges = edge_table(adata)
+    if edges:
+        sections.append(edges)
     tables = _metric_tables(records)
     if tables:
         sections.append("## Metrics\n\n" + _metrics_table(records))
@@ -163,6 +167,8 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                                  + ")")
                     elif rule:
                         line += f" (threshold rule {rule})"
+                solid = solid_sentence(info[step].get("edge_confidence"), int(info[step]["n_edges"]))
+                line += f"; {solid}" if solid else ""
                 if "interventions" in info[step]:
                     given = info[step]["interventions"]
                     line += (f"; interventions obs[{given['key']!r}]: {int(given['n_intervened_cells'])} perturbed "

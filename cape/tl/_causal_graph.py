@@ -167,7 +167,24 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
             "key_added": key_added, "h_every": "auto" if config.h_every is None else int(config.h_every),
             "min_positioned": float(config.min_positioned), "model": config.model,
             "interventions": interventions or "none", "screen": config.screen,
-            "leave_out_targets": bool(config.leave_out_targets), "orient_by_shifts": bool(config.orient_by_shifts)}
+            "leave_out_targets": bool(config.leave_out_targets), "orient_by_shifts": bool(config.orient_by_shifts),
+            "edge_confidence": bool(config.edge_confidence)}
+
+
+def _write_graph(adata: ad.AnnData, result, key_added: str) -> None:
+    """``varp[key_added]`` and, with a confidence, ``varp[key_added + "_confidence"]`` at the same entries (an edge
+    at confidence 0 stays an entry); without one, a confidence left from an earlier run, which would describe another
+    graph, is removed."""
+    rows, cols = np.nonzero(result.dag)
+    index = adata.var_names.get_indexer(result.genes)
+    shape = (adata.n_vars, adata.n_vars)
+    adata.varp[key_added] = sp.csr_matrix((result.dag[rows, cols].astype(np.float32), (index[rows], index[cols])),
+                                          shape=shape)
+    if result.confidence is not None:
+        adata.varp[f"{key_added}_confidence"] = sp.csr_matrix(
+            (result.confidence[rows, cols].astype(np.float32), (index[rows], index[cols])), shape=shape)
+    else:
+        adata.varp.pop(f"{key_added}_confidence", None)
 
 
 def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
@@ -216,14 +233,18 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     ------
     - ``varp["cape_dag"]`` (``key_added``): CSR float32 n_vars × n_vars, ``A[i, j] ≠ 0`` means gene i → gene j,
       always a DAG, zero outside the genes used;
+    - ``varp["cape_dag_confidence"]`` (``key_added + "_confidence"``; with ``edge_confidence``, the default): each
+      edge's confidence in [0, 1], 1 − the q-value of its test given the child's other parents and the cells' state
+      (:func:`cape.causal.edge_confidence`), at the graph's entries; ≥ :data:`~cape.causal.SOLID_CONFIDENCE`: solid;
     - ``var["cape_used"]``: the genes that took part in the graph;
     - ``uns["cape"]["causal_graph"]`` (see ``key_added``): ``params``; the fit (``history`` per epoch, ``epochs_run``,
       ``converged``, ``collapsed``, ``peak_weight``, ``rank_used``, ``sparse_adjacency``, ``lambda_sparse_used``,
       ``rho_max``, timings); the graph (``n_edges``, ``tau_used``, ``tau_rule``, ``max_weight``, ``n_positioned``,
       ``positioned_fraction``, ``removed_cycle_edges``, ``dropped_constant_genes``, ``threshold_scan`` at
       :data:`SCAN_TAUS`); ``edge_budget``, ``screening``, ``interventions`` and ``orientation`` (tests, shifted
-      pairs, supported and turned edges) where they applied; and ``equations``, the fitted structural equations
-      that :func:`cape.tl.predict_intervention` evaluates (:class:`cape.causal.StructuralEquations`).
+      pairs, supported and turned edges) where they applied; ``edge_confidence`` (cell states, solid edges); and
+      ``equations``, the fitted structural equations that :func:`cape.tl.predict_intervention` evaluates
+      (:class:`cape.causal.StructuralEquations`).
 
     Returns
     -------
@@ -246,10 +267,7 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
         intervention_mask(adata, interventions, data.genes)
     seed = resolve_seed(seed)
     result = learn_causal_graph(data.X, data.genes, config, intervened=intervened, device=device, seed=seed)
-    rows, cols = np.nonzero(result.dag)
-    index = adata.var_names.get_indexer(result.genes)
-    adata.varp[key_added] = sp.csr_matrix((result.dag[rows, cols].astype(np.float32), (index[rows], index[cols])),
-                                          shape=(adata.n_vars, adata.n_vars))
+    _write_graph(adata, result, key_added)
     adata.var["cape_used"] = adata.var_names.isin(result.genes)
     record = {"params": _params_record(config, device=device, seed=seed, use_genes=use_genes, layer=layer,
                                        key_added=key_added, interventions=interventions), **result.record}

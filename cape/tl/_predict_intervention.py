@@ -14,6 +14,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .._errors import CapeInputError
+from ..causal.confidence import SOLID_CONFIDENCE
 from ..causal.equivalence import MAX_PARENT_SETS, TooManyParentSets, intervene_equivalence_class
 from ..causal.structural_equations import MODES, StructuralEquations, intervene, linear_equations
 from ._uns import DAG_KEY, h5ad_safe, step_record
@@ -111,6 +112,21 @@ def _graph_dag(adata: ad.AnnData, cols: np.ndarray, graph: str | None) -> tuple[
     A = adata.varp[key]
     A = A.tocsr() if sp.issparse(A) else sp.csr_matrix(np.asarray(A))
     return key, A[cols][:, cols].toarray()
+
+
+def _guess_edges(adata: ad.AnnData, cols: np.ndarray, graph: str | None, intervened: list[int],
+                 reached: np.ndarray) -> tuple[int, int]:
+    """(guesses, edges) among the graph's edges from an intervened or reached gene into a reached one, by the
+    confidence stored beside the graph; (0, 0) without a stored confidence."""
+    key = graph or "cape_dag"
+    if f"{key}_confidence" not in adata.varp or key not in adata.varp:
+        return 0, 0
+    dag = _graph_dag(adata, cols, key)[1] != 0
+    confidence = sp.csr_matrix(adata.varp[f"{key}_confidence"])[cols][:, cols].toarray()
+    sources = np.asarray(reached, dtype=bool).copy()
+    sources[intervened] = True
+    travelled = dag & sources[:, None] & np.asarray(reached, dtype=bool)[None, :]
+    return int(np.count_nonzero(travelled & (confidence < SOLID_CONFIDENCE))), int(np.count_nonzero(travelled))
 
 
 def _linear(adata: ad.AnnData, X: np.ndarray, cols: np.ndarray, graph: str | None) -> StructuralEquations:
@@ -286,6 +302,13 @@ def _predict(adata: ad.AnnData, record: Mapping, X: np.ndarray, genes: list[str]
         message = (f"{', '.join(no_effect)} ha{'s' if len(no_effect) == 1 else 've'} no descendants in the graph: "
                    "the prediction for every other gene is the no-change baseline")
         warnings.warn(message, UserWarning, stacklevel=3)  # at predict_intervention's caller
+    guesses, travelled = _guess_edges(adata, cols, graph, list(do), reached)
+    extra |= {"n_edges_travelled": travelled, "n_guess_edges_travelled": guesses}
+    if guesses:
+        message = (f"{guesses} of the {travelled} edges the effect of {', '.join(genes[i] for i in do)} travels are "
+                   f"guesses (confidence < {SOLID_CONFIDENCE:g} in varp[{(graph or 'cape_dag') + '_confidence'!r}]: "
+                   "the child's other parents and the cells' state explain them); the shifts through them lack support")
+        warnings.warn(message, UserWarning, stacklevel=3)
     if equations != "equivalence_class":
         predicted, reference = intervene(eq, X, do, mode=mode, n_cells=n_cells, seed=seed)
     return predicted, reference, reached, no_effect, extra

@@ -17,6 +17,7 @@ rule causal:
         h_every=config["causal"]["h_every"] or "auto",
         budget_cells=config["causal"]["budget_cells"] or "all",
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
+        confidence="" if config["causal"].get("edge_confidence", True) else "--no-edge-confidence",
         interventions=(interventions_flag()
                        + ("" if config["causal"].get("leave_out_targets", True) else " --no-leave-out-targets")
                        + ("" if config["causal"].get("orient_by_shifts", True) else " --no-orient-by-shifts")
@@ -35,5 +36,5 @@ rule causal:
         " {params.lambda_sparse}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
         " --use-genes {params.opts[use_genes]} --h-every {params.h_every} --screen {params.opts[screen]}"
-        " {params.layer} {params.interventions}"
+        " {params.layer} {params.interventions} {params.confidence}"
         f"{LOG}"

@@ -1,0 +1,133 @@
+"""Edge confidence: each kept edge tested again given the child's other parents and the cells' state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from cape import CapeInputError
+from cape.causal import SOLID_CONFIDENCE, CausalConfig, cell_states, edge_confidence, edge_tests, learn_causal_graph
+
+
+def _mixture(n: int = 800, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Genes a, b differ between two cell types and are otherwise independent; c = 0.6·a + noise within each type;
+    genes 3–12 are markers of the types (so that the cells cluster by type)."""
+    rng = np.random.default_rng(seed)
+    types = np.repeat([0, 1], n // 2)
+    a = 3.0 * types + rng.normal(size=n)
+    b = 3.0 * types + rng.normal(size=n)
+    c = 0.6 * a + rng.normal(size=n)
+    markers = 4.0 * types[:, None] + rng.normal(size=(n, 10))
+    return np.column_stack([a, b, c, markers]), types
+
+
+def _dag(m: int, edges: list[tuple[int, int]]) -> np.ndarray:
+    dag = np.zeros((m, m))
+    for i, j in edges:
+        dag[i, j] = 0.5
+    return dag
+
+
+def test_a_dependence_the_cell_types_explain_is_a_guess_and_a_regulation_is_solid() -> None:
+    X, types = _mixture()
+    dag = _dag(X.shape[1], [(0, 1), (0, 2)])
+    known = edge_confidence(X, dag, states=types)
+    assert known.confidence[0, 2] >= SOLID_CONFIDENCE
+    assert known.confidence[0, 1] < SOLID_CONFIDENCE
+    found = edge_confidence(X, dag, seed=0)  # the Leiden states find the two types
+    assert found.record["n_states"] == 2
+    assert found.confidence[0, 2] >= SOLID_CONFIDENCE > found.confidence[0, 1]
+    one_state = edge_confidence(X, dag, states=np.zeros(X.shape[0]))  # without states the types look like an edge
+    assert one_state.confidence[0, 1] >= SOLID_CONFIDENCE
+
+
+def test_confidence_lives_on_the_edges_only_and_in_the_unit_interval() -> None:
+    X, types = _mixture(400, seed=1)
+    dag = _dag(X.shape[1], [(0, 1), (0, 2), (3, 2), (4, 5)])
+    result = edge_confidence(X, dag, states=types)
+    off = dag == 0
+    assert np.all(result.confidence[off] == 0) and np.all(np.isnan(result.p_value[off]))
+    on = result.confidence[~off]
+    assert np.all((on >= 0) & (on <= 1))
+    assert result.record["n_solid"] == int((on >= SOLID_CONFIDENCE).sum())
+
+
+def test_the_t_statistic_is_the_partial_correlations_given_states_and_other_parents() -> None:
+    """t = r·√(df / (1 − r²)) with r the correlation of the residuals on the other covariates (Frisch–Waugh)."""
+    rng = np.random.default_rng(2)
+    n = 300
+    X = rng.normal(size=(n, 4))
+    X[:, 3] += 0.4 * X[:, 0] - 0.3 * X[:, 1]
+    states = rng.integers(0, 3, n)
+    t, p = edge_tests(X, _dag(4, [(0, 3), (1, 3), (2, 3)]), states)
+    covariates = np.column_stack([np.ones(n), states == 1, states == 2, X[:, 1], X[:, 2]]).astype(float)
+
+    def residual(v):
+        return v - covariates @ np.linalg.lstsq(covariates, v, rcond=None)[0]
+
+    e0, e3 = residual(X[:, 0]), residual(X[:, 3])
+    r = e0 @ e3 / np.sqrt((e0 @ e0) * (e3 @ e3))
+    df = n - covariates.shape[1] - 1
+    assert t[0, 3] == pytest.approx(r * np.sqrt(df / (1 - r * r)), rel=1e-8)
+    assert 0 <= p[2, 3] <= 1 and p[0, 3] < 1e-6
+
+
+def test_rescaling_a_parent_leaves_its_test_alone_and_a_sign_flip_flips_t() -> None:
+    X, types = _mixture(300, seed=3)
+    dag = _dag(X.shape[1], [(0, 2), (1, 2)])
+    t, _ = edge_tests(X, dag, types)
+    scaled = X.copy()
+    scaled[:, 0] *= -7.5
+    scaled[:, 0] += 3.0
+    t2, _ = edge_tests(scaled, dag, types)
+    assert t2[0, 2] == pytest.approx(-t[0, 2], rel=1e-8)
+    assert t2[1, 2] == pytest.approx(t[1, 2], rel=1e-8)
+
+
+def test_a_childs_intervened_cells_are_left_out_of_its_test() -> None:
+    X, types = _mixture(400, seed=4)
+    dag = _dag(X.shape[1], [(0, 2)])
+    intervened = np.zeros(X.shape, dtype=bool)
+    intervened[:100, 2] = True
+    X_set = X.copy()
+    X_set[:100, 2] = 0.0  # a knock-out sets the child from outside: those cells say nothing about a → c
+    with_mask, _ = edge_tests(X_set, dag, types, sp.csr_matrix(intervened))
+    kept_only, _ = edge_tests(X_set[100:], dag, types[100:])
+    assert with_mask[0, 2] == pytest.approx(kept_only[0, 2], rel=1e-10)
+
+
+def test_sparse_input_gives_the_dense_result_and_bad_states_are_refused() -> None:
+    X, types = _mixture(300, seed=5)
+    X = np.abs(X)
+    dag = _dag(X.shape[1], [(0, 1), (0, 2)])
+    dense = edge_confidence(X, dag, states=types)
+    sparse = edge_confidence(sp.csr_matrix(X), dag, states=types)
+    np.testing.assert_allclose(sparse.confidence, dense.confidence, rtol=1e-10)
+    with pytest.raises(CapeInputError, match="cell states for 300 cells"):
+        edge_confidence(X, dag, states=types[:10])
+    with pytest.raises(CapeInputError, match="genes"):
+        edge_tests(X, dag[:3, :3])
+    assert cell_states(X[:10]).tolist() == [0] * 10  # too few cells for a kNN graph: one state
+
+
+def test_the_pipeline_and_tl_store_the_confidence_beside_the_graph() -> None:
+    import anndata as ad
+
+    import cape
+
+    X, _ = _mixture(400, seed=6)
+    genes = np.array([f"g{i}" for i in range(X.shape[1])])
+    config = CausalConfig(epochs=5, min_positioned=0, tau=0.05)
+    result = learn_causal_graph(X, genes, config, seed=0)
+    assert result.confidence is not None and result.confidence.shape == result.dag.shape
+    assert np.all(result.confidence[result.dag == 0] == 0)
+    adata = ad.AnnData(X.astype(np.float32), var={"gene": genes})
+    adata.var_names = genes
+    cape.tl.causal_graph(adata, config)
+    stored = adata.varp["cape_dag_confidence"]
+    assert (stored != 0).nnz <= adata.varp["cape_dag"].nnz
+    np.testing.assert_array_equal(np.sort(stored.indices), np.sort(adata.varp["cape_dag"].indices))
+    assert "edge_confidence" in adata.uns["cape"]["causal_graph"]
+    cape.tl.causal_graph(adata, config, edge_confidence=False)
+    assert "cape_dag_confidence" not in adata.varp and "edge_confidence" not in adata.uns["cape"]["causal_graph"]
