@@ -64,6 +64,7 @@ import numpy as np
 import pandas as pd
 import torch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from sklearn.metrics import average_precision_score
 
 from cape import data
 from cape._arrays import zscore_columns
@@ -73,6 +74,7 @@ from cape._tables import mean_sd_table
 from cape.causal import (
     CausalConfig,
     descendant_evidence,
+    edge_confidence,
     fit_parents_mlp,
     fit_variational_notears,
     is_dag,
@@ -387,6 +389,26 @@ def _run_cape(method: str, X: np.ndarray, seed: int, intervened=None) -> tuple[n
     return fit.adjacency, time.perf_counter() - start
 
 
+#: Scores of Step I's edge confidence among a cape graph's kept edges (skeleton truth: an edge is right when its
+#: pair is linked either way): the kept edges' precision (a random ranking's AUPRC), the confidence's AUPRC, and
+#: the share of the gap from the first to 1 that it closes.
+CONFIDENCE_METRICS = ("kept_precision", "confidence_auprc", "confidence_gap_closed")
+
+
+def confidence_scores(truth: np.ndarray, W: np.ndarray, X: np.ndarray, intervened, seed: int) -> dict[str, float]:
+    """:data:`CONFIDENCE_METRICS` of :func:`cape.causal.edge_confidence` on the graph ``W`` (empty without edges or
+    without both right and wrong edges)."""
+    rows, cols = np.nonzero(W)
+    linked = (truth != 0) | (truth != 0).T
+    right = linked[rows, cols]
+    if right.all() or not right.any():
+        return {}
+    confidence = edge_confidence(X, W, intervened=intervened, seed=seed).confidence[rows, cols]
+    precision, auprc = float(right.mean()), float(average_precision_score(right, confidence))
+    return {"kept_precision": precision, "confidence_auprc": auprc,
+            "confidence_gap_closed": (auprc - precision) / (1.0 - precision)}
+
+
 def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                          settings: list[str] | None = None, methods: list[str] | None = None,
                          n_seeds: int | None = None, budget: float | None = None, seed_offset: int = 0,
@@ -474,8 +496,10 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                             if ranking is not None:  # every pair's score, not only the kept edges'
                                 ranked = dag_metrics(truth, ranking)
                                 scores["auprc"], scores["epr"] = ranked["auprc"], ranked["epr"]
+                            if name in CAPE_METHODS:  # how well Step I's edge confidence ranks its kept edges
+                                scores |= confidence_scores(truth, W, X, intervened, seed)
                         records.extend({**row, "metric": k, "value": float(scores[k]), "status": status}
-                                       for k in (*METRICS, "f1_labels_ceiling") if k in scores)
+                                       for k in (*METRICS, "f1_labels_ceiling", *CONFIDENCE_METRICS) if k in scores)
                         logger.info("%s %s seed %d %s: %s, SHD %s, F1 %.3g, %.1f s", setting, kind, seed, name,
                                     status, scores["shd"], scores["f1"], seconds)
     out = Path(out)
@@ -505,6 +529,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
 
 def _median_table(records: list[dict],
                   metrics: tuple[str, ...] = ("shd", "f1", "skeleton_f1", "auprc", "epr", "f1_labels_ceiling", "nnz",
+                                             "kept_precision", "confidence_auprc", "confidence_gap_closed",
                                              "seconds")) -> str:
     """Markdown table of the median over seeds of ``metrics`` per setting, input and method (finished runs)."""
 

@@ -527,3 +527,21 @@ def test_grn_dataset_takes_the_cells_per_knockout(monkeypatch) -> None:
     assert 0 < knocked <= 6 * 5 < knocked12 <= 6 * 12
     assert X12.shape[0] - knocked12 == X.shape[0] - knocked
     assert bench_causal.SETTINGS["grn_knockout_300cells"]["per_knockout"] == 300
+
+
+def test_confidence_scores_rank_a_regulation_above_a_shared_cell_type():
+    import numpy as np
+
+    from cape_benchmarks.causal import confidence_scores
+
+    rng = np.random.default_rng(0)
+    types = np.repeat([0, 1], 400)
+    a, b = 3.0 * types + rng.normal(size=800), 3.0 * types + rng.normal(size=800)
+    c = 0.6 * a + rng.normal(size=800)
+    X = np.column_stack([a, b, c, 4.0 * types[:, None] + rng.normal(size=(800, 10))])
+    truth, W = np.zeros((13, 13)), np.zeros((13, 13))
+    truth[0, 2] = W[0, 2] = W[0, 1] = 1.0
+    scores = confidence_scores(truth, W, X, None, seed=0)
+    assert scores["kept_precision"] == 0.5
+    assert scores["confidence_auprc"] == 1.0 and scores["confidence_gap_closed"] == 1.0
+    assert confidence_scores(truth, truth, X, None, seed=0) == {}  # every kept edge right: nothing to rank
