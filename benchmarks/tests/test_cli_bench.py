@@ -11,7 +11,8 @@ import pytest
 from cape_benchmarks.cli import BENCH_MODULES, main
 
 COMMANDS = ("attention", "non-relativity", "causal", "causal-scale", "intervention", "pretrain", "embedding",
-            "properties", "baselines", "recipe", "encodings", "gears", "paper-runtime", "throughput")
+            "properties", "baselines", "recipe", "encodings", "gears", "paper-runtime", "throughput",
+            "edge-confidence")
 
 
 def test_help_lists_every_benchmark(capsys):

@@ -17,6 +17,7 @@ from . import (
     baselines_command,
     causal_command,
     causal_scale_command,
+    edge_confidence_command,
     embedding_command,
     encodings_command,
     gears_command,
@@ -33,7 +34,7 @@ from . import (
 BENCH_MODULES = (attention_command, non_relativity_command, causal_command, causal_scale_command,
                  intervention_command, pretrain_command, embedding_command, properties_command, baselines_command,
                  recipe_command, encodings_command, gears_command, paper_runtime_command,
-                 throughput_command)
+                 throughput_command, edge_confidence_command)
 
 
 PROG = "cape-bench"
