@@ -8,8 +8,8 @@ then cape's preprocessing (normalise, log1p, every gene kept). Step I runs with 
 
 Per graph, among the kept edges (an edge is right when its pair is linked either way in the truth): the kept
 edges' precision (what a random ranking's AUPRC comes to), the AUPRC of the confidence and of Step I's own |weight|,
-the share of the gap from the precision to 1 each closes, and the precision of the edges called solid and of those
-called guesses.
+the share of the gap from the precision to 1 each closes, the precision of the edges called solid and of those
+called guesses, and the skeleton F1 of the graph as kept and of its solid edges alone (a graph without its guesses).
 """
 
 from __future__ import annotations
@@ -86,6 +86,11 @@ def _scores(truth: np.ndarray, dag: np.ndarray, confidence: np.ndarray) -> dict[
             out[f"{name}_gap_closed"] = (auprc - out["kept_precision"]) / (1.0 - out["kept_precision"])
     solid = confidence[rows, cols] >= SOLID_CONFIDENCE
     out["solid"] = float(solid.sum())
+    # the graph as kept, and without its guesses: would dropping them size the graph better on mixtures?
+    n_true = np.count_nonzero(np.triu((truth != 0) | (truth != 0).T, 1))
+    for name, chosen in (("skeleton_f1", np.ones_like(solid)), ("skeleton_f1_solid", solid)):
+        hits = np.count_nonzero(right[chosen])
+        out[name] = 2.0 * hits / (np.count_nonzero(chosen) + n_true) if n_true else float("nan")
     out["solid_precision"] = float(right[solid].mean()) if solid.any() else float("nan")
     out["guess_precision"] = float(right[~solid].mean()) if (~solid).any() else float("nan")
     return out
@@ -118,7 +123,7 @@ def run_edge_confidence(out: str | Path = "results/bench", quick: bool = False, 
 
 
 METRICS = ("kept", "kept_precision", "confidence_auprc", "confidence_gap_closed", "weight_auprc", "weight_gap_closed",
-           "solid", "solid_precision", "guess_precision")
+           "solid", "solid_precision", "guess_precision", "skeleton_f1", "skeleton_f1_solid")
 
 
 def _report(records: list[dict], quick: bool) -> str:
