@@ -24,6 +24,7 @@ import numpy as np
 import scanpy as sc
 import scipy.sparse as sp
 from scipy import stats
+from sklearn.neighbors import kneighbors_graph
 
 from .._errors import CapeInputError
 
@@ -67,7 +68,8 @@ class EdgeConfidence:
 
 
 def cell_states(X, *, resolution: float = STATE_RESOLUTION, n_pcs: int = STATE_PCS, seed: int = 0) -> np.ndarray:
-    """Leiden clusters of the cells of ``X`` (cells × genes, log-normalised): scanpy's PCA, kNN graph and Leiden.
+    """Leiden clusters of the cells of ``X`` (cells × genes, log-normalised): scanpy's PCA, the symmetrised
+    15-nearest-neighbour graph on it, scanpy's Leiden.
 
     Returns one integer per cell; every cell in state 0 when there are fewer than :data:`MIN_STATE_CELLS` cells or
     fewer than three genes.
@@ -77,8 +79,11 @@ def cell_states(X, *, resolution: float = STATE_RESOLUTION, n_pcs: int = STATE_P
         return np.zeros(n, dtype=np.int64)
     cells = ad.AnnData(X.astype(np.float32) if sp.issparse(X) else np.asarray(X, dtype=np.float32))
     sc.pp.pca(cells, n_comps=min(n_pcs, m - 1, n - 1), random_state=seed)
-    sc.pp.neighbors(cells, n_neighbors=min(15, n - 1), random_state=seed)
-    sc.tl.leiden(cells, resolution=resolution, random_state=seed, flavor="igraph", n_iterations=2, directed=False)
+    # An exact kNN graph from scikit-learn rather than sc.pp.neighbors, whose UMAP weights compile numba code on first
+    # use (seconds per process, more than the clustering itself at these sizes).
+    knn = kneighbors_graph(cells.obsm["X_pca"], n_neighbors=min(15, n - 1), include_self=False)
+    sc.tl.leiden(cells, resolution=resolution, random_state=seed, flavor="igraph", n_iterations=2, directed=False,
+                 adjacency=knn.maximum(knn.T).tocsr())
     return cells.obs["leiden"].astype(int).to_numpy()
 
 
