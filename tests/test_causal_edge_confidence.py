@@ -131,3 +131,19 @@ def test_the_pipeline_and_tl_store_the_confidence_beside_the_graph() -> None:
     assert "edge_confidence" in adata.uns["cape"]["causal_graph"]
     cape.tl.causal_graph(adata, config, edge_confidence=False)
     assert "cape_dag_confidence" not in adata.varp and "edge_confidence" not in adata.uns["cape"]["causal_graph"]
+
+
+def test_drop_guesses_removes_exactly_the_edges_below_solid() -> None:
+    X, _ = _mixture(400, seed=7)
+    genes = np.array([f"g{i}" for i in range(X.shape[1])])
+    config = CausalConfig(epochs=5, min_positioned=0, tau=0.05)
+    kept = learn_causal_graph(X, genes, config, seed=0)
+    guesses = (kept.dag != 0) & (kept.confidence < SOLID_CONFIDENCE)
+    assert guesses.any()  # markers that only share the cell type: the fit links some of them
+    dropped = learn_causal_graph(X, genes, CausalConfig(epochs=5, min_positioned=0, tau=0.05, drop_guesses=True),
+                                 seed=0)
+    np.testing.assert_array_equal(dropped.dag, np.where(guesses, 0.0, kept.dag))
+    assert dropped.record["edge_confidence"]["n_dropped_guesses"] == int(guesses.sum())
+    assert dropped.record["n_edges"] == int(np.count_nonzero(dropped.dag))
+    with pytest.raises(CapeInputError, match="drop_guesses needs edge_confidence"):
+        CausalConfig(drop_guesses=True, edge_confidence=False)

@@ -125,6 +125,10 @@ class CausalConfig:
     edge_confidence
         Test every kept edge again given the child's other parents and the cells' state (Leiden clusters) and give it
         a confidence, 1 − its q-value (:func:`cape.causal.edge_confidence`). Default ``True``.
+    drop_guesses
+        Remove the edges whose confidence stays below :data:`~cape.causal.SOLID_CONFIDENCE` (needs
+        ``edge_confidence``): on mixtures of cell types they are mostly pairs that only differ between the types.
+        Default ``False``.
     """
 
     model: str = "variational"
@@ -143,6 +147,7 @@ class CausalConfig:
     leave_out_targets: bool = True
     orient_by_shifts: bool = True
     edge_confidence: bool = True
+    drop_guesses: bool = False
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -171,9 +176,11 @@ class CausalConfig:
             raise CapeInputError(f"h_every must be a positive integer or None (automatic), got {self.h_every!r}")
         if self.screen not in SCREENS:
             raise CapeInputError(f"screen must be one of {', '.join(SCREENS)}, got {self.screen!r}")
-        for name in ("leave_out_targets", "orient_by_shifts", "edge_confidence"):
+        for name in ("leave_out_targets", "orient_by_shifts", "edge_confidence", "drop_guesses"):
             if not isinstance(getattr(self, name), bool):
                 raise CapeInputError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.drop_guesses and not self.edge_confidence:
+            raise CapeInputError("drop_guesses needs edge_confidence: the guesses are the edges it scores low")
 
     def rank_for(self, n_genes: int, screened: bool = False) -> int | None:
         """The rank used on ``n_genes`` genes (``None``: dense A), ``screened``: with candidate parents."""

@@ -31,7 +31,7 @@ from .._errors import CapeInputError
 from .._settings import resolve_device, seed_everything
 from . import parents_mlp as _parents_mlp
 from .causal_config import CausalConfig
-from .confidence import edge_confidence
+from .confidence import SOLID_CONFIDENCE, EdgeConfidence, edge_confidence
 from .intervention_orientation import (
     MIN_SHIFT_CELLS,
     ORIENT_FDR,
@@ -299,6 +299,18 @@ def orient(config: CausalConfig, graph: Graph, X, intervened, genes: np.ndarray)
     return result.record(ORIENT_FDR, genes)
 
 
+def drop_guesses(graph: Graph, confidence: EdgeConfidence) -> None:
+    """Remove ``graph``'s edges below :data:`~cape.causal.SOLID_CONFIDENCE` (in place; the confidence's record
+    counts them). Removing edges keeps a DAG a DAG."""
+    guesses = (graph.dag != 0) & (confidence.confidence < SOLID_CONFIDENCE)
+    graph.dag = np.where(guesses, 0.0, graph.dag)
+    confidence.confidence = np.where(guesses, 0.0, confidence.confidence)
+    graph.n_positioned = int(((graph.dag != 0).any(axis=0) | (graph.dag != 0).any(axis=1)).sum())
+    confidence.record["n_dropped_guesses"] = int(guesses.sum())
+    logger.info("drop_guesses: %d edge(s) below confidence %g removed, %d kept", int(guesses.sum()),
+                SOLID_CONFIDENCE, graph.n_edges)
+
+
 def _record(config: CausalConfig, X, dropped: list[str], fit: CausalFit, graph: Graph, screened: bool) -> dict:
     """The parameters the fit used, its bookkeeping and the graph's figures (see :class:`CausalGraph`)."""
     n_genes = X.shape[1]
@@ -402,6 +414,8 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     graph = threshold(fitted.adjacency, config, budget, X.shape[0])
     orientation = orient(config, graph, X, intervened, genes)
     confidence = edge_confidence(X, graph.dag, intervened=intervened, seed=seed) if config.edge_confidence else None
+    if config.drop_guesses and confidence is not None:
+        drop_guesses(graph, confidence)
     record = _record(config, X, dropped, fitted, graph, screened=candidates is not None)
     extra = {"edge_budget": budget_record, "screening": screen_record, "orientation": orientation,
              "edge_confidence": None if confidence is None else confidence.record,

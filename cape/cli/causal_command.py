@@ -96,6 +96,9 @@ def register(commands) -> None:
                         help="test each kept edge again given the child's other parents and the cells' state "
                              "(Leiden clusters) and store its confidence, 1 − q, in varp['cape_dag_confidence'] "
                              "(default)")
+    parser.add_argument("--drop-guesses", action=argparse.BooleanOptionalAction, default=CausalConfig.drop_guesses,
+                        help="remove the edges whose confidence stays below 0.95 (with --edge-confidence; on "
+                             "mixtures of cell types mostly pairs that only differ between the types)")
     parser.add_argument("--screen", choices=SCREENS, default="partial_correlation",
                         help="candidate parents of a dense A: gene pairs with a significant partial correlation "
                              "(20 %% FDR; default), or 'none'")
@@ -112,7 +115,8 @@ def config_from_args(args: argparse.Namespace) -> CausalConfig:
                         min_positioned=args.min_positioned, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
                         batch_size=args.batch_size, lr=args.lr,
                         h_every=args.h_every, screen=args.screen, leave_out_targets=args.leave_out_targets,
-                        orient_by_shifts=args.orient_by_shifts, edge_confidence=args.edge_confidence)
+                        orient_by_shifts=args.orient_by_shifts, edge_confidence=args.edge_confidence,
+                        drop_guesses=args.drop_guesses)
 
 
 def run(args: argparse.Namespace) -> int:

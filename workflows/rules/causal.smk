@@ -17,7 +17,8 @@ rule causal:
         h_every=config["causal"]["h_every"] or "auto",
         budget_cells=config["causal"]["budget_cells"] or "all",
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
-        confidence="" if config["causal"].get("edge_confidence", True) else "--no-edge-confidence",
+        confidence=("" if config["causal"].get("edge_confidence", True) else "--no-edge-confidence")
+        + (" --drop-guesses" if config["causal"].get("drop_guesses", False) else ""),
         interventions=(interventions_flag()
                        + ("" if config["causal"].get("leave_out_targets", True) else " --no-leave-out-targets")
                        + ("" if config["causal"].get("orient_by_shifts", True) else " --no-orient-by-shifts")
