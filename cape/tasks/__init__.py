@@ -20,6 +20,7 @@ from .perturbation_predictors import (
     simple_baselines,
 )
 from .perturbation_scm import SCMPerturbationPredictor
+from .perturbation_transformer import TransformerPerturbationPredictor
 
 __all__ = [
     "SPLIT_KEY",
@@ -30,6 +31,7 @@ __all__ = [
     "PerturbationTask",
     "SCMPerturbationPredictor",
     "TrainingMeanPredictor",
+    "TransformerPerturbationPredictor",
     "annotation_metrics",
     "annotation_split",
     "checked_labels",
