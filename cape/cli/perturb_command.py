@@ -11,7 +11,7 @@ import matplotlib
 
 from .._errors import CapeInputError
 from .._settings import resolve_device, resolve_seed
-from ..report.perturbation import write_perturbation_outputs
+from ..report.perturbation_report import write_perturbation_outputs
 from ..report.statistics import N_BOOTSTRAP
 from ..tasks.perturbation_workflow import PerturbationSettings, perturbation_data, run_perturbation_workflow
 from ._command_io import check_output, positive_int, read_input
