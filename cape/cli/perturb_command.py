@@ -22,9 +22,16 @@ logger = logging.getLogger("cape")
 OUTPUTS = ("metrics.json", "per_perturbation.tsv", "split.tsv", "report.md", "shifts.png")
 
 
-def _rank(value: str) -> int | None:
-    """``--rank``: a positive integer, or ``dense``."""
-    return None if value == "dense" else positive_int(value, "a positive integer or 'dense'")
+def _rank(value: str) -> int | str | None:
+    """``--rank``: ``auto``, ``dense`` or a positive integer."""
+    if value in ("auto", "dense"):
+        return None if value == "dense" else value
+    return positive_int(value, "auto, dense or a positive integer")
+
+
+def _cells(value: str) -> int | None:
+    """``--causal-cells``: a positive integer, or ``all``."""
+    return None if value == "all" else positive_int(value, "a positive integer or 'all'")
 
 
 def register(commands) -> None:
@@ -41,8 +48,12 @@ def register(commands) -> None:
     parser.add_argument("--split-seed", type=int, default=defaults.split_seed, help="simulation split seed (1)")
     parser.add_argument("--n-de", type=positive_int, default=defaults.n_de, help="top DE genes scored (20)")
     parser.add_argument("--causal-epochs", type=positive_int, default=defaults.causal_epochs,
-                        help="Step I epochs of the structural-equation predictors (100)")
-    parser.add_argument("--rank", type=_rank, default=defaults.rank, help="Step I's rank, or dense (40)")
+                        help=f"Step I epochs of the structural-equation predictors ({defaults.causal_epochs})")
+    parser.add_argument("--causal-cells", type=_cells, default=defaults.causal_cells,
+                        help="the most cells Step I reads, drawn at random with the seed; all: every cell "
+                             f"({defaults.causal_cells})")
+    parser.add_argument("--rank", type=_rank, default=defaults.rank,
+                        help="Step I's rank: auto (dense on screened candidates, as cape causal), dense or an integer")
     parser.add_argument("--transformer", action=argparse.BooleanOptionalAction, default=defaults.transformer,
                         help="also the transformer embedding predictor, the costliest (on)")
     parser.add_argument("--pretrain-epochs", type=int, default=defaults.pretrain_epochs,
@@ -72,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     seed = resolve_seed(None)
     device = str(resolve_device("auto"))  # --device, else CUDA when available
     options = PerturbationSettings(
-        split_seed=args.split_seed, n_de=args.n_de, causal_epochs=args.causal_epochs, rank=args.rank,
+        split_seed=args.split_seed, n_de=args.n_de, causal_epochs=args.causal_epochs,
+        causal_cells=args.causal_cells, rank=args.rank,
         transformer=args.transformer, pretrain_epochs=args.pretrain_epochs, d_model=args.d_model,
         n_layers=args.n_layers, n_heads=args.n_heads, embed_dim=args.embed_dim, embed_epochs=args.embed_epochs,
         predictor_epochs=args.predictor_epochs, seed=seed, device=device)

@@ -14,7 +14,15 @@ import scipy.sparse as sp
 
 from .._arrays import dense
 from .._errors import CapeInputError
-from ..causal import fit_variational_notears, intervene, learned_equations, linear_equations, make_dag
+from ..causal import (
+    CausalConfig,
+    fit_variational_notears,
+    intervene,
+    learn_causal_graph,
+    learned_equations,
+    linear_equations,
+    make_dag,
+)
 from ..causal.postprocess import choose_tau
 from .perturbation import CONTROL, condition_genes
 from .perturbation_predictors import NoChangePredictor
@@ -40,6 +48,16 @@ class SCMPerturbationPredictor(NoChangePredictor):
         The value the perturbed genes are set to (0: knock-out).
     rank, epochs, seed
         Step I settings (``graph=None`` only).
+    config
+        ``None`` (default): Step I is :func:`cape.causal.fit_variational_notears` with ``rank`` and ``epochs``,
+        thresholded by the automatic rule. A :class:`~cape.causal.CausalConfig`: Step I's whole pipeline
+        (:func:`cape.causal.learn_causal_graph`: screen, fit, edge budget, cycle breaking and, with
+        ``interventions``, orientation by the perturbations' shifts), as ``cape causal`` runs it (``rank`` and
+        ``epochs`` are then the config's).
+    max_cells
+        The most cells Step I reads (``None``: all): beyond it, that many are drawn at random with ``seed`` from the
+        cells it may read (its cost grows with cells × epochs). The counterfactuals still start from every control
+        cell.
     interventions
         ``False`` (default): Step I sees the control cells only. ``True``: Step I is fitted on the control cells
         and the cells of the training perturbations, each cell's perturbed genes passed as its intervention mask
@@ -55,7 +73,8 @@ class SCMPerturbationPredictor(NoChangePredictor):
     name = "scm"
 
     def __init__(self, graph=None, *, equations: str = "learned", value: float = 0.0, rank: int | None = 40,
-                 epochs: int = 100, seed: int = 0, interventions: bool = False) -> None:
+                 epochs: int = 100, seed: int = 0, interventions: bool = False,
+                 config: CausalConfig | None = None, max_cells: int | None = None) -> None:
         if equations not in ("learned", "linear"):
             raise CapeInputError(f"equations must be 'learned' or 'linear', got {equations!r}")
         if equations == "learned" and graph is not None:
@@ -64,6 +83,7 @@ class SCMPerturbationPredictor(NoChangePredictor):
             raise CapeInputError("interventions=True fits Step I on the training perturbations: pass graph=None")
         self.graph, self.equations, self.value = graph, equations, float(value)
         self.rank, self.epochs, self.seed, self.interventions = rank, epochs, seed, bool(interventions)
+        self.config, self.max_cells = config, max_cells
         if self.interventions:
             self.name = "scm_interventional"
 
@@ -77,17 +97,13 @@ class SCMPerturbationPredictor(NoChangePredictor):
             fitted = labels == control
             if self.interventions:
                 fitted = fitted | np.isin(labels, [c for c in map(str, train) if c != control])
+            if self.max_cells is not None and fitted.sum() > self.max_cells:
+                drawn = np.random.default_rng(self.seed).choice(np.flatnonzero(fitted), self.max_cells, replace=False)
+                fitted = np.isin(np.arange(labels.size), drawn)
             X_fit = dense(adata.X[fitted]).astype(np.float64)
             self.fitted_cells_ = list(map(str, adata.obs_names[fitted]))
             mask = self._intervention_mask(labels[fitted], control) if self.interventions else None
-            rank = self.rank if self.rank is not None and self.rank < X.shape[1] else None
-            fit = fit_variational_notears(X_fit.astype(np.float32), rank=rank, epochs=self.epochs, seed=self.seed,
-                                          device="cpu", intervened=mask, progress_desc="Step I (SCM predictor)")
-            tau, _ = choose_tau(fit.adjacency, "auto", 0.5)
-            dag, _ = make_dag(fit.adjacency, tau)
-            self.tau_ = tau
-            eq = learned_equations(fit.model, fit.mean, fit.std, X_fit, dag) if self.equations == "learned" \
-                else linear_equations(X, dag)
+            dag, eq = self._step1(X_fit, X, mask)
         else:
             A = self.graph.toarray() if sp.issparse(self.graph) else np.asarray(self.graph)
             if A.shape != (X.shape[1], X.shape[1]):
@@ -100,6 +116,27 @@ class SCMPerturbationPredictor(NoChangePredictor):
         logger.info("SCM predictor (%s equations%s): %d edges", self.equations,
                     ", interventions" if self.interventions else "", self.n_edges_)
         return self
+
+    def _step1(self, X_fit: np.ndarray, X: np.ndarray, mask) -> tuple[np.ndarray, object]:
+        """Step I on ``X_fit`` (intervention ``mask`` or ``None``): the DAG over every gene, and its equations."""
+        if self.config is None:
+            rank = self.rank if self.rank is not None and self.rank < X.shape[1] else None
+            fit = fit_variational_notears(X_fit.astype(np.float32), rank=rank, epochs=self.epochs, seed=self.seed,
+                                          device="cpu", intervened=mask, progress_desc="Step I (SCM predictor)")
+            self.tau_, _ = choose_tau(fit.adjacency, "auto", 0.5)
+            dag, _ = make_dag(fit.adjacency, self.tau_)
+            model, mean, std = fit.model, fit.mean, fit.std
+        else:
+            graph = learn_causal_graph(X_fit, np.asarray(self.genes_), self.config, intervened=mask, device="cpu",
+                                       seed=self.seed)
+            cols = np.flatnonzero(np.isin(np.asarray(self.genes_), graph.genes))
+            if cols.size < len(self.genes_):  # Step I drops constant genes; the equations need every gene
+                raise CapeInputError(f"{len(self.genes_) - cols.size} gene(s) are constant in the cells Step I "
+                                     "reads; leave them out of the data")
+            dag, model, mean, std = np.asarray(graph.dag), graph.fit.model, graph.fit.mean, graph.fit.std
+        eq = learned_equations(model, mean, std, X_fit, dag) if self.equations == "learned" \
+            else linear_equations(X, dag)
+        return dag, eq
 
     def _intervention_mask(self, labels: np.ndarray, control: str) -> sp.csr_matrix:
         """Cells × genes, True where the cell's condition perturbs that gene (control cells: no entry)."""

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from .._errors import CapeInputError
+from ..causal import CausalConfig
 from .perturbation import CONTROL, PerturbationTask, condition_genes, to_gears_conditions, top_de_pearson_delta
 from .perturbation_predictors import simple_baselines
 from .perturbation_scm import SCMPerturbationPredictor
@@ -47,8 +48,9 @@ class PerturbationSettings:
 
     split_seed: int = 1
     n_de: int = 20
-    causal_epochs: int = 100
-    rank: int | None = 40
+    causal_epochs: int = 30
+    causal_cells: int | None = 2000
+    rank: int | str | None = "auto"
     transformer: bool = True
     pretrain_epochs: int = 5
     d_model: int = 32
@@ -134,10 +136,13 @@ def _predictors(settings: PerturbationSettings):
     """The predictors in scoring order; the transformer and the refit follow the interventional fit they read."""
     s = settings
     yield from simple_baselines()
-    control_only = SCMPerturbationPredictor(rank=s.rank, epochs=s.causal_epochs, seed=s.seed)
+    # Step I as `cape causal` runs it (screen, fit, edge budget, orientation), on at most causal_cells cells
+    config = CausalConfig(rank=s.rank, epochs=s.causal_epochs)
+    control_only = SCMPerturbationPredictor(config=config, max_cells=s.causal_cells, seed=s.seed)
     control_only.name = "scm_control"
     yield control_only
-    interventional = SCMPerturbationPredictor(rank=s.rank, epochs=s.causal_epochs, seed=s.seed, interventions=True)
+    interventional = SCMPerturbationPredictor(config=config, max_cells=s.causal_cells, seed=s.seed,
+                                              interventions=True)
     yield interventional
     refit = SCMPerturbationPredictor(interventional.dag_, equations="linear")
     refit.name = "scm_interventional_linear"
