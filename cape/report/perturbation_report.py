@@ -20,6 +20,10 @@ from .statistics import LEVEL, N_BOOTSTRAP, bootstrap_mean
 #: The per-perturbation scores compared, and whether lower is better.
 METRICS = {"top_de_mse": True, "pearson_delta": False}
 
+#: Pairs compared besides every predictor against the better trivial baseline: what the training perturbations as
+#: interventions add to Step I.
+PAIRS = (("scm_interventional", "scm_control"),)
+
 #: One line per predictor of the workflow, for the report.
 PREDICTORS = {
     "no_change": "the control mean for every perturbation",
@@ -55,19 +59,32 @@ def comparisons(per_perturbation: pd.DataFrame, *, n_boot: int = N_BOOTSTRAP, se
         trivial = [p for p in TRIVIAL if p in scores]
         base = (means[trivial].idxmin() if lower else means[trivial].idxmax()) if trivial else None
         subgroup = per_perturbation.drop_duplicates("condition").set_index("condition")["subgroup"]
-        for predictor in scores.columns:
-            if base is None or predictor == base:
-                continue
-            diff = scores[predictor] - scores[base]
+        pairs = [(p, base) for p in scores.columns if base is not None and p != base]
+        pairs += [pair for pair in PAIRS if set(pair) <= set(scores.columns)]
+        for predictor, reference in pairs:
+            diff = scores[predictor] - scores[reference]
             for group in ("overall", *SUBGROUPS):
                 d = diff if group == "overall" else diff[subgroup.reindex(diff.index) == group]
                 if d.empty:
                     continue
                 mean, low, high = bootstrap_mean(d.to_numpy(), n_boot=n_boot, seed=seed)
-                rows.append({"metric": metric, "predictor": predictor, "baseline": base, "subgroup": group,
+                rows.append({"metric": metric, "predictor": predictor, "baseline": reference, "subgroup": group,
                              "n": int(d.size), "difference": mean, "low": low, "high": high,
                              "verdict": _verdict(low, high, lower)})
     return pd.DataFrame(rows)
+
+
+def _against_trivial(table: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The overall rows of ``metric`` against the better trivial baseline, indexed by predictor."""
+    rows = table[(table["metric"] == metric) & (table["subgroup"] == "overall") & table["baseline"].isin(TRIVIAL)]
+    return rows.set_index("predictor")
+
+
+def _pairs_text(table: pd.DataFrame) -> list[str]:
+    """One line per extra pair (:data:`PAIRS`) and metric: the paired difference overall, with its interval."""
+    rows = table[(table["subgroup"] == "overall") & ~table["baseline"].isin(TRIVIAL)]
+    return [f"- {r['metric']}: {r['predictor']} − {r['baseline']} = {_interval(r)} over {r['n']} held-out "
+            f"perturbations ({r['verdict']})" for r in rows.to_dict("records")]
 
 
 def _fmt(value: float, digits: int = 3) -> str:
@@ -86,7 +103,7 @@ def verdict_lines(per_perturbation: pd.DataFrame, table: pd.DataFrame, n_de: int
         label = f"top-{n_de}-DE MSE" if metric == "top_de_mse" else "pearson_delta"
         means = per_perturbation.groupby("predictor")[metric].mean()
         best = means.idxmin() if lower else means.idxmax()
-        rows = table[(table["metric"] == metric) & (table["subgroup"] == "overall")].set_index("predictor")
+        rows = _against_trivial(table, metric)
         if rows.empty:
             continue
         base = rows["baseline"].iloc[0]
@@ -108,8 +125,7 @@ def verdict_lines(per_perturbation: pd.DataFrame, table: pd.DataFrame, n_de: int
 
 def _scores_table(run: PerturbationRun, table: pd.DataFrame) -> str:
     per = run.per_perturbation
-    mse_rows = table[(table["metric"] == "top_de_mse") & (table["subgroup"] == "overall")].set_index("predictor")
-    r_rows = table[(table["metric"] == "pearson_delta") & (table["subgroup"] == "overall")].set_index("predictor")
+    mse_rows, r_rows = _against_trivial(table, "top_de_mse"), _against_trivial(table, "pearson_delta")
     rows = []
     for p, scores in per.groupby("predictor", sort=False):
         rows.append([p, _fmt(scores["top_de_mse"].mean()),
@@ -139,7 +155,9 @@ def report_text(run: PerturbationRun, table: pd.DataFrame, *, name: str, plot: s
     parts = [f"# cape perturbation run: {name}", "", "\n\n".join(verdict), "",
              "## Scores", "", "Means over the held-out perturbations; differences to the better trivial baseline "
              f"with {LEVEL:.0%} paired bootstrap intervals over perturbations (negative MSE difference: better).", "",
-             _scores_table(run, table), "", "## Top-DE MSE per subgroup", "", _subgroup_table(run), "",
+             _scores_table(run, table), "", "## Step I with and without the training perturbations", "",
+             *(_pairs_text(table) or ["- not compared (a Step I predictor is missing)"]), "",
+             "## Top-DE MSE per subgroup", "", _subgroup_table(run), "",
              "## Split", "", "GEARS' simulation split: whole perturbations held out (split.tsv).", "",
              markdown_table(["role", "subgroup", "perturbations"], [[r, g, str(n)] for (r, g), n in roles.items()]),
              "", "## Predictors", ""]
