@@ -26,7 +26,14 @@ import pandas as pd
 
 from .._errors import CapeInputError
 from ..causal import CausalConfig
-from .perturbation import CONTROL, PerturbationTask, condition_genes, to_gears_conditions, top_de_pearson_delta
+from .perturbation import (
+    CONTROL,
+    PerturbationTask,
+    condition_genes,
+    label_column,
+    to_gears_conditions,
+    top_de_pearson_delta,
+)
 from .perturbation_predictors import simple_baselines
 from .perturbation_scm import SCMPerturbationPredictor
 from .perturbation_transformer import TransformerPerturbationPredictor
@@ -78,14 +85,7 @@ def gears_labels(adata: ad.AnnData, key: str) -> pd.Series:
     """``obs[key]`` as GEARS conditions: kept when every label already is one (``ctrl``, ``A+ctrl``, ``A+B``),
     else converted by :func:`~cape.tasks.perturbation.to_gears_conditions` against ``var_names`` (which refuses
     guide IDs and unknown spellings in one line)."""
-    if key not in adata.obs:
-        raise CapeInputError(f"perturbations={key!r}: no such column in obs (it should hold per-cell labels such "
-                             f"as '{CONTROL}', 'A+{CONTROL}', 'A+B'); columns: {', '.join(map(str, adata.obs))}")
-    labels = adata.obs[key]
-    if labels.isna().any():
-        raise CapeInputError(f"obs[{key!r}] has {int(labels.isna().sum())} missing label(s): label every cell "
-                             f"('{CONTROL}' for controls)")
-    text = labels.astype(str)
+    text = label_column(adata, key, "perturbations")
     if all(c == CONTROL or _GEARS.fullmatch(c) for c in pd.unique(text)):
         return text.rename(key)
     return to_gears_conditions(text, genes=adata.var_names).rename(key)
