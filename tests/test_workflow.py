@@ -19,6 +19,19 @@ def test_dry_run_prints_the_plan(workdir):
     assert "results/pbmc68k_reduced/preprocessed.h5ad" in proc.stdout
 
 
+def test_dry_run_of_the_perturbation_mode(workdir):
+    """perturbations=KEY: preprocessing keeps the perturbed genes, then `cape perturb` instead of Steps I–III."""
+    import cape
+
+    cape.data.simulate_perturbation(n_genes=12, n_edges=15, n_single=4, n_double=3, seed=0).write_h5ad(
+        workdir / "screen.h5ad")
+    proc = snakemake(workdir, "-n", "-p", "--config", "input=screen.h5ad", "perturbations=condition")
+    assert proc.returncode == 0, proc.stderr
+    assert "rule perturb" in proc.stdout and "rule train" not in proc.stdout
+    assert "results/screen/perturbation/metrics.json" in proc.stdout
+    assert "--interventions condition" in proc.stdout and "--transformer" in proc.stdout
+
+
 def test_lint_reports_only_missing_environments(workdir):
     proc = snakemake(workdir, "--lint")
     text = proc.stdout + proc.stderr
@@ -60,6 +73,7 @@ def test_bad_config_names_the_key(workdir, override, words):
 @pytest.mark.parametrize("override, words", [
     ("labels=celltype", "labels=celltype: no such column in mine.h5ad; its cell annotation columns: group"),
     ("causal={'interventions': 'condition'}", "causal.interventions=condition: no such column"),
+    ("perturbations=condition", "perturbations=condition: no such column"),
 ])
 def test_missing_obs_column_is_named_before_any_job(workdir, counts_adata, override, words):
     counts_adata.write_h5ad(workdir / "mine.h5ad")

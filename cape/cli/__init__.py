@@ -25,6 +25,7 @@ from . import (
     encode_command,
     encodings_command,
     evaluate_command,
+    perturb_command,
     predict_command,
     preprocess_command,
     train_command,
@@ -33,7 +34,7 @@ from ._command_io import positive_int
 
 #: In the order ``cape --help`` lists them.
 COMMAND_MODULES = (data_command, preprocess_command, encodings_command, causal_command, predict_command, train_command,
-                   embed_command, encode_command, evaluate_command)
+                   embed_command, encode_command, evaluate_command, perturb_command)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -7,6 +7,7 @@ import argparse
 from .._io import write_h5ad
 from ..pp import preprocess
 from ..pp._recipe import HVG_FLAVORS, N_TOP_GENES
+from ..tasks.perturbation_workflow import gears_labels
 from ._command_io import check_output, read_input
 
 
@@ -27,14 +28,17 @@ def register(commands) -> None:
                         help="how to rank genes: seurat (default), cell_ranger; on raw counts seurat_v3 "
                              "(needs scikit-misc) or pearson_residuals")
     parser.add_argument("--interventions", default=None, metavar="OBS_KEY",
-                        help="obs column of per-cell perturbation labels (ctrl, A+ctrl, A+B): use every perturbed "
-                             "gene that varies besides the HVGs, so that `cape causal --interventions` can use them")
+                        help="obs column of per-cell perturbation labels (ctrl, A+ctrl, A+B; other spellings such as "
+                             "non-targeting or A_B are rewritten so): use every perturbed gene that varies besides "
+                             "the HVGs, so that `cape causal --interventions` and `cape perturb` can use them")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     out = check_output(args.output, args.input)
     adata = read_input(args.input, transpose=args.transpose)
+    if args.interventions is not None and args.interventions in adata.obs:
+        adata.obs[args.interventions] = gears_labels(adata, args.interventions).to_numpy()
     preprocess(adata, min_genes=args.min_genes, target_sum=args.target_sum, log1p=args.log1p,
                n_top_genes=args.n_top_genes, min_cells=args.min_cells, hvg_flavor=args.hvg_flavor,
                interventions=args.interventions)

@@ -39,6 +39,22 @@ def bootstrap_difference(y: Sequence, pred_a: Sequence, pred_b: Sequence,
     return float(score(y, a) - score(y, b)), float(low), float(high)
 
 
+def bootstrap_mean(differences: Sequence[float], *, n_boot: int = N_BOOTSTRAP, seed: int = 0,
+                   level: float = LEVEL) -> tuple[float, float, float]:
+    """The mean of paired differences (one per scored unit, e.g. per held-out perturbation) and its percentile
+    bootstrap interval over the units; NaN bounds with fewer than two units."""
+    d = np.asarray(differences, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    if d.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    if d.size < 2:
+        return float(d.mean()), float("nan"), float("nan")
+    means = d[np.random.default_rng(seed).integers(0, d.size, (n_boot, d.size))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(d.mean()), float(low), float(high)
+
+
 def accuracy(y: np.ndarray, pred: np.ndarray) -> float:
     return float(np.mean(np.asarray(y) == np.asarray(pred)))
 

@@ -21,6 +21,7 @@ from .perturbation_predictors import (
     simple_baselines,
 )
 from .perturbation_scm import SCMPerturbationPredictor
+from .perturbation_transformer import TransformerPerturbationPredictor
 
 __all__ = [
     "SPLIT_KEY",
@@ -31,6 +32,7 @@ __all__ = [
     "PerturbationTask",
     "SCMPerturbationPredictor",
     "TrainingMeanPredictor",
+    "TransformerPerturbationPredictor",
     "annotation_metrics",
     "annotation_split",
     "cell_eval_scores",

@@ -183,6 +183,19 @@ def to_gears_conditions(labels: Sequence[str] | pd.Series, genes: Sequence[str] 
                      name="condition", dtype=object)
 
 
+def label_column(adata: ad.AnnData, key: str, option: str) -> pd.Series:
+    """``obs[key]`` as strings, refused in one line (naming ``option``, the setting that named the column) when the
+    column is missing or a cell is unlabelled."""
+    if key not in adata.obs:
+        raise CapeInputError(f"{option}={key!r}: no such column in adata.obs (it should hold per-cell GEARS "
+                             f"labels: '{CONTROL}', 'A+{CONTROL}', 'A+B')")
+    labels = adata.obs[key]
+    if labels.isna().any():
+        raise CapeInputError(f"obs[{key!r}] has {int(labels.isna().sum())} missing label(s): label every cell "
+                             f"('{CONTROL}' for controls)")
+    return labels.astype(str)
+
+
 def intervention_labels(adata: ad.AnnData, key: str) -> tuple[np.ndarray, dict[str, tuple[str, ...]]]:
     """Every cell's GEARS label in ``obs[key]`` and the genes each label targets, checked against ``var_names``.
 
@@ -195,14 +208,7 @@ def intervention_labels(adata: ad.AnnData, key: str) -> tuple[np.ndarray, dict[s
     The labels as strings (one per cell), and each distinct label's targets (``()`` for control), in order of
     first appearance.
     """
-    if key not in adata.obs:
-        raise CapeInputError(f"interventions={key!r}: no such column in adata.obs (it should hold per-cell GEARS "
-                             f"labels: '{CONTROL}', 'A+{CONTROL}', 'A+B')")
-    labels = adata.obs[key]
-    if labels.isna().any():
-        raise CapeInputError(f"obs[{key!r}] has {int(labels.isna().sum())} missing label(s): label every cell "
-                             f"('{CONTROL}' for controls)")
-    labels = labels.astype(str).to_numpy()
+    labels = label_column(adata, key, "interventions").to_numpy()
     targets = {c: condition_genes(c) for c in dict.fromkeys(labels)}
     genes = set(map(str, adata.var_names))
     unknown = [g for g in dict.fromkeys(g for t in targets.values() for g in t) if g not in genes]

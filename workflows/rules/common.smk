@@ -24,7 +24,8 @@ if config["input"] and not Path(config["input"]).exists():
     raise WorkflowError(f"input file not found: {config['input']}")
 if config["input"]:
     # what would otherwise fail only after Step I: an unreadable file type, a label or perturbation column it lacks
-    obs_keys = {"labels": config["labels"], "causal.interventions": config["causal"].get("interventions")}
+    obs_keys = {"labels": None if config["perturbations"] else config["labels"],
+                "causal.interventions": config["causal"].get("interventions"), "perturbations": config["perturbations"]}
     try:
         check_suffix(config["input"])
         check_obs_columns(config["input"], {k: v for k, v in obs_keys.items() if v and v not in ("auto", "none")})
@@ -77,8 +78,9 @@ def cli_options(section, skip=()):
 
 
 def interventions_flag():
-    """`--interventions KEY` of `cape preprocess` and `cape causal` (causal.interventions), or nothing."""
-    key = config["causal"].get("interventions")
+    """`--interventions KEY` of `cape preprocess` and `cape causal` (causal.interventions; for preprocessing in the
+    perturbation mode the perturbations column, whose targets must all be kept), or nothing."""
+    key = config["causal"].get("interventions") or config["perturbations"]
     return f"--interventions {shlex.quote(str(key))}" if key else ""
 
 
@@ -92,7 +94,13 @@ def input_files(wildcards):
     return [config["input"]] if config["input"] else []
 
 
+PERTURBATION_OUTPUTS = ("metrics.json", "per_perturbation.tsv", "split.tsv", "report.md", "shifts.png")
+
+
 def final_outputs():
-    """Final targets of the workflow: the last stage of the pipeline for this run (and predictions when asked)."""
+    """Final targets of the workflow: the last stage of the pipeline for this run (and predictions when asked); in
+    the perturbation mode (config perturbations), the perturbation outputs instead."""
+    if config["perturbations"]:
+        return [f"results/{RUN}/perturbation/{name}" for name in PERTURBATION_OUTPUTS]
     predictions = [f"results/{RUN}/predict/shifts.tsv"] if config["predict"]["intervene"] else []
     return [f"results/{RUN}/report.md", f"results/{RUN}/metrics.json", *predictions]

@@ -1,0 +1,178 @@
+"""The perturbation workflow's computation (``cape perturb``): a Perturb-seq AnnData in, every predictor's
+predictions of the held-out perturbations and their scores out.
+
+* Labels: an ``obs`` column in GEARS form (``ctrl``, ``A+ctrl``, ``A+B``), other spellings converted by
+  :func:`~cape.tasks.perturbation.to_gears_conditions` (:func:`gears_labels`).
+* Split: GEARS' simulation split (:class:`~cape.tasks.perturbation.PerturbationTask`): whole perturbations held
+  out (unseen singles; doubles with 0, 1 or 2 seen genes); :func:`split_table` records it.
+* Predictors (:func:`run_perturbation_workflow`): the four simple baselines, Step I's learned equations fitted on
+  the control cells alone and on the control cells plus the training perturbations as interventions, the
+  least-squares refit of the interventional graph, and (optionally) the transformer embedding predictor, all
+  behind the ``fit``/``predict`` interface of :mod:`cape.tasks.perturbation_predictors`. No held-out
+  perturbation's cells reach any fit.
+* Scores: top-DE MSE and ``pearson_delta`` per held-out perturbation (:meth:`PerturbationTask.evaluate`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from .._errors import CapeInputError
+from ..causal import CausalConfig
+from .perturbation import (
+    CONTROL,
+    PerturbationTask,
+    condition_genes,
+    label_column,
+    to_gears_conditions,
+    top_de_pearson_delta,
+)
+from .perturbation_predictors import simple_baselines
+from .perturbation_scm import SCMPerturbationPredictor
+from .perturbation_transformer import TransformerPerturbationPredictor
+
+__all__ = ["PerturbationRun", "PerturbationSettings", "gears_labels", "perturbation_data",
+           "run_perturbation_workflow", "split_table"]
+
+logger = logging.getLogger("cape")
+
+#: The baselines that know nothing about which perturbation was made; every verdict is against the better one.
+TRIVIAL = ("no_change", "train_mean")
+
+_GEARS = re.compile(r"[^+]+\+[^+]+")  # 'A+ctrl', 'ctrl+A', 'A+B'; control is the literal 'ctrl'
+
+
+@dataclass
+class PerturbationSettings:
+    """Options of :func:`run_perturbation_workflow` (the workflow's ``perturb`` section)."""
+
+    split_seed: int = 1
+    n_de: int = 20
+    causal_epochs: int = 30
+    causal_cells: int | None = 2000
+    rank: int | str | None = "auto"
+    transformer: bool = True
+    pretrain_epochs: int = 5
+    d_model: int = 32
+    n_layers: int = 1
+    n_heads: int = 2
+    embed_dim: int = 8
+    embed_epochs: int = 200
+    predictor_epochs: int = 400
+    seed: int = 0
+    device: str = "cpu"
+
+
+@dataclass
+class PerturbationRun:
+    """What :func:`run_perturbation_workflow` computed."""
+
+    task: PerturbationTask
+    predicted: dict[str, pd.DataFrame]  # predictor → held-out conditions × genes (predicted mean expression)
+    per_perturbation: pd.DataFrame  # predictor, condition, subgroup, n_targets, top_de_mse, pearson_delta
+    metrics: dict[str, dict[str, float]]  # predictor → PerturbationTask.evaluate's summary and fit seconds
+    fitted_cells: dict[str, list[str]] = field(default_factory=dict)  # Step I predictors → the cells they read
+
+
+def gears_labels(adata: ad.AnnData, key: str) -> pd.Series:
+    """``obs[key]`` as GEARS conditions: kept when every label already is one (``ctrl``, ``A+ctrl``, ``A+B``),
+    else converted by :func:`~cape.tasks.perturbation.to_gears_conditions` against ``var_names`` (which refuses
+    guide IDs and unknown spellings in one line)."""
+    text = label_column(adata, key, "perturbations")
+    if all(c == CONTROL or _GEARS.fullmatch(c) for c in pd.unique(text)):
+        return text.rename(key)
+    return to_gears_conditions(text, genes=adata.var_names).rename(key)
+
+
+def perturbation_data(adata: ad.AnnData, key: str) -> ad.AnnData:
+    """The cells × used genes (``var["cape_used"]`` when present) with GEARS labels in ``obs["condition"]``,
+    refused in one line when the labels cannot be read, name genes absent from the data, have no control cells
+    or fewer than two perturbations."""
+    labels = gears_labels(adata, key)
+    genes = adata.var["cape_used"].to_numpy(dtype=bool) if "cape_used" in adata.var else np.ones(adata.n_vars, bool)
+    targets = {g for c in pd.unique(labels) if c != CONTROL for g in condition_genes(c)}
+    absent = sorted(targets - set(map(str, adata.var_names)))
+    if absent:
+        raise CapeInputError(f"obs[{key!r}] perturbs {len(absent)} gene(s) absent from the matrix, e.g. "
+                             f"{', '.join(absent[:3])}: keep them in the data (cape preprocess --interventions)")
+    outside = sorted(targets - set(map(str, adata.var_names[genes])))
+    if outside:  # constant after preprocessing: kept anyway, predictors need their columns
+        logger.warning("perturbed gene(s) outside var['cape_used'] kept: %s", ", ".join(outside[:3]))
+        genes |= adata.var_names.isin(outside)
+    data = ad.AnnData(X=adata.X[:, genes], obs=pd.DataFrame({"condition": labels.to_numpy()}, index=adata.obs_names),
+                      var=pd.DataFrame(index=adata.var_names[genes].astype(str)))
+    n_control = int((labels == CONTROL).sum())
+    if n_control == 0:
+        raise CapeInputError(f"no control cells: no cell of obs[{key!r}] reads '{CONTROL}' (or control, "
+                             "non-targeting, ...)")
+    perturbations = sorted(set(labels) - {CONTROL})
+    if len(perturbations) < 2:
+        raise CapeInputError(f"obs[{key!r}] holds {len(perturbations)} perturbation(s) besides control; predicting "
+                             "held-out perturbations needs at least two (one to train on, one to hold out)")
+    return data
+
+
+def split_table(task: PerturbationTask) -> pd.DataFrame:
+    """One row per perturbation: ``condition``, ``role`` (train / val / test), ``subgroup`` (the test subgroup,
+    else the role), ``n_targets`` and ``n_cells``."""
+    split = task.split
+    counts = task.adata.obs[task.condition_key].astype(str).value_counts()
+    rows = [(c, role, split.subgroup.get(c, role)) for role, conds in
+            (("train", split.train), ("val", split.val), ("test", split.test)) for c in conds]
+    return pd.DataFrame({"condition": [r[0] for r in rows], "role": [r[1] for r in rows],
+                         "subgroup": [r[2] for r in rows],
+                         "n_targets": [len(condition_genes(r[0])) for r in rows],
+                         "n_cells": [int(counts.get(r[0], 0)) for r in rows]})
+
+
+def _predictors(settings: PerturbationSettings):
+    """The predictors in scoring order; the transformer and the refit follow the interventional fit they read."""
+    s = settings
+    yield from simple_baselines()
+    # Step I as `cape causal` runs it (screen, fit, edge budget, orientation), on at most causal_cells cells
+    config = CausalConfig(rank=s.rank, epochs=s.causal_epochs)
+    control_only = SCMPerturbationPredictor(config=config, max_cells=s.causal_cells, seed=s.seed)
+    control_only.name = "scm_control"
+    yield control_only
+    interventional = SCMPerturbationPredictor(config=config, max_cells=s.causal_cells, seed=s.seed,
+                                              interventions=True)
+    yield interventional
+    refit = SCMPerturbationPredictor(interventional.dag_, equations="linear")
+    refit.name = "scm_interventional_linear"
+    yield refit
+    if s.transformer:
+        yield TransformerPerturbationPredictor(
+            interventional.dag_, pretrain_epochs=s.pretrain_epochs, d_model=s.d_model, n_layers=s.n_layers,
+            n_heads=s.n_heads, embed_dim=s.embed_dim, embed_epochs=s.embed_epochs,
+            predictor_epochs=s.predictor_epochs, seed=s.seed, device=s.device)
+
+
+def run_perturbation_workflow(data: ad.AnnData, settings: PerturbationSettings | None = None) -> PerturbationRun:
+    """Split ``data`` (from :func:`perturbation_data`), fit every predictor on the control cells and the
+    training perturbations, predict every held-out perturbation and score it."""
+    settings = settings or PerturbationSettings()
+    task = PerturbationTask.build(data, split_seed=settings.split_seed, n_de=settings.n_de)
+    subgroup = task.split.subgroup
+    predicted, metrics, rows, fitted = {}, {}, [], {}
+    for predictor in _predictors(settings):
+        start = time.perf_counter()
+        means, mse, summary = task.evaluate(predictor)
+        seconds = time.perf_counter() - start
+        pearson = top_de_pearson_delta(means, task.truth, task.control_mean, task.de)
+        predicted[predictor.name] = means
+        metrics[predictor.name] = {**summary, "seconds": seconds}
+        if hasattr(predictor, "fitted_cells_"):
+            fitted[predictor.name] = predictor.fitted_cells_
+        rows += [{"predictor": predictor.name, "condition": c, "subgroup": subgroup[c],
+                  "n_targets": len(condition_genes(c)), "top_de_mse": float(mse[c]),
+                  "pearson_delta": float(pearson[c])} for c in task.split.test]
+        logger.info("%s: top-%d-DE MSE %.4g, pearson_delta %.3f (%.1f s)", predictor.name, settings.n_de,
+                    summary["mse_overall"], summary["pearson_delta_overall"], seconds)
+    return PerturbationRun(task, predicted, pd.DataFrame(rows), metrics, fitted)
