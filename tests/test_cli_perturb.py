@@ -61,6 +61,22 @@ def test_perturb_writes_every_predictor_and_the_split(tmp_path, capsys, screen):
     assert set(per["condition"]) == test and set(per["predictor"]) == PREDICTORS
     report = (out / "report.md").read_text().splitlines()
     assert report[0].startswith("# cape perturbation run") and "top-20-DE MSE" in report[2]
+    if cape.tasks.perturbation_cell_eval.cell_eval_available():  # the extra perturb: its metrics beside cape's
+        assert "## cell-eval" in report and "cell_eval_pearson_delta" in per.columns
+        assert {r["method"] for r in records if r["metric"] == "cell_eval_pearson_delta"} == PREDICTORS
+        no_change = per.loc[per["predictor"] == "no_change", "cell_eval_pearson_delta"]
+        assert np.all(no_change == 0)  # a prediction that does not move has no correlation with the change
+
+
+def test_perturb_without_cell_eval_keeps_cape_scores_only(tmp_path, capsys, screen):
+    src = tmp_path / "screen.h5ad"
+    screen.write_h5ad(src)
+    out = tmp_path / "out"
+    proc = run(capsys, "perturb", "-i", str(src), "--out-dir", str(out), *FAST, "--no-cell-eval", "--no-transformer")
+    assert proc.returncode == 0, proc.stderr
+    per = pd.read_csv(out / "per_perturbation.tsv", sep="\t")
+    assert not [c for c in per.columns if c.startswith("cell_eval")]
+    assert "## cell-eval" not in (out / "report.md").read_text()
 
 
 def test_step1_fits_never_see_a_held_out_cell(screen):

@@ -54,6 +54,9 @@ def register(commands) -> None:
                              f"({defaults.causal_cells})")
     parser.add_argument("--rank", type=_rank, default=defaults.rank,
                         help="Step I's rank: auto (dense on screened candidates, as cape causal), dense or an integer")
+    parser.add_argument("--cell-eval", action=argparse.BooleanOptionalAction, default=defaults.cell_eval,
+                        help="also score with cell-eval, the Virtual Cell Challenge's evaluator, where it is installed "
+                             '(pip install "cape-sc[perturb]"; on)')
     parser.add_argument("--transformer", action=argparse.BooleanOptionalAction, default=defaults.transformer,
                         help="also the transformer embedding predictor, the costliest (on)")
     parser.add_argument("--pretrain-epochs", type=int, default=defaults.pretrain_epochs,
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         causal_cells=args.causal_cells, rank=args.rank,
         transformer=args.transformer, pretrain_epochs=args.pretrain_epochs, d_model=args.d_model,
         n_layers=args.n_layers, n_heads=args.n_heads, embed_dim=args.embed_dim, embed_epochs=args.embed_epochs,
-        predictor_epochs=args.predictor_epochs, seed=seed, device=device)
+        predictor_epochs=args.predictor_epochs, seed=seed, device=device, cell_eval=args.cell_eval)
     result = run_perturbation_workflow(data, options)
     matplotlib.use("agg")
     name = args.name or Path(args.input).stem

@@ -13,6 +13,7 @@ import pandas as pd
 
 from .._io import atomic_path, save_figure, write_json, write_text
 from .._tables import markdown_table
+from ..pl import perturbation_shifts
 from ..tasks.perturbation import SUBGROUPS
 from ..tasks.perturbation_workflow import TRIVIAL, PerturbationRun, split_table
 from .statistics import LEVEL, N_BOOTSTRAP, bootstrap_mean
@@ -147,6 +148,20 @@ def _subgroup_table(run: PerturbationRun) -> str:
     return markdown_table(["predictor", *(f"{g} (n={counts.get(g, 0)})" for g in groups)], rows)
 
 
+def _cell_eval_section(run: PerturbationRun) -> list[str]:
+    """cell-eval's mean scores per predictor, when the run has them."""
+    names = sorted({k for m in run.metrics.values() for k in m if k.startswith("cell_eval_")})
+    if not names:
+        return []
+    rows = [[p, *(_fmt(run.metrics[p].get(k, np.nan)) for k in names)] for p in run.per_perturbation["predictor"]
+            .unique()]
+    return ["## cell-eval", "", "The Virtual Cell Challenge's evaluator (cell-eval, profile minimal), means over the "
+            "held-out perturbations. Predicted cells are control cells moved to each predicted mean, so the metrics "
+            "of means (pearson_delta over all genes, mse, mae, discrimination_score) are exact; the DE metrics also "
+            "read the control cells' spread.", "",
+            markdown_table(["predictor", *(k.removeprefix("cell_eval_") for k in names)], rows), ""]
+
+
 def report_text(run: PerturbationRun, table: pd.DataFrame, *, name: str, plot: str | None) -> str:
     """``report.md``: the verdict first, then the scores, the subgroups, the split and the predictors."""
     split = split_table(run.task)
@@ -157,7 +172,7 @@ def report_text(run: PerturbationRun, table: pd.DataFrame, *, name: str, plot: s
              f"with {LEVEL:.0%} paired bootstrap intervals over perturbations (negative MSE difference: better).", "",
              _scores_table(run, table), "", "## Step I with and without the training perturbations", "",
              *(_pairs_text(table) or ["- not compared (a Step I predictor is missing)"]), "",
-             "## Top-DE MSE per subgroup", "", _subgroup_table(run), "",
+             "## Top-DE MSE per subgroup", "", _subgroup_table(run), "", *_cell_eval_section(run),
              "## Split", "", "GEARS' simulation split: whole perturbations held out (split.tsv).", "",
              markdown_table(["role", "subgroup", "perturbations"], [[r, g, str(n)] for (r, g), n in roles.items()]),
              "", "## Predictors", ""]
@@ -168,28 +183,14 @@ def report_text(run: PerturbationRun, table: pd.DataFrame, *, name: str, plot: s
 
 
 def shifts_figure(run: PerturbationRun, n_conditions: int = 4):
-    """Predicted against observed mean shift from control of the top DE genes of a few held-out perturbations
-    (one per subgroup where there are), one marker colour per predictor."""
+    """:func:`cape.pl.perturbation_shifts` of every predictor on a few held-out perturbations, one per subgroup
+    where there are."""
     test = run.task.split.test
     by_group = [next(c for c in test if run.task.split.subgroup[c] == g) for g in SUBGROUPS
                 if any(run.task.split.subgroup[c] == g for c in test)]
     shown = list(dict.fromkeys(by_group + test))[:n_conditions]
-    fig, axes = plt.subplots(1, len(shown), figsize=(3.6 * len(shown), 3.6), squeeze=False)
-    colours = plt.get_cmap("tab10")
-    for ax, cond in zip(axes[0], shown, strict=True):
-        genes = list(run.task.de[cond])
-        observed = run.task.truth.loc[cond, genes] - run.task.control_mean[genes]
-        for i, (p, means) in enumerate(run.predicted.items()):
-            ax.scatter(observed, means.loc[cond, genes] - run.task.control_mean[genes], s=12, alpha=0.8,
-                       color=colours(i % 10), label=p)
-        lim = float(np.abs(observed).max()) * 1.1 or 1.0
-        ax.plot([-lim, lim], [-lim, lim], color="grey", lw=0.8, ls="--")
-        ax.set_title(f"{cond}\n({run.task.split.subgroup[cond]})", fontsize=9)
-        ax.set_xlabel("observed shift")
-    axes[0][0].set_ylabel("predicted shift")
-    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.tight_layout()
-    return fig
+    return perturbation_shifts(run.predicted, run.task.truth, run.task.control_mean, run.task.de, conditions=shown,
+                               return_fig=True)
 
 
 def metric_records(run: PerturbationRun, table: pd.DataFrame, *, name: str, seed: int) -> list[dict]:

@@ -11,6 +11,7 @@ with the observed cells of the same conditions, so that the scores are the field
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 import warnings
@@ -33,6 +34,11 @@ PROFILES = ("full", "minimal", "vcc", "de", "anndata")
 #: predicted cells, which :func:`predicted_cells` borrows from control cells.
 MEAN_LEVEL_METRICS = ("pearson_delta", "mse", "mae", "mse_delta", "mae_delta", "discrimination_score_l1",
                       "discrimination_score_l2", "discrimination_score_cosine")
+
+
+def cell_eval_available() -> bool:
+    """Whether ``cell-eval`` (the extra ``perturb``) is installed."""
+    return importlib.util.find_spec("cell_eval") is not None
 
 
 def _import_cell_eval():

@@ -10,7 +10,9 @@ predictions of the held-out perturbations and their scores out.
   least-squares refit of the interventional graph, and (optionally) the transformer embedding predictor, all
   behind the ``fit``/``predict`` interface of :mod:`cape.tasks.perturbation_predictors`. No held-out
   perturbation's cells reach any fit.
-* Scores: top-DE MSE and ``pearson_delta`` per held-out perturbation (:meth:`PerturbationTask.evaluate`).
+* Scores: top-DE MSE and ``pearson_delta`` per held-out perturbation (:meth:`PerturbationTask.evaluate`), and
+  cell-eval's metric suite (:func:`~cape.tasks.perturbation_cell_eval.cell_eval_scores`, columns ``cell_eval_*``)
+  where the extra ``perturb`` is installed and ``cell_eval`` is on.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .perturbation import (
     to_gears_conditions,
     top_de_pearson_delta,
 )
+from .perturbation_cell_eval import cell_eval_available, cell_eval_scores
 from .perturbation_predictors import simple_baselines
 from .perturbation_scm import SCMPerturbationPredictor
 from .perturbation_transformer import TransformerPerturbationPredictor
@@ -68,6 +71,7 @@ class PerturbationSettings:
     predictor_epochs: int = 400
     seed: int = 0
     device: str = "cpu"
+    cell_eval: bool = True
 
 
 @dataclass
@@ -154,10 +158,25 @@ def _predictors(settings: PerturbationSettings):
             predictor_epochs=s.predictor_epochs, seed=s.seed, device=s.device)
 
 
+def _cell_eval(means: pd.DataFrame, task: PerturbationTask, settings: PerturbationSettings, summary: dict
+               ) -> dict[str, dict[str, float]]:
+    """cell-eval's scores of ``means`` per held-out condition (``cell_eval_<metric>``), their means added to
+    ``summary``; nothing when it is off or not installed."""
+    if not (settings.cell_eval and cell_eval_available()):
+        return {}
+    table, means_of = cell_eval_scores(means, task.adata, task.split.test, seed=settings.seed)
+    summary.update({f"cell_eval_{k}": float(v) for k, v in means_of.items()})
+    numeric = table.apply(pd.to_numeric, errors="coerce").dropna(axis=1, how="all")
+    return {str(c): {f"cell_eval_{k}": float(v) for k, v in row.items()} for c, row in numeric.iterrows()}
+
+
 def run_perturbation_workflow(data: ad.AnnData, settings: PerturbationSettings | None = None) -> PerturbationRun:
     """Split ``data`` (from :func:`perturbation_data`), fit every predictor on the control cells and the
     training perturbations, predict every held-out perturbation and score it."""
     settings = settings or PerturbationSettings()
+    if settings.cell_eval and not cell_eval_available():
+        logger.info('cell-eval not installed: scored by top-DE MSE and pearson_delta only (pip install '
+                    '"cape-sc[perturb]" adds its metrics)')
     task = PerturbationTask.build(data, split_seed=settings.split_seed, n_de=settings.n_de)
     subgroup = task.split.subgroup
     predicted, metrics, rows, fitted = {}, {}, [], {}
@@ -170,9 +189,10 @@ def run_perturbation_workflow(data: ad.AnnData, settings: PerturbationSettings |
         metrics[predictor.name] = {**summary, "seconds": seconds}
         if hasattr(predictor, "fitted_cells_"):
             fitted[predictor.name] = predictor.fitted_cells_
+        per_condition = _cell_eval(means, task, settings, metrics[predictor.name])
         rows += [{"predictor": predictor.name, "condition": c, "subgroup": subgroup[c],
                   "n_targets": len(condition_genes(c)), "top_de_mse": float(mse[c]),
-                  "pearson_delta": float(pearson[c])} for c in task.split.test]
+                  "pearson_delta": float(pearson[c]), **per_condition.get(c, {})} for c in task.split.test]
         logger.info("%s: top-%d-DE MSE %.4g, pearson_delta %.3f (%.1f s)", predictor.name, settings.n_de,
                     summary["mse_overall"], summary["pearson_delta_overall"], seconds)
     return PerturbationRun(task, predicted, pd.DataFrame(rows), metrics, fitted)

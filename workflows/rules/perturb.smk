@@ -17,8 +17,9 @@ rule perturb:
         key=lambda wildcards: shlex.quote(str(config["perturbations"])),
         out_dir=lambda wildcards: f"results/{wildcards.dataset}/perturbation",
         # every perturb.* key, so a new config key cannot be forgotten here; transformer is on/off explicitly
-        flags=cli_options("perturb", skip=("transformer",)),
-        transformer="--transformer" if config["perturb"]["transformer"] else "--no-transformer",
+        flags=cli_options("perturb", skip=("transformer", "cell_eval")),
+        transformer=("--transformer" if config["perturb"]["transformer"] else "--no-transformer")
+        + (" --cell-eval" if config["perturb"].get("cell_eval", True) else " --no-cell-eval"),
     threads: 2
     resources:
         mem_mb=2000,
