@@ -11,7 +11,10 @@ with the observed cells of the same conditions, so that the scores are the field
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import logging
 import os
 import tempfile
 import warnings
@@ -156,6 +159,22 @@ def _per_condition(results: pd.DataFrame, names: dict[str, str], means: pd.DataF
     return table
 
 
+@contextlib.contextmanager
+def _quiet():
+    """cell-eval's and pdex's progress bars (tqdm, on stderr) and their log lines (e.g. counts of infinite fold
+    changes of genes absent from the control cells) kept out of cape's output, which reports the scores itself."""
+    loggers = [logging.getLogger(name) for name in ("cell_eval", "pdex")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for log, level in zip(loggers, levels, strict=True):
+            log.setLevel(level)
+
+
 def cell_eval_scores(predicted: pd.DataFrame, adata: ad.AnnData, conditions: Sequence[str] | None = None, *,
                      condition_key: str = "condition", control: str = "ctrl", profile: str = "minimal",
                      log1p: bool = True, seed: int = 0, num_threads: int = 1
@@ -234,7 +253,7 @@ def cell_eval_scores(predicted: pd.DataFrame, adata: ad.AnnData, conditions: Seq
     means, conditions = _checked_means(predicted, adata, conditions, labels, control)
     names = _cell_eval_names(conditions, control)
     real, pred = _anndata_pair(means, adata, conditions, labels, names, condition_key, control, seed)
-    with tempfile.TemporaryDirectory(prefix="cape_cell_eval_") as tmp:  # cell-eval writes its DE tables there
+    with tempfile.TemporaryDirectory(prefix="cape_cell_eval_") as tmp, _quiet():  # its DE tables go to tmp
         evaluator = cell_eval.MetricsEvaluator(
             adata_pred=pred, adata_real=real, control_pert=control, pert_col=condition_key,
             num_threads=num_threads, outdir=os.path.join(tmp, "cell_eval"), allow_discrete=True,
