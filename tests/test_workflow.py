@@ -32,6 +32,16 @@ def test_dry_run_of_the_perturbation_mode(workdir):
     assert "--interventions condition" in proc.stdout and "--transformer" in proc.stdout
 
 
+def test_dry_run_of_the_norman2019_configuration(workdir):
+    """The ready configuration for Norman et al. 2019 (CRISPRa): the dataset is fetched by the preprocess rule, and
+    the Step I predictors set each target to its training level rather than knocking it out."""
+    proc = snakemake(workdir, "-n", "-p", "--configfile", "configs/perturbation_norman2019.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert "--input dataset:norman2019" in proc.stdout and "--interventions condition" in proc.stdout
+    assert "rule perturb" in proc.stdout and "--target-value training" in proc.stdout
+    assert "results/norman2019/perturbation/report.md" in proc.stdout
+
+
 def test_lint_reports_only_missing_environments(workdir):
     proc = snakemake(workdir, "--lint")
     text = proc.stdout + proc.stderr

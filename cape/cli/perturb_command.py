@@ -13,7 +13,12 @@ from .._errors import CapeInputError
 from .._settings import resolve_device, resolve_seed
 from ..report.perturbation_report import write_perturbation_outputs
 from ..report.statistics import N_BOOTSTRAP
-from ..tasks.perturbation_workflow import PerturbationSettings, perturbation_data, run_perturbation_workflow
+from ..tasks.perturbation_workflow import (
+    TARGET_VALUES,
+    PerturbationSettings,
+    perturbation_data,
+    run_perturbation_workflow,
+)
 from ._command_io import check_output, positive_int, read_input
 
 logger = logging.getLogger("cape")
@@ -54,6 +59,10 @@ def register(commands) -> None:
                              f"({defaults.causal_cells})")
     parser.add_argument("--rank", type=_rank, default=defaults.rank,
                         help="Step I's rank: auto (dense on screened candidates, as cape causal), dense or an integer")
+    parser.add_argument("--target-value", choices=TARGET_VALUES, default=defaults.target_value,
+                        help="what the structural-equation predictors set a perturbed gene to: zero (knock-out, "
+                             "do(x = 0)) or training (its level in the training perturbations' cells; an unseen "
+                             "target moved by their median shift: knock-downs, CRISPRa) (zero)")
     parser.add_argument("--cell-eval", action=argparse.BooleanOptionalAction, default=defaults.cell_eval,
                         help="also score with cell-eval, the Virtual Cell Challenge's evaluator, where it is installed "
                              '(pip install "cape-sc[perturb]"; on)')
@@ -87,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     device = str(resolve_device("auto"))  # --device, else CUDA when available
     options = PerturbationSettings(
         split_seed=args.split_seed, n_de=args.n_de, causal_epochs=args.causal_epochs,
-        causal_cells=args.causal_cells, rank=args.rank,
+        causal_cells=args.causal_cells, rank=args.rank, target_value=args.target_value,
         transformer=args.transformer, pretrain_epochs=args.pretrain_epochs, d_model=args.d_model,
         n_layers=args.n_layers, n_heads=args.n_heads, embed_dim=args.embed_dim, embed_epochs=args.embed_epochs,
         predictor_epochs=args.predictor_epochs, seed=seed, device=device, cell_eval=args.cell_eval)

@@ -25,6 +25,13 @@ METRICS = {"top_de_mse": True, "pearson_delta": False}
 #: interventions add to Step I.
 PAIRS = (("scm_interventional", "scm_control"),)
 
+#: What the Step I predictors set a perturbed gene to, per ``perturb.target_value``.
+TARGET_VALUE_TEXT = {
+    "zero": "0, do(x = 0): a knock-out",
+    "training": "its mean level in the cells of the training perturbations that target it; a gene no training "
+                "perturbation targets, its control mean plus the training targets' median shift",
+}
+
 #: One line per predictor of the workflow, for the report.
 PREDICTORS = {
     "no_change": "the control mean for every perturbation",
@@ -32,9 +39,9 @@ PREDICTORS = {
     "additive": "control mean plus the sum of the perturbed genes' training single shifts",
     "linear": "Ahlmann-Eltze, Huber & Anders (2025): PCA gene embedding of the training pseudobulks, ridge "
               "bilinear map",
-    "scm_control": "Step I's learned structural equations fitted on the control cells only, do(x = 0)",
+    "scm_control": "Step I's learned structural equations fitted on the control cells only",
     "scm_interventional": "Step I's learned equations fitted on the control cells and the training perturbations "
-                          "as interventions, do(x = 0)",
+                          "as interventions",
     "scm_interventional_linear": "the interventional Step I graph, each gene refit on its parents by least squares "
                                  "on the control cells",
     "transformer": "gene embeddings of a transformer with CAPE positions (from the interventional graph) "
@@ -177,6 +184,9 @@ def report_text(run: PerturbationRun, table: pd.DataFrame, *, name: str, plot: s
              markdown_table(["role", "subgroup", "perturbations"], [[r, g, str(n)] for (r, g), n in roles.items()]),
              "", "## Predictors", ""]
     parts += [f"- **{p}**: {PREDICTORS.get(p, '')}" for p in run.per_perturbation["predictor"].unique()]
+    if run.per_perturbation["predictor"].str.startswith("scm_").any():
+        parts += ["", f"The Step I predictors set each perturbed gene to {TARGET_VALUE_TEXT[run.target_value]} "
+                      f"(perturb.target_value: {run.target_value})."]
     if plot:
         parts += ["", "## Predicted against observed shifts", "", f"![shifts]({plot})"]
     return "\n".join(parts) + "\n"

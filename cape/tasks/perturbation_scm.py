@@ -1,6 +1,6 @@
-"""The structural-equation predictor of the perturbation benchmark: knock-outs as do(x = 0) in a causal model fitted
-on the control cells alone, or on the control cells and the training perturbations as interventions (Step I's
-learned SEM, or a DAG refit by least squares)."""
+"""The structural-equation predictor of the perturbation benchmark: perturbations as do(x = value) (0 for a
+knock-out) in a causal model fitted on the control cells alone, or on the control cells and the training
+perturbations as interventions (Step I's learned SEM, or a DAG refit by least squares)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,11 @@ class SCMPerturbationPredictor(NoChangePredictor):
         ``"learned"`` (Step I's encoder, feature-space SEM and decoder; needs ``graph=None``) or ``"linear"``
         (each gene refit on its graph parents by least squares on the control cells).
     value
-        The value the perturbed genes are set to (0: knock-out).
+        What the perturbed genes are set to: a number (0, the default: a knock-out, do(x = 0)), or
+        ``"training"``: each gene to its mean level in the cells of the training perturbations that target it,
+        and a gene no training perturbation targets to its control mean plus the median of the training targets'
+        shifts (level − control mean, in the data's units: a log fold change on log-normalised data). For
+        knock-downs (CRISPRi) and activations (CRISPRa), where the target keeps or gains expression.
     rank, epochs, seed
         Step I settings (``graph=None`` only).
     config
@@ -72,7 +76,7 @@ class SCMPerturbationPredictor(NoChangePredictor):
 
     name = "scm"
 
-    def __init__(self, graph=None, *, equations: str = "learned", value: float = 0.0, rank: int | None = 40,
+    def __init__(self, graph=None, *, equations: str = "learned", value: float | str = 0.0, rank: int | None = 40,
                  epochs: int = 100, seed: int = 0, interventions: bool = False,
                  config: CausalConfig | None = None, max_cells: int | None = None) -> None:
         if equations not in ("learned", "linear"):
@@ -81,7 +85,10 @@ class SCMPerturbationPredictor(NoChangePredictor):
             raise CapeInputError("learned equations come from Step I's own fit: pass graph=None, or equations='linear'")
         if interventions and graph is not None:
             raise CapeInputError("interventions=True fits Step I on the training perturbations: pass graph=None")
-        self.graph, self.equations, self.value = graph, equations, float(value)
+        if isinstance(value, str) and value != "training":
+            raise CapeInputError(f"value must be a number or 'training', got {value!r}")
+        self.graph, self.equations = graph, equations
+        self.value = value if isinstance(value, str) else float(value)
         self.rank, self.epochs, self.seed, self.interventions = rank, epochs, seed, bool(interventions)
         self.config, self.max_cells = config, max_cells
         if self.interventions:
@@ -113,6 +120,8 @@ class SCMPerturbationPredictor(NoChangePredictor):
         self.dag_ = np.asarray(dag)
         self.n_edges_ = int(np.count_nonzero(dag))
         self.equations_, self.X_ = eq, X
+        self.target_levels_, self.unseen_shift_ = self._target_levels(adata, labels, train, control) \
+            if self.value == "training" else ({}, 0.0)
         logger.info("SCM predictor (%s equations%s): %d edges", self.equations,
                     ", interventions" if self.interventions else "", self.n_edges_)
         return self
@@ -152,10 +161,33 @@ class SCMPerturbationPredictor(NoChangePredictor):
         cols = np.concatenate(cols) if cols else np.zeros(0, dtype=int)
         return sp.csr_matrix((np.ones(rows.size, dtype=bool), (rows, cols)), shape=(labels.size, len(self.index_)))
 
+    def _target_levels(self, adata: ad.AnnData, labels: np.ndarray, train: Sequence[str], control: str
+                       ) -> tuple[dict[str, float], float]:
+        """Each training target's mean level in the cells perturbing it, and the median of their shifts from the
+        control mean (what an unseen target is moved by)."""
+        perturbed = [c for c in dict.fromkeys(map(str, train)) if c != control]
+        if not perturbed:
+            raise CapeInputError("value='training' needs training perturbations: the split left none")
+        control_mean = self.X_.mean(0)
+        levels = {}
+        for g in dict.fromkeys(g for c in perturbed for g in condition_genes(c)):
+            cells = np.isin(labels, [c for c in perturbed if g in condition_genes(c)])
+            levels[g] = float(dense(adata.X[cells][:, [self.index_[g]]]).mean())
+        shift = float(np.median([levels[g] - control_mean[self.index_[g]] for g in levels]))
+        return levels, shift
+
+    def target_value(self, gene: str) -> float:
+        """The value ``gene`` is set to when a perturbation targets it (see ``value``)."""
+        if self.value != "training":
+            return float(self.value)
+        if gene in self.target_levels_:
+            return self.target_levels_[gene]
+        return float(self.X_[:, self.index_[gene]].mean() + self.unseen_shift_)
+
     def predict(self, conditions: Sequence[str]) -> pd.DataFrame:
         rows = []
         for cond in conditions:
-            do = {self.index_[g]: self.value for g in condition_genes(cond)}
+            do = {self.index_[g]: self.target_value(g) for g in condition_genes(cond)}
             predicted, _ = intervene(self.equations_, self.X_, do, mode="counterfactual")
             rows.append(predicted.mean(0))
         return pd.DataFrame(np.vstack(rows) if rows else np.zeros((0, len(self.genes_))), index=list(conditions),

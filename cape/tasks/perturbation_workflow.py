@@ -48,6 +48,7 @@ logger = logging.getLogger("cape")
 
 #: The baselines that know nothing about which perturbation was made; every verdict is against the better one.
 TRIVIAL = ("no_change", "train_mean")
+TARGET_VALUES = ("zero", "training")  # what the structural-equation predictors set a perturbed gene to
 
 _GEARS = re.compile(r"[^+]+\+[^+]+")  # 'A+ctrl', 'ctrl+A', 'A+B'; control is the literal 'ctrl'
 
@@ -61,6 +62,7 @@ class PerturbationSettings:
     causal_epochs: int = 30
     causal_cells: int | None = 2000
     rank: int | str | None = "auto"
+    target_value: str = "zero"  # zero: do(x = 0), knock-outs; training: the targets' levels in the training cells
     transformer: bool = True
     pretrain_epochs: int = 5
     d_model: int = 32
@@ -83,6 +85,7 @@ class PerturbationRun:
     per_perturbation: pd.DataFrame  # predictor, condition, subgroup, n_targets, top_de_mse, pearson_delta
     metrics: dict[str, dict[str, float]]  # predictor → PerturbationTask.evaluate's summary and fit seconds
     fitted_cells: dict[str, list[str]] = field(default_factory=dict)  # Step I predictors → the cells they read
+    target_value: str = "zero"  # what the Step I predictors set a perturbed gene to (PerturbationSettings)
 
 
 def gears_labels(adata: ad.AnnData, key: str) -> pd.Series:
@@ -142,13 +145,14 @@ def _predictors(settings: PerturbationSettings):
     yield from simple_baselines()
     # Step I as `cape causal` runs it (screen, fit, edge budget, orientation), on at most causal_cells cells
     config = CausalConfig(rank=s.rank, epochs=s.causal_epochs)
-    control_only = SCMPerturbationPredictor(config=config, max_cells=s.causal_cells, seed=s.seed)
+    value = 0.0 if s.target_value == "zero" else s.target_value
+    control_only = SCMPerturbationPredictor(config=config, max_cells=s.causal_cells, seed=s.seed, value=value)
     control_only.name = "scm_control"
     yield control_only
     interventional = SCMPerturbationPredictor(config=config, max_cells=s.causal_cells, seed=s.seed,
-                                              interventions=True)
+                                              interventions=True, value=value)
     yield interventional
-    refit = SCMPerturbationPredictor(interventional.dag_, equations="linear")
+    refit = SCMPerturbationPredictor(interventional.dag_, equations="linear", value=value)
     refit.name = "scm_interventional_linear"
     yield refit
     if s.transformer:
@@ -174,6 +178,8 @@ def run_perturbation_workflow(data: ad.AnnData, settings: PerturbationSettings |
     """Split ``data`` (from :func:`perturbation_data`), fit every predictor on the control cells and the
     training perturbations, predict every held-out perturbation and score it."""
     settings = settings or PerturbationSettings()
+    if settings.target_value not in TARGET_VALUES:
+        raise CapeInputError(f"target_value must be one of {', '.join(TARGET_VALUES)}, got {settings.target_value!r}")
     if settings.cell_eval and not cell_eval_available():
         logger.info('cell-eval not installed: scored by top-DE MSE and pearson_delta only (pip install '
                     '"cape-sc[perturb]" adds its metrics)')
@@ -195,4 +201,4 @@ def run_perturbation_workflow(data: ad.AnnData, settings: PerturbationSettings |
                   "pearson_delta": float(pearson[c]), **per_condition.get(c, {})} for c in task.split.test]
         logger.info("%s: top-%d-DE MSE %.4g, pearson_delta %.3f (%.1f s)", predictor.name, settings.n_de,
                     summary["mse_overall"], summary["pearson_delta_overall"], seconds)
-    return PerturbationRun(task, predicted, pd.DataFrame(rows), metrics, fitted)
+    return PerturbationRun(task, predicted, pd.DataFrame(rows), metrics, fitted, settings.target_value)
