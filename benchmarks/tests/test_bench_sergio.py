@@ -76,3 +76,49 @@ def test_real_sergio_simulates_counts_with_cell_types() -> None:
     assert np.all(counts >= 0) and np.allclose(counts, np.round(counts)) and counts.sum() > 0
     again, _, _ = sergio.simulate_sergio(W, n_types=2, cells_per_type=30, seed=0)  # a new process, same counts
     np.testing.assert_array_equal(counts, again)
+
+
+FAKE_KNOCKOUT_CHILD = """
+import sys
+import numpy as np
+data = np.load(sys.argv[1])
+genes = np.unique(np.concatenate([data["sources"], data["targets"]]))
+ko, per_type, n_types = data["knockouts"], int(data["knockout_cells_per_type"]), int(data["n_types"])
+n = n_types * (int(data["cells_per_type"]) + len(ko) * per_type)
+condition = np.concatenate([np.full(n_types * int(data["cells_per_type"]), -1)]
+                           + [np.full(n_types * per_type, k) for k in range(len(ko))])
+np.savez(sys.argv[2], counts=np.ones((n, genes.size)), cell_type=np.zeros(n, int), genes=genes, condition=condition,
+         knockouts=ko)
+"""
+
+
+def test_the_knockout_driver_pads_the_knockouts_and_reads_back_each_cells_condition(tmp_path, monkeypatch) -> None:
+    child = tmp_path / "child.py"
+    child.write_text(FAKE_KNOCKOUT_CHILD)
+    monkeypatch.setattr(sergio, "_CHILD", child)
+    monkeypatch.setenv(sergio.SERGIO_PYTHON_ENV, sys.executable)
+    W = np.zeros((4, 4))
+    W[0, 1], W[1, 2] = 0.7, -1.3
+    counts, _, condition, genes = sergio.simulate_sergio_knockouts(
+        W, [[0], [0, 1]], n_types=2, cells_per_type=5, knockout_cells_per_type=3)
+    assert counts.shape == (2 * (5 + 2 * 3), 3) and list(genes) == [0, 1, 2]
+    assert list(np.bincount(condition + 1)) == [10, 6, 6]
+    with pytest.raises(CapeInputError, match="edge in the network"):
+        sergio.simulate_sergio_knockouts(W, [[3]])  # gene 3 has no edge: SERGIO does not simulate it
+    with pytest.raises(CapeInputError, match="at least one gene"):
+        sergio.simulate_sergio_knockouts(W, [[]])
+
+
+@pytest.mark.skipif(sergio.sergio_python() is None, reason="SERGIO is not installed (make sergio-env)")
+def test_real_sergio_knockouts_hold_their_genes_at_zero_and_move_the_children_only() -> None:
+    W = np.zeros((6, 6))  # gene 5, a second master regulator, keeps every cell expressing something
+    W[0, 1], W[0, 2], W[1, 3], W[2, 4], W[5, 4] = 1.0, -1.0, 1.0, 1.0, 1.0
+    counts, _, condition, genes = sergio.simulate_sergio_knockouts(
+        W, [[1], [1, 2]], n_types=2, cells_per_type=60, knockout_cells_per_type=30, seed=0)
+    assert list(np.bincount(condition + 1)) == [120, 60, 60] and list(genes) == [0, 1, 2, 3, 4, 5]
+    assert counts[condition == 0][:, 1].sum() == 0 and counts[condition == 1][:, [1, 2]].sum() == 0
+    assert counts[condition == -1][:, 1].sum() > 0
+    # gene 1 activates gene 3: knocked out, gene 3 falls; gene 0, upstream, is not moved
+    means = {k: counts[condition == k].mean(0) for k in (-1, 0)}
+    assert means[0][3] < 0.5 * means[-1][3]
+    assert 0.5 < means[0][0] / means[-1][0] < 2.0
