@@ -12,7 +12,7 @@ from cape_benchmarks.cli import BENCH_MODULES, main
 
 COMMANDS = ("attention", "non-relativity", "causal", "causal-scale", "intervention", "pretrain", "embedding",
             "properties", "baselines", "recipe", "encodings", "gears", "paper-runtime", "throughput",
-            "edge-confidence")
+            "edge-confidence", "perturbation-dag")
 
 
 def test_help_lists_every_benchmark(capsys):

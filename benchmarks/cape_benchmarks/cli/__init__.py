@@ -24,6 +24,7 @@ from . import (
     intervention_command,
     non_relativity_command,
     paper_runtime_command,
+    perturbation_dag_command,
     pretrain_command,
     properties_command,
     recipe_command,
@@ -34,7 +35,7 @@ from . import (
 BENCH_MODULES = (attention_command, non_relativity_command, causal_command, causal_scale_command,
                  intervention_command, pretrain_command, embedding_command, properties_command, baselines_command,
                  recipe_command, encodings_command, gears_command, paper_runtime_command,
-                 throughput_command, edge_confidence_command)
+                 throughput_command, edge_confidence_command, perturbation_dag_command)
 
 
 PROG = "cape-bench"
