@@ -48,6 +48,7 @@ def test_the_quick_run_writes_records_tables_and_a_figure(tmp_path) -> None:
     assert {"no_change", "train_mean", "additive", "linear", "scm_control", "scm_interventional"} \
         <= set(frame["predictor"])
     assert "transformer" not in set(frame["predictor"])
+    assert {"top_de_mse", "pearson_delta", "top_de_mse_downstream", "pearson_delta_downstream"} <= set(frame["metric"])
     runs = {r["member"]: r["target_value"] for r in records if r["kind"] == "run"}
     assert runs == {"grn50": "zero", "bn_ecoli70": "training"}
     grn_subgroups = set(frame[frame["member"] == "grn50"]["subgroup"])
