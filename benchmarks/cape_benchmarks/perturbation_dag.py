@@ -453,7 +453,7 @@ def _figure(records: list[dict]):
                                                          rows["high"] - rows["difference"]],
                             fmt="o", ms=3, color=colours(k), label=f"{a} − {b}" if i == j == 0 else None)
             ax.axvline(0.0, color="0.5", lw=0.8)
-            ax.set_yticks(range(len(subgroups)), subgroups if j == 0 else [""] * len(subgroups), fontsize=7)
+            ax.set_yticks(range(len(subgroups)), subgroups, fontsize=7)  # members differ in their subgroups
             ax.set_title(f"{member}: {metric}", fontsize=8)
             ax.tick_params(axis="x", labelsize=7)
     if metrics and members:
