@@ -96,6 +96,16 @@ def _add_knockouts(grn, knockouts, n_types: int) -> None:
         grn._estimate_params(half_resp=False)  # steady-state estimates with the knock-outs; wild-type K and h
 
 
+def _technical_noise(noise, expr):
+    """SERGIO's ``_add_noise`` with its paper's DS1 settings, step by step and draw for draw, except that a cell
+    with no expression at all (possible once knock-outs silence most of a small network) stays empty instead of
+    turning NaN in SERGIO's library-size step (0 / 0)."""
+    ret = noise._add_outlier(expr.copy(), 0.01, 0.8, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ret = np.nan_to_num(noise._add_library_size(ret, 4.6, 0.4), nan=0.0, posinf=0.0)
+    return noise._to_count(noise._add_dropout(ret, 6.5, 82))
+
+
 def simulate(sources, targets, signs, n_types: int, cells_per_type: int, seed: int, knockouts=(),
              knockout_cells_per_type: int = 10):
     from SERGIO import sergio
@@ -114,8 +124,7 @@ def simulate(sources, targets, signs, n_types: int, cells_per_type: int, seed: i
         blocks.append(trajectories[:, steps, ct])
         condition.append(np.full(n, ct // n_types - 1))
         cell_type.append(np.full(n, ct % n_types))
-    counts = scNoise()._add_noise(np.hstack(blocks), prob_o=0.01, mean_o=0.8, scale_o=1, mean_l=4.6, scale_l=0.4,
-                                  shape_d=6.5, perc_d=82, to_count=True)
+    counts = _technical_noise(scNoise(), np.hstack(blocks))
     genes = np.array([int(g) for g in names])
     order = np.argsort(genes)
     return counts[order].T, np.concatenate(cell_type), genes[order], np.concatenate(condition)

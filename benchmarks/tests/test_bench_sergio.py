@@ -110,15 +110,18 @@ def test_the_knockout_driver_pads_the_knockouts_and_reads_back_each_cells_condit
 
 
 @pytest.mark.skipif(sergio.sergio_python() is None, reason="SERGIO is not installed (make sergio-env)")
-def test_real_sergio_knockouts_hold_their_genes_at_zero_and_move_the_children_only() -> None:
-    W = np.zeros((6, 6))  # gene 5, a second master regulator, keeps every cell expressing something
-    W[0, 1], W[0, 2], W[1, 3], W[2, 4], W[5, 4] = 1.0, -1.0, 1.0, 1.0, 1.0
+@pytest.mark.parametrize("seed", [0, 2])
+def test_real_sergio_knockouts_hold_their_genes_at_zero_and_move_their_children(seed: int) -> None:
+    W = np.zeros((6, 6))
+    W[0, 1], W[0, 2], W[3, 4], W[3, 5] = 1.0, -1.0, 1.0, 1.0  # 0 activates 1 and represses 2
     counts, _, condition, genes = sergio.simulate_sergio_knockouts(
-        W, [[1], [1, 2]], n_types=2, cells_per_type=60, knockout_cells_per_type=30, seed=0)
+        W, [[0], [0, 3]], n_types=2, cells_per_type=60, knockout_cells_per_type=30, seed=seed)
     assert list(np.bincount(condition + 1)) == [120, 60, 60] and list(genes) == [0, 1, 2, 3, 4, 5]
-    assert counts[condition == 0][:, 1].sum() == 0 and counts[condition == 1][:, [1, 2]].sum() == 0
-    assert counts[condition == -1][:, 1].sum() > 0
-    # gene 1 activates gene 3: knocked out, gene 3 falls; gene 0, upstream, is not moved
-    means = {k: counts[condition == k].mean(0) for k in (-1, 0)}
-    assert means[0][3] < 0.5 * means[-1][3]
-    assert 0.5 < means[0][0] / means[-1][0] < 2.0
+    control, ko0, ko03 = (counts[condition == k] for k in (-1, 0, 1))
+    assert ko0[:, 0].sum() == 0 and ko03[:, [0, 3]].sum() == 0
+    assert control[:, 0].sum() > 0 and control[:, 3].sum() > 0
+    # gene 1's only regulator is an activator: knocked out, it has no production left; gene 2 loses its repressor
+    assert ko0[:, 1].sum() == 0 and control[:, 1].sum() > 0
+    assert ko0[:, 2].mean() > control[:, 2].mean()
+    # seed 2 leaves cells without any expression once 0 and 3 are out: empty, not NaN in SERGIO's library size
+    assert np.isfinite(counts).all()
