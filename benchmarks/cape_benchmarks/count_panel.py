@@ -312,21 +312,26 @@ def panel_figure(records: list[dict]):
     frame = pd.concat([frame, kept[["setting", "method", "seed", "metric", "value"]]])
     panels = [("skeleton_f1", None), ("skeleton_auprc", None), ("kept / true", 2.0), ("f1", None),
               ("confidence_gap_closed", 0.5)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 1.0 + 0.35 * len(settings) * 1.2))
+    height = max(3.0, 1.2 + 0.16 * len(settings) * len(methods))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), height))
     width = 0.8 / max(1, len(methods))
+    peer_colors = iter(["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:gray", "tab:olive"])
+    colors = {m: "tab:red" if m.startswith("cape") else next(peer_colors, "black") for m in methods}
     for ax, (metric, line) in zip(axes, panels, strict=True):
         med = frame[frame["metric"] == metric].groupby(["setting", "method"])["value"].median()
         for k, method in enumerate(methods):
             values = [med.get((s, method), np.nan) for s in settings]
             ax.barh(np.arange(len(settings)) + k * width, np.nan_to_num(values), height=width, label=method,
-                    color="tab:red" if method.startswith("cape") else f"C{k % 10}")
+                    color=colors[method])
         if line is not None:
             ax.axvline(line, color="0.4", ls="--", lw=0.8)
         ax.set_yticks(np.arange(len(settings)) + 0.4 - width / 2,
-                      settings if metric == panels[0][0] else [""] * len(settings), fontsize=7)
+                      settings if metric == panels[0][0] else [""] * len(settings), fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel(f"median {metric}")
-    axes[0].legend(fontsize=6, frameon=False, loc="lower right")
-    fig.suptitle("Count-simulator panel: Step I (red) against its peers, median over seeds")
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(methods), fontsize=8,
+               frameon=False)
+    fig.suptitle("Count-simulator panel: Step I (red) against its peers, median over seeds (dashed: the issue's "
+                 "bounds, kept ≤ 2× true, gap closed ≥ 0.5)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
