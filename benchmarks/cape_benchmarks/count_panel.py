@@ -263,6 +263,7 @@ def run_count_panel(out: str | Path = "results/bench", quick: bool = False, sett
                                for k, v in scores.items())
                 logger.info("%s seed %d %s: %s, %s", setting, seed, method, status,
                             ", ".join(f"{k} {v:.3g}" for k, v in scores.items()))
+            write_json(records, Path(out) / "count_panel.json")  # so far: a long run stopped early keeps its records
     write_panel_outputs(records, out, quick, size)
     return records
 
