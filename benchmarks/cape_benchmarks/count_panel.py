@@ -295,7 +295,8 @@ def panel_report(records: list[dict], quick: bool, size: dict) -> str:
     notes = "".join(f"- {r.setting} seed {r.seed} {r.method}: {r.status} after {r.value:.0f} s\n"
                     for r in failed.itertuples())
     params = frame.drop_duplicates("setting").set_index("setting")["params"]
-    seeds = ", ".join(f"{s}: {sorted(g.unique())}" for s, g in frame.groupby("setting", sort=False)["seed"])
+    seeds = ", ".join(f"{s}: {sorted(int(x) for x in g.unique())}"
+                      for s, g in frame.groupby("setting", sort=False)["seed"])
     return (f"# Count-simulator panel{' (quick)' if quick else ''}\n\n"
             f"{size['n_cells']} cells, {size['n_genes']} genes ({size['n_edges']} true edges; bn_counts: its network); "
             f"seeds per setting: {seeds}. `kept`: gene pairs kept (either direction); "
