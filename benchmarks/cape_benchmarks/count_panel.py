@@ -229,9 +229,9 @@ def run_count_panel(out: str | Path = "results/bench", quick: bool = False, sett
     """Run the panel; write ``count_panel.json``/``.md``/``.png`` under ``out``; returns the records.
 
     ``settings``: names from :func:`panel_settings` (default: every member's base; ``"all"``: every setting);
-    ``methods``: from :data:`PANEL_METHODS` (default all) and :data:`EXTRA_METHODS`; ``n_cells``/``n_genes``: the
-    simulations' size (default 3,000 cells, 120 genes and 1.5 edges per gene; quick: 300, 20); ``budget``: seconds
-    per subprocess peer.
+    ``methods``: from :data:`PANEL_METHODS` (default all; quick: Step I at 5 epochs and the in-process peers) and
+    :data:`EXTRA_METHODS`; ``n_cells``/``n_genes``: the simulations' size (default 3,000 cells, 120 genes and 1.5
+    edges per gene; quick: 300, 20); ``budget``: seconds per subprocess peer.
     """
     size = dict(QUICK if quick else FULL)
     size.update({k: v for k, v in (("n_cells", n_cells), ("n_genes", n_genes)) if v is not None})
