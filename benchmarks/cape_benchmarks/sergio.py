@@ -31,8 +31,13 @@ def sergio_python() -> str | None:
 
 
 def simulate_sergio(weights: np.ndarray, *, n_types: int = 5, cells_per_type: int = 400, seed: int = 0,
-                    timeout: float = 1800.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    timeout: float = 1800.0, k_range: tuple[float, float] | None = None,
+                    noise: tuple[float, ...] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Counts from the DAG ``weights`` (A[i, j] ≠ 0: i → j, its sign activation or repression).
+
+    ``k_range``: range of the Hill interactions' |K| (the regulation strength; default SERGIO child's [1, 5]);
+    ``noise``: SERGIO's technical-noise parameters (outlier probability, mean, scale; library-size mean, scale;
+    dropout shape, percentile; default the child's, SERGIO's demo values).
 
     Returns the counts (cells × simulated genes), each cell's type, and the indices of the simulated genes into
     ``weights`` (a gene without any edge is not part of SERGIO's network).
@@ -42,10 +47,11 @@ def simulate_sergio(weights: np.ndarray, *, n_types: int = 5, cells_per_type: in
         raise CapeInputError(f"SERGIO is not installed: run `make sergio-env` or set {SERGIO_PYTHON_ENV} to the python "
                              "of an environment with sergio-scsim==1.9.3")
     sources, targets = np.nonzero(weights)
+    options = {k: np.asarray(v, dtype=float) for k, v in (("k_range", k_range), ("noise", noise)) if v is not None}
     with tempfile.TemporaryDirectory(prefix="cape-sergio-") as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         np.savez(src, sources=sources, targets=targets, signs=np.sign(weights[sources, targets]), n_types=n_types,
-                 cells_per_type=cells_per_type, seed=seed)
+                 cells_per_type=cells_per_type, seed=seed, **options)
         # SERGIO iterates over sets of gene-name strings: without a fixed hash seed the same seed gives other counts.
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MPLBACKEND": "Agg",
                "PYTHONHASHSEED": "0"}
