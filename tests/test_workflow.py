@@ -42,6 +42,27 @@ def test_dry_run_of_the_norman2019_configuration(workdir):
     assert "results/norman2019/perturbation/report.md" in proc.stdout
 
 
+def test_perturbation_mode_runs_then_html_report(workdir):
+    """The perturbation mode end to end on a tiny screen, then `snakemake --report` with its outputs."""
+    import cape
+
+    cape.data.simulate_perturbation(n_genes=16, n_edges=20, n_control=150, n_cells_per_perturbation=10,
+                                    n_single=5, n_double=5, seed=0).write_h5ad(workdir / "screen.h5ad")
+    config = ["--config", "input=screen.h5ad", "perturbations=condition", "preprocess={'min_genes': 0}",
+              "perturb={'causal_epochs': 3, 'transformer': False, 'cell_eval': False, 'n_boot': 50}"]
+    proc = snakemake(workdir, "--cores", "2", *config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = workdir / "results/screen/perturbation"
+    assert (out / "report.md").read_text().startswith("# cape perturbation run: screen")
+    proc = snakemake(workdir, *config, "--report", "report.html")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = (workdir / "report.html").read_text()
+    items = {Path(path).name: entry for path, entry in _report_items(html).items()}
+    assert {"report.md", "shifts.png", "metrics.json", "per_perturbation.tsv", "split.tsv"} <= set(items)
+    assert "held out by GEARS" in items["shifts.png"]["caption"]
+    assert "perturb" in html and "Perturbation prediction" in html
+
+
 def test_lint_reports_only_missing_environments(workdir):
     proc = snakemake(workdir, "--lint")
     text = proc.stdout + proc.stderr

@@ -3,11 +3,13 @@
 SERGIO (Dibaeinia & Sinha 2020; ``sergio-scsim`` on PyPI) is GPL-3 licensed, so cape never imports it: it runs in
 the interpreter of an environment of its own (``make sergio-env``) and this file imports only NumPy and SERGIO.
 Input: ``sources``, ``targets`` and ``signs`` of the DAG's edges (gene indices; +1 activation, −1 repression),
-``n_genes``, ``n_types``, ``cells_per_type`` and ``seed``. Each edge gets a Hill interaction (n = 2, |K| uniform in
-[1, 5], the sign of the edge), each master regulator a random low or high production rate per cell type, and the
-steady-state cells get SERGIO's technical noise (outliers, library size, dropout, Poisson counts) with the
-settings of its paper's DS1 data. Output: ``counts`` (cells × genes, in input order), ``cell_type`` and ``genes``
-(the indices SERGIO simulated: genes without any edge are absent from its network).
+``n_genes``, ``n_types``, ``cells_per_type`` and ``seed``, and optionally ``k_range`` (the range of |K|, default
+[1, 5]) and ``noise`` (SERGIO's technical-noise parameters: outlier probability, mean and scale, library-size mean
+and scale, dropout shape and percentile; default the values below). Each edge gets a Hill interaction (n = 2, |K|
+uniform in ``k_range``, the sign of the edge), each master regulator a random low or high production rate per cell
+type, and the steady-state cells get SERGIO's technical noise (outliers, library size, dropout, Poisson counts).
+Output: ``counts`` (cells × genes, in input order), ``cell_type`` and ``genes`` (the indices SERGIO simulated: genes
+without any edge are absent from its network).
 
 Knock-outs (optional input ``knockouts``: one row of gene indices per knock-out, padded with −1, and
 ``knockout_cells_per_type``). SERGIO 1.9.3 has no perturbation API (its source lists knock-outs among "things to
@@ -31,6 +33,8 @@ import numpy as np
 
 SAFETY_ITER = 150
 SCALE_ITER = 10
+#: The technical noise of SERGIO's README / demo notebook (outlier genes, library size, dropout); callers pass others.
+DEFAULT_NOISE = (0.01, 0.8, 1.0, 4.6, 0.4, 6.5, 82.0)
 
 
 def _gene_class():
@@ -59,13 +63,13 @@ def _gene_class():
     return KnockableGene
 
 
-def _network(sources, targets, signs, n_types: int, seed: int):
+def _network(sources, targets, signs, n_types: int, seed: int, k_range=(1.0, 5.0)):
     """SERGIO's wild-type network, set up (levels, production rates, half-responses, steady-state estimates)."""
     from SERGIO.GRN import GRN, SingleInteraction
     from SERGIO.MR import mrProfile
 
     np.random.seed(seed)  # noqa: NPY002 (SERGIO draws from NumPy's global generator)
-    strengths = np.random.default_rng(seed).uniform(1.0, 5.0, size=len(sources))
+    strengths = np.random.default_rng(seed).uniform(float(k_range[0]), float(k_range[1]), size=len(sources))
     gene = _gene_class()
     grn = GRN()
     for s, t, sign, strength in zip(sources, targets, signs, strengths, strict=True):
@@ -96,22 +100,30 @@ def _add_knockouts(grn, knockouts, n_types: int) -> None:
         grn._estimate_params(half_resp=False)  # steady-state estimates with the knock-outs; wild-type K and h
 
 
-def _technical_noise(noise, expr):
-    """SERGIO's ``_add_noise`` with its paper's DS1 settings, step by step and draw for draw, except that a cell
-    with no expression at all (possible once knock-outs silence most of a small network) stays empty instead of
-    turning NaN in SERGIO's library-size step (0 / 0)."""
-    ret = noise._add_outlier(expr.copy(), 0.01, 0.8, 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ret = np.nan_to_num(noise._add_library_size(ret, 4.6, 0.4), nan=0.0, posinf=0.0)
-    return noise._to_count(noise._add_dropout(ret, 6.5, 82))
-
-
-def simulate(sources, targets, signs, n_types: int, cells_per_type: int, seed: int, knockouts=(),
-             knockout_cells_per_type: int = 10):
-    from SERGIO import sergio
+def _technical_noise(expr, noise=DEFAULT_NOISE):
+    """SERGIO's ``scNoise()._add_noise(expr, *noise, to_count=True)`` step by step and draw for draw (a step whose
+    parameters include a 0 is skipped, as there), except that a cell with no expression at all (possible once
+    knock-outs silence most of a small network) stays empty instead of turning NaN in SERGIO's library-size step
+    (0 / 0)."""
     from SERGIO.Noise import scNoise
 
-    grn = _network(sources, targets, signs, n_types, seed)
+    prob_o, mean_o, scale_o, mean_l, scale_l, shape_d, perc_d = (float(v) for v in noise)
+    sim, ret = scNoise(), expr.copy()
+    if prob_o and mean_o and scale_o:
+        ret = sim._add_outlier(ret, prob_o, mean_o, scale_o)
+    if mean_l and scale_l:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ret = np.nan_to_num(sim._add_library_size(ret, mean_l, scale_l), nan=0.0, posinf=0.0)
+    if shape_d and perc_d:
+        ret = sim._add_dropout(ret, shape_d, perc_d)
+    return sim._to_count(ret)
+
+
+def simulate(sources, targets, signs, n_types: int, cells_per_type: int, seed: int, k_range=(1.0, 5.0),
+             noise=DEFAULT_NOISE, knockouts=(), knockout_cells_per_type: int = 10):
+    from SERGIO import sergio
+
+    grn = _network(sources, targets, signs, n_types, seed, k_range)
     _add_knockouts(grn, knockouts, n_types)
     sim = sergio(grn)
     sim.simulate(nCells=cells_per_type, noise_s=1, safety_iter=SAFETY_ITER, scale_iter=SCALE_ITER)
@@ -124,7 +136,7 @@ def simulate(sources, targets, signs, n_types: int, cells_per_type: int, seed: i
         blocks.append(trajectories[:, steps, ct])
         condition.append(np.full(n, ct // n_types - 1))
         cell_type.append(np.full(n, ct % n_types))
-    counts = _technical_noise(scNoise(), np.hstack(blocks))
+    counts = _technical_noise(np.hstack(blocks), noise)
     genes = np.array([int(g) for g in names])
     order = np.argsort(genes)
     return counts[order].T, np.concatenate(cell_type), genes[order], np.concatenate(condition)
@@ -133,11 +145,12 @@ def simulate(sources, targets, signs, n_types: int, cells_per_type: int, seed: i
 def main(argv: list[str]) -> int:
     src, dst = argv
     data = np.load(src)
-    knockouts = data["knockouts"] if "knockouts" in data else np.zeros((0, 1), int)
-    per_type = int(data["knockout_cells_per_type"]) if "knockout_cells_per_type" in data else 10
+    options = {key: data[key] for key in ("k_range", "noise", "knockouts") if key in data.files}
+    if "knockout_cells_per_type" in data.files:
+        options["knockout_cells_per_type"] = int(data["knockout_cells_per_type"])
     counts, cell_type, genes, condition = simulate(
         data["sources"], data["targets"], data["signs"], int(data["n_types"]), int(data["cells_per_type"]),
-        int(data["seed"]), knockouts, per_type)
+        int(data["seed"]), **options)
     np.savez(dst, counts=counts, cell_type=cell_type, genes=genes, condition=condition)
     return 0
 

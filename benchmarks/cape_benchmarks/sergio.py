@@ -35,24 +35,37 @@ def sergio_python() -> str | None:
 
 
 def simulate_sergio(weights: np.ndarray, *, n_types: int = 5, cells_per_type: int = 400, seed: int = 0,
-                    timeout: float = 1800.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    timeout: float = 1800.0, k_range: tuple[float, float] | None = None,
+                    noise: tuple[float, ...] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Counts from the DAG ``weights`` (A[i, j] ≠ 0: i → j, its sign activation or repression).
+
+    ``k_range``: range of the Hill interactions' |K| (the regulation strength; default SERGIO child's [1, 5]);
+    ``noise``: SERGIO's technical-noise parameters (outlier probability, mean, scale; library-size mean, scale;
+    dropout shape, percentile; default the child's, SERGIO's demo values).
 
     Returns the counts (cells × simulated genes), each cell's type, and the indices of the simulated genes into
     ``weights`` (a gene without any edge is not part of SERGIO's network).
     """
-    out = _run_child(weights, {"n_types": n_types, "cells_per_type": cells_per_type, "seed": seed}, timeout)
+    options = {"n_types": n_types, "cells_per_type": cells_per_type, "seed": seed, **_model(k_range, noise)}
+    out = _run_child(weights, options, timeout)
     return np.asarray(out["counts"], dtype=np.float64), out["cell_type"], out["genes"]
+
+
+def _model(k_range: tuple[float, float] | None, noise: tuple[float, ...] | None) -> dict[str, np.ndarray]:
+    """The child's optional ``k_range`` and ``noise`` inputs (absent: the child's defaults)."""
+    return {k: np.asarray(v, dtype=float) for k, v in (("k_range", k_range), ("noise", noise)) if v is not None}
 
 
 def simulate_sergio_knockouts(weights: np.ndarray, knockouts: Sequence[Sequence[int]], *, n_types: int = 5,
                               cells_per_type: int = 400, knockout_cells_per_type: int = 10, seed: int = 0,
-                              timeout: float = 1800.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                              timeout: float = 1800.0, k_range: tuple[float, float] | None = None,
+                              noise: tuple[float, ...] | None = None
+                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Control cells and knock-out cells from the DAG ``weights`` in one SERGIO simulation.
 
     Each knock-out (a list of gene indices into ``weights``, each gene in SERGIO's network) holds its genes at 0 in
     a copy of every cell type, with the wild-type network's other parameters (``_sergio_child``'s docstring says
-    how, as SERGIO 1.9.3 has no perturbation API).
+    how, as SERGIO 1.9.3 has no perturbation API). ``k_range`` and ``noise`` as for :func:`simulate_sergio`.
 
     Returns
     -------
@@ -68,7 +81,8 @@ def simulate_sergio_knockouts(weights: np.ndarray, knockouts: Sequence[Sequence[
     for k, ko in enumerate(rows):
         padded[k, :len(ko)] = ko
     out = _run_child(weights, {"n_types": n_types, "cells_per_type": cells_per_type, "seed": seed,
-                               "knockouts": padded, "knockout_cells_per_type": knockout_cells_per_type}, timeout)
+                               "knockouts": padded, "knockout_cells_per_type": knockout_cells_per_type,
+                               **_model(k_range, noise)}, timeout)
     return np.asarray(out["counts"], dtype=np.float64), out["cell_type"], out["condition"], out["genes"]
 
 

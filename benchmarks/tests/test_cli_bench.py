@@ -35,6 +35,8 @@ def test_python_m_runs_the_command_line():
 @pytest.mark.parametrize("args, words", [
     (["encodings", "--task", "nope"], ["argument --task", "cape-bench encodings --help"]),
     (["nope"], ["invalid choice: 'nope'"]),
+    (["causal", "--panel", "nope"], ["argument --panel", "invalid choice: 'nope'"]),
+    (["causal", "--panel", "counts", "--quick", "--settings", "boolode_nope", "--out", "x"], ["boolode_nope"]),
     (["--seed", "1", "--threads", "1", "attention", "--quick", "--encodings", "cape,nope", "--out", "x"], ["nope"]),
 ])
 def test_errors_are_one_line(args, words, capsys):

@@ -1,13 +1,19 @@
+def perturbation_item(name):
+    """An output of `cape perturb`, shown in Snakemake's HTML report (`snakemake --report report.html`)."""
+    return report(f"results/{{dataset}}/perturbation/{name}", caption="../report/perturb.rst",
+                  category="Perturbation prediction", labels={"run": "{dataset}", "item": name})
+
+
 rule perturb:
     """Perturbation mode (config perturbations): hold out whole perturbations, predict them with every predictor, score and report."""
     input:
         "results/{dataset}/preprocessed.h5ad",
     output:
-        metrics="results/{dataset}/perturbation/metrics.json",
-        table="results/{dataset}/perturbation/per_perturbation.tsv",
-        split="results/{dataset}/perturbation/split.tsv",
-        report="results/{dataset}/perturbation/report.md",
-        plot="results/{dataset}/perturbation/shifts.png",
+        metrics=perturbation_item("metrics.json"),
+        table=perturbation_item("per_perturbation.tsv"),
+        split=perturbation_item("split.tsv"),
+        report=perturbation_item("report.md"),
+        plot=perturbation_item("shifts.png"),
     log:
         "logs/{dataset}/perturb.log",
     benchmark:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..causal import DIAGNOSE, SETTINGS, parse_tau, run_causal_benchmark
+from ..count_panel import MEMBERS, PANEL_METHODS, run_count_panel
 from ._data import add_run_options
 
 
@@ -29,6 +30,14 @@ def register(bench) -> None:
     b.add_argument("--diagnose", action="store_true",
                    help=f"one experiment per suspected cause of cape's losses: methods {','.join(DIAGNOSE['methods'])} "
                         f"(unless --methods), thresholds {','.join(map(str, DIAGNOSE['taus']))} (unless --taus)")
+    b.add_argument("--panel", choices=["counts"], default=None,
+                   help="run a settings group instead: 'counts' = Step I's defaults against partial correlation, "
+                        f"graphical lasso, GRNBoost2 and DAGMA-linear on count simulators ({', '.join(MEMBERS)}); "
+                        "--settings then names panel settings (default each member's base; 'all': every sweep), "
+                        f"--methods a subset of {','.join(PANEL_METHODS)}")
+    b.add_argument("--cells", type=int, default=None, help="--panel: cells per simulation (3000; quick: 300)")
+    b.add_argument("--genes", type=int, default=None,
+                   help="--panel: genes per simulation, 1.5 edges per gene (120; quick: 20; bn_counts: arth150)")
     b.set_defaults(func=run)
 
 
@@ -37,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
         return [x.strip() for x in value.split(",") if x.strip()] if value else None
 
     methods, taus = split(args.methods), split(args.taus)
+    if args.panel == "counts":
+        run_count_panel(out=args.out, quick=args.quick, settings=split(args.settings), methods=methods,
+                        n_seeds=args.seeds, seed_offset=args.seed_offset, budget=args.budget, n_cells=args.cells,
+                        n_genes=args.genes)
+        return 0
     if args.diagnose:
         methods = methods or list(DIAGNOSE["methods"])
         taus = taus or list(DIAGNOSE["taus"])
