@@ -67,7 +67,7 @@ class GearsPerturbationPredictor(NoChangePredictor):
         trains on every cell and builds a graph per cell, so its cost on a CPU grows with cells × epochs.
     n_cells
         Control cells each prediction starts from (the same cells for every condition; GEARS' ``predict`` draws
-        300 anew per condition; each cell is one forward pass, about 5 ms on one CPU core at 200 genes).
+        300 anew per condition), each one forward pass of GEARS.
     seed, device, num_threads
         Seed of the validation draw, GEARS' initialisation, batches and the control cells; ``"cpu"``, ``"cuda"`` or
         ``"auto"``; torch threads while GEARS runs (``None``: leave torch's setting).
