@@ -16,14 +16,15 @@ from _models_data import one_thread  # noqa: F401  (fixture)
 import cape
 from cape.cli import main
 from cape.cli.perturb_command import OUTPUTS
+from cape.tasks.perturbation_gears import gears_available
 from cape.tasks.perturbation_workflow import PerturbationSettings, perturbation_data, run_perturbation_workflow
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 FAST = ["--causal-epochs", "5", "--pretrain-epochs", "1", "--embed-epochs", "20", "--predictor-epochs", "20",
-        "--n-boot", "50", "--d-model", "16", "--embed-dim", "4"]
+        "--n-boot", "50", "--d-model", "16", "--embed-dim", "4", "--gears-epochs", "1"]
 PREDICTORS = {"no_change", "train_mean", "additive", "linear", "scm_control", "scm_interventional",
-              "scm_interventional_linear", "transformer"}
+              "scm_interventional_linear", "transformer"} | ({"gears"} if gears_available() else set())
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +73,18 @@ def test_perturb_without_cell_eval_keeps_cape_scores_only(tmp_path, capsys, scre
     src = tmp_path / "screen.h5ad"
     screen.write_h5ad(src)
     out = tmp_path / "out"
-    proc = run(capsys, "perturb", "-i", str(src), "--out-dir", str(out), *FAST, "--no-cell-eval", "--no-transformer")
+    proc = run(capsys, "perturb", "-i", str(src), "--out-dir", str(out), *FAST, "--no-cell-eval", "--no-transformer",
+               "--gears", "false")
     assert proc.returncode == 0, proc.stderr
     per = pd.read_csv(out / "per_perturbation.tsv", sep="\t")
+    assert "gears" not in set(per["predictor"])
     assert not [c for c in per.columns if c.startswith("cell_eval")]
     assert "## cell-eval" not in (out / "report.md").read_text()
 
 
 def test_step1_fits_never_see_a_held_out_cell(screen):
     run_ = run_perturbation_workflow(perturbation_data(screen, "condition"),
-                                     PerturbationSettings(causal_epochs=3, transformer=False))
+                                     PerturbationSettings(causal_epochs=3, transformer=False, gears_epochs=1))
     labels = screen.obs["condition"].astype(str)
     test_cells = set(screen.obs_names[labels.isin(run_.task.split.test)])
     train_cells = set(screen.obs_names[labels.isin(run_.task.train)])
@@ -90,6 +93,8 @@ def test_step1_fits_never_see_a_held_out_cell(screen):
     assert not interventional & test_cells
     assert interventional == control_cells | train_cells  # the training perturbations are used, as interventions
     assert set(run_.fitted_cells["scm_control"]) == control_cells
+    if gears_available():  # GEARS reads the control cells and the training perturbations only, too
+        assert set(run_.fitted_cells["gears"]) == control_cells | train_cells
     assert np.isfinite(run_.per_perturbation["top_de_mse"]).all()
 
 

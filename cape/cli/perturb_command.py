@@ -34,6 +34,18 @@ def _rank(value: str) -> int | str | None:
     return positive_int(value, "auto, dense or a positive integer")
 
 
+def _auto_bool(value: str) -> bool | str:
+    """``--gears``: ``auto``, ``true`` or ``false`` (also on/off, yes/no)."""
+    text = value.strip().lower()
+    if text == "auto":
+        return "auto"
+    if text in ("true", "on", "yes", "1"):
+        return True
+    if text in ("false", "off", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected auto, true or false, got {value!r}")
+
+
 def _cells(value: str) -> int | None:
     """``--causal-cells``: a positive integer, or ``all``."""
     return None if value == "all" else positive_int(value, "a positive integer or 'all'")
@@ -79,6 +91,17 @@ def register(commands) -> None:
                         help="Step II epochs for the positions (200)")
     parser.add_argument("--predictor-epochs", type=positive_int, default=defaults.predictor_epochs,
                         help="epochs of the embedding predictor on the training perturbations (400)")
+    parser.add_argument("--gears", type=_auto_bool, nargs="?", const=True, default=defaults.gears,
+                        help="also GEARS (Roohani et al. 2023): auto = where its extra is installed (pip install "
+                             "'cape-sc[gears]'), true = required, false = off (auto)")
+    parser.add_argument("--gears-epochs", type=positive_int, default=defaults.gears_epochs,
+                        help=f"GEARS' training epochs ({defaults.gears_epochs}; GEARS' own default is 20)")
+    parser.add_argument("--gears-cells", type=_cells, default=defaults.gears_cells,
+                        help="the most cells GEARS reads, each condition keeping its share, drawn with the seed; "
+                             f"all: every cell ({defaults.gears_cells})")
+    parser.add_argument("--gears-go-graph", default=defaults.gears_go_graph, metavar="PATH",
+                        help="GEARS' gene2go_all.pkl or a source,target,importance .csv; without it the "
+                             "interventional Step I graph stands in for Gene Ontology (no download)")
     parser.add_argument("--n-boot", type=positive_int, default=N_BOOTSTRAP,
                         help=f"bootstrap resamples of the held-out perturbations ({N_BOOTSTRAP})")
     parser.set_defaults(func=run)
@@ -99,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         causal_cells=args.causal_cells, rank=args.rank, target_value=args.target_value,
         transformer=args.transformer, pretrain_epochs=args.pretrain_epochs, d_model=args.d_model,
         n_layers=args.n_layers, n_heads=args.n_heads, embed_dim=args.embed_dim, embed_epochs=args.embed_epochs,
-        predictor_epochs=args.predictor_epochs, seed=seed, device=device, cell_eval=args.cell_eval)
+        predictor_epochs=args.predictor_epochs, seed=seed, device=device, cell_eval=args.cell_eval,
+        gears=args.gears, gears_epochs=args.gears_epochs, gears_cells=args.gears_cells,
+        gears_go_graph=args.gears_go_graph)
     result = run_perturbation_workflow(data, options)
     matplotlib.use("agg")
     name = args.name or Path(args.input).stem

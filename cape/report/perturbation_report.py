@@ -46,6 +46,9 @@ PREDICTORS = {
                                  "on the control cells",
     "transformer": "gene embeddings of a transformer with CAPE positions (from the interventional graph) "
                    "pretrained on control cells, fed to the embedding predictor",
+    "gears": "GEARS (Roohani et al. 2023) trained on the training perturbations (a tenth kept to pick its epoch); "
+             "Gene Ontology replaced by the interventional Step I graph unless perturb.gears_go_graph gives GEARS' "
+             "file",
 }
 
 

@@ -12,6 +12,7 @@ from .clustering import clustering_metrics, kmeans_clusters
 from .labels import SPLIT_KEY, checked_labels, resolve_label_key
 from .perturbation import PerturbationTask, simulation_split, to_gears_conditions, top_de_mse
 from .perturbation_cell_eval import cell_eval_scores
+from .perturbation_gears import GearsPerturbationPredictor
 from .perturbation_predictors import (
     AdditivePredictor,
     EmbeddingPerturbationPredictor,
@@ -27,6 +28,7 @@ __all__ = [
     "SPLIT_KEY",
     "AdditivePredictor",
     "EmbeddingPerturbationPredictor",
+    "GearsPerturbationPredictor",
     "LinearPerturbationPredictor",
     "NoChangePredictor",
     "PerturbationTask",

@@ -218,16 +218,10 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, conf
     gears = _import_gears()
     dev = str(resolve_device(device))
     start = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        if workdir is None:
-            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="cape_gears_"))
-        workdir = Path(workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
+    with _gears_workdir(workdir) as workdir:
         gene2go, edges, go_note = _gears_graph(go_graph, adata, conditions, dag_key, workdir, allow_download,
                                                config.num_similar_genes)
-        with (_gears_side_effects_contained(), _torch_threads(num_threads), _gears_output_to_log() as log,
-              warnings.catch_warnings()):
-            warnings.simplefilter("ignore")  # GEARS' deprecated torch_geometric / pandas idioms
+        with _gears_running(num_threads) as log:
             out = _train_and_predict(gears, _gears_input(adata, conditions, condition_key, control), gene2go,
                                      edges, gene_embeddings, genes, config, workdir=workdir, device=dev,
                                      seed=seed)
@@ -244,6 +238,109 @@ def run_gears(adata: ad.AnnData, gene_embeddings: np.ndarray | None = None, conf
             "params": {"split": "simulation", **{k: v for k, v in asdict(config).items() if k != "n_de"},
                        "device": dev, "seed": seed, "gene_embeddings": None if gene_embeddings is None
                        else list(gene_embeddings.shape), "gears_version": _gears_version()}}
+
+
+def train_gears(adata: ad.AnnData, train: Sequence[str], val: Sequence[str], config: GearsConfig | None = None, *,
+                go_graph=None, device: str | None = "auto", seed: int = 0,
+                workdir: str | Path | None = None, allow_download: bool = False, condition_key: str = "condition",
+                control: str = CONTROL, num_threads: int | None = 1, **options) -> dict:
+    """Train plain GEARS on the control cells and the perturbations ``train`` of ``adata``, keeping the epoch with
+    the lowest top-20-DE MSE on the perturbations ``val``; no other cell reaches it. :func:`predict_gears` then
+    predicts any condition whose genes are in GEARS' perturbation graph.
+
+    Parameters
+    ----------
+    adata
+        Log-scale expression with ``obs[condition_key]`` in GEARS format (cells of other conditions are ignored).
+    train, val
+        GEARS-format conditions to train on and to pick the epoch with (disjoint, control excluded).
+    config, go_graph, device, seed, workdir, allow_download, num_threads, **options
+        As in :func:`run_gears` (``config.split_seed`` is unused: the split is given; ``go_graph="dag"`` reads
+        ``varp["cape_dag"]``).
+
+    Returns
+    -------
+    dict with ``model`` (the trained ``gears.GEARS``), ``control`` (the control cells, sparse, for
+    :func:`predict_gears`), ``cells`` (the ``obs_names`` GEARS read), ``go_graph`` (what replaced or supplied GO),
+    ``n_go_edges``, ``best_val_top20_de_mse``, ``device`` and ``seconds``.
+    """
+    config = with_options(GearsConfig, config, options, "train_gears")
+    labels = adata.obs[condition_key].astype(str)
+    data = adata[labels.isin({control, *map(str, train), *map(str, val)}).to_numpy()]
+    kept = set(validate_perturbation_data(data, condition_key=condition_key, control=control))
+    train = list(dict.fromkeys(c for c in map(str, train) if c in kept))
+    val = list(dict.fromkeys(c for c in map(str, val) if c in kept))
+    if not train or not val or set(train) & set(val):
+        raise CapeInputError(f"GEARS needs disjoint training and validation perturbations with cells: got "
+                             f"{len(train)} and {len(val)}{', sharing conditions' if set(train) & set(val) else ''}")
+    gears = _import_gears()
+    dev = str(resolve_device(device))
+    start = time.perf_counter()
+    gdata = _gears_input(data, [*train, *val], condition_key, control)
+    control_cells = gdata[(gdata.obs["condition"] == "ctrl").to_numpy()].copy()
+    with _gears_workdir(workdir) as workdir:
+        gene2go, edges, go_note = _gears_graph(go_graph, data, [*train, *val], "cape_dag", workdir, allow_download,
+                                               config.num_similar_genes)
+        with _gears_running(num_threads) as log:
+            model, _, _ = _gears_model(gears, gdata, gene2go, edges, None, list(gdata.var_names), config,
+                                       workdir=workdir, device=dev, seed=seed, split=(train, val))
+    return {"model": model, "control": control_cells, "cells": list(map(str, gdata.obs_names)),
+            "go_graph": go_note, "n_go_edges": len(edges), "best_val_top20_de_mse": _best_val(log.getvalue()),
+            "device": dev, "seconds": time.perf_counter() - start}
+
+
+def predict_gears(trained: dict, conditions: Sequence[str], *, n_cells: int = 300, seed: int = 0,
+                  num_threads: int | None = 1) -> pd.DataFrame:
+    """GEARS' predicted mean expression of each GEARS-format condition (conditions × genes), over the same
+    ``n_cells`` control cells drawn with ``seed`` (without replacement where there are enough; GEARS' own
+    ``predict`` draws 300 with replacement, anew per condition). ``trained`` comes from :func:`train_gears`; a
+    condition naming a gene outside GEARS' perturbation graph is refused in one line."""
+    from gears.utils import create_cell_graph_for_prediction  # optional dependency (extra `gears`)
+    from torch_geometric.loader import DataLoader  # optional dependency (extra `gears`)
+
+    model, control, device = trained["model"], trained["control"], trained["device"]
+    index = {str(g): i for i, g in enumerate(model.pert_list)}
+    outside = sorted({g for c in conditions for g in condition_genes(c) if g not in index})
+    if outside:
+        raise CapeInputError(f"GEARS cannot predict perturbations of {len(outside)} gene(s) outside its "
+                             f"perturbation (GO) graph: {', '.join(outside[:10])}")
+    rng = np.random.default_rng(seed)
+    drawn = rng.choice(control.n_obs, n_cells, replace=control.n_obs < n_cells)
+    x = np.asarray(sp.csr_matrix(control.X)[drawn].toarray(), dtype=np.float32)
+    net = model.best_model.to(device).eval()
+    rows = []
+    with _gears_running(num_threads), torch.no_grad():
+        for condition in conditions:
+            genes = condition_genes(condition)
+            pert_idx = [index[g] for g in genes]
+            graphs = [create_cell_graph_for_prediction(cell, pert_idx, genes) for cell in x]
+            total = sum(net(batch.to(device)).sum(dim=0).cpu().numpy().astype(np.float64)
+                        for batch in DataLoader(graphs, batch_size=300, shuffle=False))
+            rows.append(total / len(graphs))
+    return pd.DataFrame(np.vstack(rows) if rows else np.zeros((0, control.n_vars)), index=list(conditions),
+                        columns=[str(g) for g in control.var_names])
+
+
+@contextlib.contextmanager
+def _gears_workdir(workdir: str | Path | None):
+    """``workdir`` as a created folder, or a temporary one removed on exit."""
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="cape_gears_") as tmp:
+            yield Path(tmp)
+        return
+    path = Path(workdir)
+    path.mkdir(parents=True, exist_ok=True)
+    yield path
+
+
+@contextlib.contextmanager
+def _gears_running(num_threads: int | None):
+    """GEARS' global side effects contained, torch's threads at ``num_threads``, its prints collected for the log
+    (yielded) and its warnings (deprecated torch_geometric / pandas idioms) silenced."""
+    with (_gears_side_effects_contained(), _torch_threads(num_threads), _gears_output_to_log() as log,
+          warnings.catch_warnings()):
+        warnings.simplefilter("ignore")
+        yield log
 
 
 def _checked_embeddings(gene_embeddings, n_vars: int) -> np.ndarray | None:
@@ -296,7 +393,32 @@ def _same_split(split, reference) -> bool:
 
 def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFrame, embeddings, genes,
                        config: GearsConfig, *, workdir: Path, device: str, seed: int) -> dict:
+    """GEARS trained on its own simulation split of ``gdata``, its mean prediction of every test condition (each
+    test cell paired with a random control cell, as GEARS evaluates) and the split."""
     from gears.inference import evaluate  # optional dependency (extra `gears`)
+
+    model, pert_data, rows = _gears_model(gears, gdata, gene2go, edges, embeddings, genes, config,
+                                          workdir=workdir, device=device, seed=seed)
+    sets = pert_data.set2conditions
+    res = evaluate(model.dataloader["test_loader"], model.best_model, False, device)
+    gene_list = [str(g) for g in pert_data.adata.var["gene_name"]]
+    pred = pd.DataFrame(res["pred"], columns=gene_list)
+    pred["_condition"] = res["pert_cat"]
+    predicted = pred.groupby("_condition", sort=True).mean().astype(np.float64)
+    predicted.columns = genes
+    subgroup = {c: g for g, conds in pert_data.subgroup["test_subgroup"].items() for c in conds}
+    split = PerturbationSplit(train=[c for c in sets["train"] if c != "ctrl"], val=list(sets["val"]),
+                              test=[c for c in sets["test"]], subgroup=subgroup,
+                              params={"split": "simulation (GEARS' DataSplitter)", "seed": config.split_seed})
+    return {"predicted": predicted, "split": split, "embedding_rows": rows, "model": model}
+
+
+def _gears_model(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFrame, embeddings, genes,
+                 config: GearsConfig, *, workdir: Path, device: str, seed: int,
+                 split: tuple[Sequence[str], Sequence[str]] | None = None) -> tuple[object, object, dict]:
+    """GEARS built on ``gdata`` and trained, the best epoch by validation kept: (``gears.GEARS``, its
+    ``PertData``, the embedding rows initialised). ``split``: ``None`` = GEARS' simulation split (seed
+    ``config.split_seed``), else (train, val) conditions, control added to train and no test set."""
     from gears.utils import GeneSimNetwork, get_similarity_network  # optional dependency (extra `gears`)
 
     # GEARS' data_path: a folder of ours, rebuilt on every call, because GEARS reuses any split or co-expression
@@ -312,9 +434,14 @@ def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFr
     torch.manual_seed(seed)
     pert_data = gears.PertData(str(gears_dir), default_pert_graph=False)
     pert_data.new_data_process("cape", adata=gdata)
-    pert_data.prepare_split(split="simulation", seed=config.split_seed)
+    if split is None:
+        pert_data.prepare_split(split="simulation", seed=config.split_seed)
+    else:  # GEARS' custom split: a pickled {train, val, test} dict
+        with (gears_dir / "split.pkl").open("wb") as fh:
+            pickle.dump({"train": ["ctrl", *split[0]], "val": list(split[1]), "test": []}, fh)
+        pert_data.prepare_split(split="custom", seed=config.split_seed, split_dict_path=str(gears_dir / "split.pkl"))
     sets = pert_data.set2conditions
-    if not sets.get("val") or not sets.get("test"):
+    if not sets.get("val") or (split is None and not sets.get("test")):
         raise CapeInputError("GEARS' simulation split left no validation or no test perturbation; more "
                              "perturbations are needed")
     k, hidden_size = config.num_similar_genes, config.hidden_size
@@ -356,16 +483,7 @@ def _train_and_predict(gears, gdata: ad.AnnData, gene2go: dict, edges: pd.DataFr
         model.train(epochs=config.epochs, lr=config.lr, weight_decay=config.weight_decay)
     finally:
         model.dataloader["test_loader"] = test_loader
-    res = evaluate(test_loader, model.best_model, False, device)
-    pred = pd.DataFrame(res["pred"], columns=gene_list)
-    pred["_condition"] = res["pert_cat"]
-    predicted = pred.groupby("_condition", sort=True).mean().astype(np.float64)
-    predicted.columns = genes
-    subgroup = {c: g for g, conds in pert_data.subgroup["test_subgroup"].items() for c in conds}
-    split = PerturbationSplit(train=[c for c in sets["train"] if c != "ctrl"], val=list(sets["val"]),
-                              test=[c for c in sets["test"]], subgroup=subgroup,
-                              params={"split": "simulation (GEARS' DataSplitter)", "seed": config.split_seed})
-    return {"predicted": predicted, "split": split, "embedding_rows": rows, "model": model}
+    return model, pert_data, rows
 
 
 def mse_excluding_targets(predicted: pd.DataFrame, task) -> float:

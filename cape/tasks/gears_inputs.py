@@ -224,6 +224,6 @@ def _import_gears():
             import gears.inference  # optional dependency (extra `gears`)
             import gears.utils  # optional dependency (extra `gears`)
     except ImportError as err:
-        raise CapeInputError(f"GEARS is not installed ({err}); pip install 'cape[gears]' "
+        raise CapeInputError(f"GEARS is not installed ({err}); pip install 'cape-sc[gears]' "
                              "(cell-gears and torch_geometric)") from None
     return gears

@@ -7,9 +7,9 @@ predictions of the held-out perturbations and their scores out.
   out (unseen singles; doubles with 0, 1 or 2 seen genes); :func:`split_table` records it.
 * Predictors (:func:`run_perturbation_workflow`): the four simple baselines, Step I's learned equations fitted on
   the control cells alone and on the control cells plus the training perturbations as interventions, the
-  least-squares refit of the interventional graph, and (optionally) the transformer embedding predictor, all
-  behind the ``fit``/``predict`` interface of :mod:`cape.tasks.perturbation_predictors`. No held-out
-  perturbation's cells reach any fit.
+  least-squares refit of the interventional graph, (optionally) the transformer embedding predictor and GEARS
+  (where its extra is installed; :mod:`~cape.tasks.perturbation_gears`), all behind the ``fit``/``predict``
+  interface of :mod:`cape.tasks.perturbation_predictors`. No held-out perturbation's cells reach any fit.
 * Scores: top-DE MSE and ``pearson_delta`` per held-out perturbation (:meth:`PerturbationTask.evaluate`), and
   cell-eval's metric suite (:func:`~cape.tasks.perturbation_cell_eval.cell_eval_scores`, columns ``cell_eval_*``)
   where the extra ``perturb`` is installed and ``cell_eval`` is on.
@@ -21,6 +21,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anndata as ad
 import numpy as np
@@ -37,6 +38,8 @@ from .perturbation import (
     top_de_pearson_delta,
 )
 from .perturbation_cell_eval import cell_eval_available, cell_eval_scores
+from .perturbation_gears import INSTALL as GEARS_INSTALL
+from .perturbation_gears import GearsPerturbationPredictor, gears_available
 from .perturbation_predictors import simple_baselines
 from .perturbation_scm import SCMPerturbationPredictor
 from .perturbation_transformer import TransformerPerturbationPredictor
@@ -74,6 +77,10 @@ class PerturbationSettings:
     seed: int = 0
     device: str = "cpu"
     cell_eval: bool = True
+    gears: bool | str = "auto"  # GEARS: "auto" = where its extra imports, True = required, False = off
+    gears_epochs: int = 2
+    gears_cells: int | None = 2000  # the most cells GEARS reads (None: all)
+    gears_go_graph: str | None = None  # GEARS' gene2go .pkl or go .csv; None: the interventional graph stands in
 
 
 @dataclass
@@ -139,8 +146,9 @@ def split_table(task: PerturbationTask) -> pd.DataFrame:
                          "n_cells": [int(counts.get(r[0], 0)) for r in rows]})
 
 
-def _predictors(settings: PerturbationSettings):
-    """The predictors in scoring order; the transformer and the refit follow the interventional fit they read."""
+def _predictors(settings: PerturbationSettings, gears: bool = False):
+    """The predictors in scoring order; the transformer, the refit and GEARS (when ``gears``) follow the
+    interventional fit whose graph they read."""
     s = settings
     yield from simple_baselines()
     # Step I as `cape causal` runs it (screen, fit, edge budget, orientation), on at most causal_cells cells
@@ -160,6 +168,24 @@ def _predictors(settings: PerturbationSettings):
             interventional.dag_, pretrain_epochs=s.pretrain_epochs, d_model=s.d_model, n_layers=s.n_layers,
             n_heads=s.n_heads, embed_dim=s.embed_dim, embed_epochs=s.embed_epochs,
             predictor_epochs=s.predictor_epochs, seed=s.seed, device=s.device)
+    if gears:
+        yield GearsPerturbationPredictor(s.gears_go_graph or interventional.dag_, epochs=s.gears_epochs,
+                                         max_cells=s.gears_cells, seed=s.seed, device=s.device)
+
+
+def _use_gears(setting: bool | str) -> bool:
+    """Whether the GEARS predictor runs: ``"auto"`` where GEARS imports (else one log line on how to add it),
+    ``True`` always (a one-line error when GEARS does not import), ``False`` never."""
+    if setting not in (True, False, "auto"):
+        raise CapeInputError(f"gears must be auto, true or false, got {setting!r}")
+    if setting is False:
+        return False
+    if gears_available():
+        return True
+    if setting is True:
+        raise CapeInputError(f"gears is on but GEARS does not import: {GEARS_INSTALL}, or set gears to auto")
+    logger.info("GEARS not installed: its predictor is skipped (%s adds it)", GEARS_INSTALL)
+    return False
 
 
 def _cell_eval(means: pd.DataFrame, task: PerturbationTask, settings: PerturbationSettings, summary: dict
@@ -183,10 +209,15 @@ def run_perturbation_workflow(data: ad.AnnData, settings: PerturbationSettings |
     if settings.cell_eval and not cell_eval_available():
         logger.info('cell-eval not installed: scored by top-DE MSE and pearson_delta only (pip install '
                     '"cape-sc[perturb]" adds its metrics)')
+    gears = _use_gears(settings.gears)  # a missing required GEARS or GO file stops here, before any fit
+    go = settings.gears_go_graph
+    if gears and go is not None and not (Path(go).suffix in (".pkl", ".csv") and Path(go).is_file()):
+        raise CapeInputError(f"gears_go_graph {go}: not a file, or neither GEARS' gene2go .pkl nor a "
+                             "source,target,importance .csv")
     task = PerturbationTask.build(data, split_seed=settings.split_seed, n_de=settings.n_de)
     subgroup = task.split.subgroup
     predicted, metrics, rows, fitted = {}, {}, [], {}
-    for predictor in _predictors(settings):
+    for predictor in _predictors(settings, gears):
         start = time.perf_counter()
         means, mse, summary = task.evaluate(predictor)
         seconds = time.perf_counter() - start

@@ -23,9 +23,10 @@ rule perturb:
         key=lambda wildcards: shlex.quote(str(config["perturbations"])),
         out_dir=lambda wildcards: f"results/{wildcards.dataset}/perturbation",
         # every perturb.* key, so a new config key cannot be forgotten here; transformer is on/off explicitly
-        flags=cli_options("perturb", skip=("transformer", "cell_eval")),
+        flags=cli_options("perturb", skip=("transformer", "cell_eval", "gears")),
         transformer=("--transformer" if config["perturb"]["transformer"] else "--no-transformer")
-        + (" --cell-eval" if config["perturb"].get("cell_eval", True) else " --no-cell-eval"),
+        + (" --cell-eval" if config["perturb"].get("cell_eval", True) else " --no-cell-eval")
+        + f" --gears {str(config['perturb'].get('gears', 'auto')).lower()}",  # auto | true | false
     threads: 2
     resources:
         mem_mb=2000,
