@@ -107,12 +107,12 @@ def test_too_few_training_perturbations_and_bad_graphs_are_one_line(fitted, scre
 def test_auto_without_gears_skips_it_with_one_log_line(monkeypatch, caplog):
     monkeypatch.setattr(workflow, "gears_available", lambda: False)
     with caplog.at_level(logging.INFO, logger="cape"):
-        assert workflow._use_gears("auto") is False
+        assert workflow._use_gears("auto", 100) is False
     lines = [r.getMessage() for r in caplog.records if "GEARS" in r.getMessage()]
     assert len(lines) == 1 and "pip install 'cape-sc[gears]'" in lines[0]
-    assert workflow._use_gears(False) is False
+    assert workflow._use_gears(False, 100) is False
     monkeypatch.setattr(workflow, "gears_available", lambda: True)
-    assert workflow._use_gears("auto") is True and workflow._use_gears(True) is True
+    assert workflow._use_gears("auto", 100) is True and workflow._use_gears(True, 100) is True
 
 
 def test_required_gears_missing_is_one_line_before_any_fit(monkeypatch, screen):
@@ -122,7 +122,7 @@ def test_required_gears_missing_is_one_line_before_any_fit(monkeypatch, screen):
         run_perturbation_workflow(perturbation_data(screen, "condition"), PerturbationSettings(gears=True))
     assert "\n" not in str(err.value) and "pip install 'cape-sc[gears]'" in str(err.value)
     with pytest.raises(CapeInputError, match="gears must be auto, true or false"):
-        workflow._use_gears("sometimes")
+        workflow._use_gears("sometimes", 100)
 
 
 def _perturb_options() -> dict[str, argparse.Action]:

@@ -89,9 +89,22 @@ def test_unknown_target_value_and_no_training_perturbation_are_refused(activatio
 
 def test_the_workflow_reports_its_target_value(activation_screen):
     data = perturbation_data(activation_screen, "condition")
-    run = run_perturbation_workflow(data, PerturbationSettings(causal_epochs=2, transformer=False, cell_eval=False,
-                                                               target_value="training"))
+    settings = PerturbationSettings(causal_epochs=2, transformer=False, cell_eval=False, gears=False,
+                                    target_value="training")
+    run = run_perturbation_workflow(data, settings)
     assert run.target_value == "training"
     text = report_text(run, pd.DataFrame(columns=["metric", "subgroup", "baseline", "predictor", "n", "difference",
                                                   "low", "high", "verdict"]), name="screen", plot=None)
     assert "perturb.target_value: training" in text
+
+
+def test_gears_on_too_few_genes_is_skipped_on_auto_and_refused_when_required(activation_screen, caplog):
+    data = perturbation_data(activation_screen, "condition")
+    with pytest.raises(CapeInputError, match="the data have 6 genes; GEARS needs at least 20"):
+        run_perturbation_workflow(data, PerturbationSettings(gears=True))
+    pytest.importorskip("gears")
+    with caplog.at_level("INFO", logger="cape"):
+        run = run_perturbation_workflow(data, PerturbationSettings(causal_epochs=2, transformer=False,
+                                                                   cell_eval=False, gears="auto"))
+    assert "gears" not in set(run.per_perturbation["predictor"])
+    assert "GEARS skipped: the data have 6 genes" in caplog.text

@@ -49,7 +49,7 @@ def test_perturbation_mode_runs_then_html_report(workdir):
     cape.data.simulate_perturbation(n_genes=16, n_edges=20, n_control=150, n_cells_per_perturbation=10,
                                     n_single=5, n_double=5, seed=0).write_h5ad(workdir / "screen.h5ad")
     config = ["--config", "input=screen.h5ad", "perturbations=condition", "preprocess={'min_genes': 0}",
-              "perturb={'causal_epochs': 3, 'transformer': False, 'cell_eval': False, 'n_boot': 50}"]
+              "perturb={'causal_epochs': 3, 'transformer': False, 'cell_eval': False, 'gears': False, 'n_boot': 50}"]
     proc = snakemake(workdir, "--cores", "2", *config)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = workdir / "results/screen/perturbation"

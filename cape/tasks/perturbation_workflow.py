@@ -173,12 +173,23 @@ def _predictors(settings: PerturbationSettings, gears: bool = False):
                                          max_cells=s.gears_cells, seed=s.seed, device=s.device)
 
 
-def _use_gears(setting: bool | str) -> bool:
-    """Whether the GEARS predictor runs: ``"auto"`` where GEARS imports (else one log line on how to add it),
-    ``True`` always (a one-line error when GEARS does not import), ``False`` never."""
+#: GEARS scores each perturbation's top 20 differentially expressed genes while it trains; on fewer genes it fails.
+GEARS_MIN_GENES = 20
+
+
+def _use_gears(setting: bool | str, n_genes: int) -> bool:
+    """Whether the GEARS predictor runs: ``"auto"`` where GEARS imports and the data have
+    :data:`GEARS_MIN_GENES` genes (else one log line saying why not), ``True`` always (a one-line error when it
+    cannot), ``False`` never."""
     if setting not in (True, False, "auto"):
         raise CapeInputError(f"gears must be auto, true or false, got {setting!r}")
     if setting is False:
+        return False
+    if n_genes < GEARS_MIN_GENES:
+        if setting is True:
+            raise CapeInputError(f"gears is on but the data have {n_genes} genes; GEARS needs at least "
+                                 f"{GEARS_MIN_GENES}: set gears to false or auto")
+        logger.info("GEARS skipped: the data have %d genes, it needs at least %d", n_genes, GEARS_MIN_GENES)
         return False
     if gears_available():
         return True
@@ -209,7 +220,7 @@ def run_perturbation_workflow(data: ad.AnnData, settings: PerturbationSettings |
     if settings.cell_eval and not cell_eval_available():
         logger.info('cell-eval not installed: scored by top-DE MSE and pearson_delta only (pip install '
                     '"cape-sc[perturb]" adds its metrics)')
-    gears = _use_gears(settings.gears)  # a missing required GEARS or GO file stops here, before any fit
+    gears = _use_gears(settings.gears, data.n_vars)  # a missing required GEARS or GO file stops here, before any fit
     go = settings.gears_go_graph
     if gears and go is not None and not (Path(go).suffix in (".pkl", ".csv") and Path(go).is_file()):
         raise CapeInputError(f"gears_go_graph {go}: not a file, or neither GEARS' gene2go .pkl nor a "
