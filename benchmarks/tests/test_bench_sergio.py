@@ -26,16 +26,21 @@ np.savez(sys.argv[2], counts=counts, cell_type=np.repeat(np.arange(int(data["n_t
 """
 
 
-def test_the_driver_passes_the_dag_and_reads_back_the_simulated_genes(tmp_path, monkeypatch) -> None:
+def _use_child(text: str, tmp_path, monkeypatch) -> None:
+    """Make the driver run ``text`` with this Python instead of SERGIO's child."""
     child = tmp_path / "child.py"
-    child.write_text(FAKE_CHILD)
+    child.write_text(text)
     monkeypatch.setattr(sergio, "_CHILD", child)
     monkeypatch.setenv(sergio.SERGIO_PYTHON_ENV, sys.executable)
+
+
+def test_the_driver_passes_the_dag_and_reads_back_the_simulated_genes(tmp_path, monkeypatch) -> None:
+    _use_child(FAKE_CHILD, tmp_path, monkeypatch)
     W = np.zeros((4, 4))
     W[0, 1], W[1, 2] = 0.7, -1.3  # gene 3 has no edge: not simulated
     counts, cell_type, genes = sergio.simulate_sergio(W, n_types=2, cells_per_type=5, seed=1)
     assert counts.shape == (10, 3) and list(genes) == [0, 1, 2] and list(np.bincount(cell_type)) == [5, 5]
-    child.write_text("import sys; sys.exit('boom: bad network')")
+    (tmp_path / "child.py").write_text("import sys; sys.exit('boom: bad network')")
     with pytest.raises(CapeInputError, match="SERGIO failed: boom: bad network"):
         sergio.simulate_sergio(W)
 
@@ -93,10 +98,7 @@ np.savez(sys.argv[2], counts=np.ones((n, genes.size)), cell_type=np.zeros(n, int
 
 
 def test_the_knockout_driver_pads_the_knockouts_and_reads_back_each_cells_condition(tmp_path, monkeypatch) -> None:
-    child = tmp_path / "child.py"
-    child.write_text(FAKE_KNOCKOUT_CHILD)
-    monkeypatch.setattr(sergio, "_CHILD", child)
-    monkeypatch.setenv(sergio.SERGIO_PYTHON_ENV, sys.executable)
+    _use_child(FAKE_KNOCKOUT_CHILD, tmp_path, monkeypatch)
     W = np.zeros((4, 4))
     W[0, 1], W[1, 2] = 0.7, -1.3
     counts, _, condition, genes = sergio.simulate_sergio_knockouts(
