@@ -94,6 +94,12 @@ def input_files(wildcards):
     return [config["input"]] if config["input"] else []
 
 
+def perturbation_item(name):
+    """An output of `cape perturb`, shown in Snakemake's HTML report (`snakemake --report report.html`)."""
+    return report(f"results/{{dataset}}/perturbation/{name}", caption="../report/perturb.rst",
+                  category="Perturbation prediction", labels={"run": "{dataset}", "item": name})
+
+
 PERTURBATION_OUTPUTS = ("metrics.json", "per_perturbation.tsv", "split.tsv", "report.md", "shifts.png")
 
 

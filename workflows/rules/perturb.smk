@@ -1,9 +1,3 @@
-def perturbation_item(name):
-    """An output of `cape perturb`, shown in Snakemake's HTML report (`snakemake --report report.html`)."""
-    return report(f"results/{{dataset}}/perturbation/{name}", caption="../report/perturb.rst",
-                  category="Perturbation prediction", labels={"run": "{dataset}", "item": name})
-
-
 rule perturb:
     """Perturbation mode (config perturbations): hold out whole perturbations, predict them with every predictor, score and report."""
     input:
