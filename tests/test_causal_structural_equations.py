@@ -5,6 +5,7 @@ from __future__ import annotations
 import anndata as ad
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 from cape.causal import (
@@ -104,6 +105,22 @@ def test_elementwise_mlp_in_row_blocks_matches_the_model(monkeypatch):
     np.testing.assert_allclose(whole, expected, rtol=1e-12, atol=1e-12)
     assert np.array_equal(blocked, whole)
     assert StructuralEquations._mlp(x[:0], *params).shape == (0, 7)
+
+
+def test_encoder_moments_in_torch_blocks_match_the_numpy_mlp(monkeypatch):
+    # learned_equations' feature normalisation runs through torch in blocks; it must be _mlp's function.
+    mlp = ElementwiseMLP(7, hidden=5, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        mlp.w2.mul_(20.0)
+    rng = np.random.default_rng(1)
+    X = sp.random(41, 7, density=0.5, random_state=1, format="csr") * 3.0
+    mean, std = rng.normal(size=7), rng.uniform(0.5, 2.0, size=7)
+    params = [t.detach().double().numpy() for t in (mlp.w1, mlp.b1, mlp.w2, mlp.b2)]
+    h = StructuralEquations._mlp((X.toarray() - mean) / std, *params)
+    monkeypatch.setitem(se.ENCODER_BLOCK_ELEMENTS, "cpu", 3 * 7 * 5)  # blocks of 3 rows, the last one short
+    h_sum, h_sq = se._encoder_moments(mlp, mean, std, X, batch=10)
+    np.testing.assert_allclose(h_sum, h.sum(0), rtol=1e-10)
+    np.testing.assert_allclose(h_sq, (h * h).sum(0), rtol=1e-10)
 
 
 @pytest.fixture(scope="module")

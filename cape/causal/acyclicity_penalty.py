@@ -160,6 +160,14 @@ class LinearisedAcyclicity:
             if entries is not None:
                 self.A0, self.weights = self.A0[entries].contiguous(), self.weights[entries].contiguous()
 
+    def assign_(self, other: LinearisedAcyclicity) -> LinearisedAcyclicity:
+        """Move to ``other``'s point of linearisation in place: a captured CUDA graph that reads this model's
+        tensors then uses the new point (the shapes must match)."""
+        with torch.no_grad():
+            for mine, theirs in ((self.h0, other.h0), (self.A0, other.A0), (self.weights, other.weights)):
+                mine.copy_(theirs)
+        return self
+
     def __call__(self, A: torch.Tensor) -> torch.Tensor:
         if A.shape != self.A0.shape:
             raise ValueError(f"linearised at a matrix of shape {tuple(self.A0.shape)}, called on {tuple(A.shape)}")

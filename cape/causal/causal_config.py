@@ -233,6 +233,9 @@ class NotearsConfig:
         An inner solve lasts at least ``dual_every`` epochs and at least ``dual_steps`` Adam steps.
     compile_mlp
         Run the per-gene MLPs through ``torch.compile``; ``None``: on CPU at scale.
+    cuda_graphs
+        Replay each training step as a CUDA graph (one launch per step instead of one per kernel); ``None``: on CUDA
+        whenever the standardised matrix stays on the device; ``False``: kernel by kernel.
     recon_fraction
         Share of each batch's cells the reconstruction term sees, in (0, 1]; ``None``: 1, or 0.25 at scale.
     sample_latent, feature_norm
@@ -261,6 +264,7 @@ class NotearsConfig:
     dual_every: int = 5
     dual_steps: int = 200
     compile_mlp: bool | None = None
+    cuda_graphs: bool | None = None
     recon_fraction: float | None = None
     sample_latent: bool = False
     feature_norm: str = "gene"
@@ -289,7 +293,8 @@ class NotearsConfig:
             raise CapeInputError(f"recon_fraction must be in (0, 1], got {self.recon_fraction}")
         if self.feature_norm not in ("gene", "data"):
             raise CapeInputError(f"feature_norm must be 'gene' or 'data', got {self.feature_norm!r}")
-        if self.sparse not in (None, True, False):
-            raise CapeInputError(f"sparse must be True, False or None (automatic), got {self.sparse!r}")
+        for name in ("sparse", "cuda_graphs", "compile_mlp"):
+            if getattr(self, name) not in (None, True, False):
+                raise CapeInputError(f"{name} must be True, False or None (automatic), got {getattr(self, name)!r}")
         if self.standardize not in (*STANDARDIZE, True, False):
             raise CapeInputError(f"standardize must be 'gene' or 'none', got {self.standardize!r}")

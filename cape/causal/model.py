@@ -54,6 +54,15 @@ def _elementwise_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: to
     return x + (hidden * w2.unsqueeze(-1)).sum(1).T + b2
 
 
+def _solve(lhs: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """``torch.linalg.solve``; on CUDA without its check for a singular system, which would make the host wait for
+    the device at every step (and cannot run inside a captured CUDA graph). A singular system then gives inf or NaN,
+    which the trainer reports as a diverged fit at the end of the epoch."""
+    if lhs.is_cuda:
+        return torch.linalg.solve_ex(lhs, rhs, check_errors=False)[0]
+    return torch.linalg.solve(lhs, rhs)
+
+
 _compiled_mlp = None
 
 
@@ -259,12 +268,12 @@ class VariationalNotears(nn.Module):
         """Z(I − A)⁻¹ (low rank, B = I + D: ZB⁻¹ + (ZB⁻¹U)(I_r − VᵀB⁻¹U)⁻¹VᵀB⁻¹)."""
         if self.rank is None:
             eye = torch.eye(self.n_genes, dtype=z.dtype, device=z.device)
-            return torch.linalg.solve((eye - self.adjacency()).T, z.T).T
+            return _solve((eye - self.adjacency()).T, z.T).T
         inv_base = 1.0 / (1.0 + self.self_loops())  # B⁻¹ (diagonal)
         eye_r = torch.eye(self.rank, dtype=z.dtype, device=z.device)
         core = eye_r - self.V.T @ (inv_base[:, None] * self.U)  # r×r
         zb = z * inv_base  # ZB⁻¹
-        return zb + torch.linalg.solve(core.T, (zb @ self.U).T).T @ (self.V.T * inv_base)
+        return zb + _solve(core.T, (zb @ self.U).T).T @ (self.V.T * inv_base)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """X̂ = g(Z(I − A)⁻¹)."""

@@ -325,6 +325,7 @@ def _record(config: CausalConfig, X, dropped: list[str], fit: CausalFit, graph: 
         "epochs_run": int(fit.epochs_run), "converged": bool(fit.converged), "collapsed": bool(fit.collapsed),
         "peak_weight": float(fit.peak_weight), "h_every": int(fit.h_every),
         "recon_fraction": float(fit.recon_fraction), "compiled_mlp": bool(fit.compiled_mlp),
+        "cuda_graphs": bool(getattr(fit, "cuda_graphs", False)),
         "history": {k: np.asarray(v, dtype=np.float64) for k, v in fit.history.items()},
         "fit_seconds": float(fit.wall_time),
     }

@@ -50,7 +50,13 @@ The per-gene MLPs dominate the cost at large M; on CPU they are run through ``to
 only serves the reconstruction term (with Z = μ_Z, A cancels out of it), sees a random quarter of each batch
 (``recon_fraction``), which cuts a large fit's time with the same graph.
 
-The measured costs and graphs behind these choices are in docs/benchmarks/step1_scale.md.
+On CUDA a step of a small model is bound by the host's launch of its ~150 kernels, not by the GPU. There, with the
+matrix resident on the device and the penalty linearised between exact steps, the whole step — gathering the batch's
+rows, forward, backward, AdamW, the epoch sums — is captured once per batch size as a CUDA graph and replayed
+(``cuda_graphs``, :class:`cape._cuda_graphs.CapturedStep`): the batches, the order of updates and the graph are
+those of the kernel-by-kernel loop. ρ and α then live in a device tensor and the linearisation is moved in place.
+
+The measured costs and graphs behind these choices are in docs/benchmarks/step1_scale.md and throughput.md.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from .._cuda_graphs import CapturedStep
 from .._options import with_options
 from .._progress import progress
 from .._settings import resolve_device
@@ -110,9 +117,9 @@ class CausalFit:
         Learnt weighted M×M adjacency (before thresholding; diagonal set to 0), float32.
     history
         Per epoch: ``loss``, ``nelbo``, ``h``, ``rho``, ``alpha``, ``max_weight`` (largest ``|A_ij|``), ``seconds``.
-    epochs_run, converged, wall_time, device, rank, h_every, rho_max, compiled_mlp, recon_fraction
+    epochs_run, converged, wall_time, device, rank, h_every, rho_max, compiled_mlp, recon_fraction, cuda_graphs
         Bookkeeping of the run (``rank`` None = dense; ``rho_max`` None: no augmented Lagrangian, as in
-        :func:`cape.causal.fit_parents_mlp`).
+        :func:`cape.causal.fit_parents_mlp`; ``cuda_graphs``: the steps were replayed as CUDA graphs).
     model
         The fitted :class:`VariationalNotears` (eval mode): its encoder and decoder are the structural
         equations that :func:`cape.causal.structural_equations.learned_equations` reads.
@@ -140,6 +147,7 @@ class CausalFit:
     rho_max: float | None = None
     compiled_mlp: bool = False
     recon_fraction: float = 1.0
+    cuda_graphs: bool = False
     model: VariationalNotears | None = None
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
@@ -426,8 +434,9 @@ def _build_model(data: _Standardised, config: NotearsConfig, seed: int, candidat
     return model
 
 
-def _optimiser(model: VariationalNotears, config: NotearsConfig) -> torch.optim.AdamW:
-    """AdamW; L1 and the acyclicity penalty already regularise A, so weight decay acts on the MLPs only."""
+def _optimiser(model: VariationalNotears, config: NotearsConfig, capturable: bool = False) -> torch.optim.AdamW:
+    """AdamW; L1 and the acyclicity penalty already regularise A, so weight decay acts on the MLPs only.
+    ``capturable``: its step count on the device, as a step captured in a CUDA graph needs."""
     adj_ids = {id(p) for p in model.adjacency_parameters()}
     other = [p for p in model.parameters() if id(p) not in adj_ids]
     # CUDA: the fused kernel, one launch for all parameters instead of several per parameter (the CPU keeps torch's
@@ -435,7 +444,7 @@ def _optimiser(model: VariationalNotears, config: NotearsConfig) -> torch.optim.
     fused = True if next(model.parameters()).device.type == "cuda" else None
     return torch.optim.AdamW([{"params": other, "weight_decay": config.weight_decay},
                               {"params": model.adjacency_parameters(), "weight_decay": 0.0}], lr=config.lr,
-                             fused=fused)
+                             fused=fused, capturable=capturable)
 
 
 def _compile_if_worth(model: VariationalNotears, data: _Standardised, config: NotearsConfig, n_cells: int) -> bool:
@@ -470,10 +479,19 @@ class _Lagrangian:
     dual_epoch: int = 0
     last_dual_step: int = 0
 
+    #: (α, ρ) on the device for a step captured as a CUDA graph, which would otherwise keep the values it was captured
+    #: with; None: Python floats (the same float64 arithmetic).
+    on_device: torch.Tensor | None = None
+
+    def keep_on(self, device: torch.device) -> None:
+        """Hold (α, ρ) in a device tensor that :meth:`dual_step` updates in place."""
+        self.on_device = torch.tensor([self.alpha, self.rho], dtype=torch.float64, device=device)
+
     def penalty(self, h: torch.Tensor) -> torch.Tensor:
         # h ≥ 0, but its linear model can undershoot below 0: never let ρh turn the pull around.
         h_pos = h.clamp_min(0.0)
-        return self.alpha * h + 0.5 * self.rho * h_pos * h_pos
+        alpha, rho = (self.alpha, self.rho) if self.on_device is None else self.on_device.unbind()
+        return alpha * h + 0.5 * rho * h_pos * h_pos
 
     def dual_step(self, epoch: int, step: int, h_now: float, config: NotearsConfig) -> None:
         """Once the inner solve has had ``dual_every`` epochs and ``dual_steps`` Adam steps (on small data an
@@ -484,29 +502,56 @@ class _Lagrangian:
                 self.rho = min(self.rho * 10.0, self.rho_max)
             self.alpha += self.rho * h_now
             self.h_prev = h_now
+            if self.on_device is not None:
+                self.on_device.copy_(torch.tensor([self.alpha, self.rho], dtype=torch.float64), non_blocking=False)
 
 
 class _Run:
-    """One fit's minibatch loop: the model, its optimiser, the Lagrangian and the step counter."""
+    """One fit's minibatch loop: the model, its optimiser, the Lagrangian, the step counter and the epoch's summed
+    loss and −ELBO (on the device, read once per epoch). On CUDA the step can be replayed as a CUDA graph
+    (:class:`~cape._cuda_graphs.CapturedStep`): the batch's rows are then gathered inside the graph from the matrix
+    kept on the device, and the optimiser, ρ and α and the linearised penalty keep their tensors in place."""
 
     def __init__(self, model: VariationalNotears, config: NotearsConfig, h_every: int, lagrangian: _Lagrangian,
-                 recon_rows: int | None) -> None:
+                 recon_rows: int | None, data: _Standardised, kept: _Kept) -> None:
         self.model, self.config, self.h_every, self.lagrangian = model, config, h_every, lagrangian
-        self.optimiser = _optimiser(model, config)
+        self.data, self.kept = data, kept
+        graphs = _use_cuda_graphs(config, data, kept, h_every)
+        self.optimiser = _optimiser(model, config, capturable=graphs)
         self.recon_rows = recon_rows
         self.linearised: LinearisedAcyclicity | None = None
         self.step = 0
+        self.sums = torch.zeros(2, dtype=torch.float64, device=data.dev)
+        self.captured: CapturedStep | None = None
+        if graphs:
+            lagrangian.keep_on(data.dev)
+            self.captured = CapturedStep(self._indexed_step, name="Step I training step")
 
-    def batch(self, xb: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One AdamW step on a standardised batch; its loss and −ELBO (detached tensors: reading them would make
-        the host wait for the device at every step)."""
+    def batch(self, idx) -> None:
+        """One AdamW step on the batch of rows ``idx``; its loss and −ELBO are added to :attr:`sums`."""
+        model = self.model
+        if self.h_every > 1 and (self.step % self.h_every == 0 or self.linearised is None):
+            with torch.no_grad():
+                fresh = LinearisedAcyclicity(model.acyclicity_matrix(), *(
+                    () if model.rank is None else (model.U, model.V)), entries=model.edge_index())
+            # A captured step reads the old point's tensors: move them rather than the reference.
+            self.linearised = fresh if self.linearised is None else self.linearised.assign_(fresh)
+        if self.captured is not None:
+            self.captured(idx)
+        else:
+            self._step(self.data(idx), self.kept(idx))
+        self.step += 1
+
+    def _indexed_step(self, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self._step(self.data(idx), self.kept(idx))
+        return (self.sums,)
+
+    def _step(self, xb: torch.Tensor, keep: torch.Tensor | None) -> None:
+        """Forward, one backward pass, the AdamW update and the sums, with no read on the host (reading would make
+        the host wait for the device at every step, and cannot be captured)."""
         model, lam, l1_price = self.model, self.lagrangian, L1_UNIT * self.config.lambda_sparse
         terms = model(xb, recon_rows=self.recon_rows, keep=keep)
         self.optimiser.zero_grad(set_to_none=True)
-        if self.h_every > 1 and (self.step % self.h_every == 0 or self.linearised is None):
-            with torch.no_grad():
-                self.linearised = LinearisedAcyclicity(model.acyclicity_matrix(), *(
-                    () if model.rank is None else (model.U, model.V)), entries=model.edge_index())
         if self.h_every > 1 and model.rank is not None:
             # Low rank between exact steps: L1 and the linearised h from one UVᵀ, one backward pass.
             l1, h = self.linearised.low_rank_l1_and_h(model.U, model.V)
@@ -519,8 +564,18 @@ class _Run:
             # One backward pass; the penalty's gradient stays float64 down to A, as h is.
             (loss.double() + lam.penalty(h)).backward()
         self.optimiser.step()
-        self.step += 1
-        return loss.detach(), terms["nelbo"].detach()
+        self.sums += torch.stack((loss.detach().double(), terms["nelbo"].detach().double()))
+
+
+def _use_cuda_graphs(config: NotearsConfig, data: _Standardised, kept: _Kept, h_every: int) -> bool:
+    """``cuda_graphs`` resolved (``None``: on CUDA with the rows gathered on the device and the acyclicity penalty
+    linearised between exact steps; the exact penalty's matrix exponential is not captured)."""
+    possible = (data.dev.type == "cuda" and data.resident is not None and h_every > 1 and not config.sample_latent
+                and (kept.Irows is None or kept.resident is not None))
+    if config.cuda_graphs and not possible:
+        logger.info("Step I: cuda_graphs=True needs CUDA, the matrix resident on the device, h_every > 1 and "
+                    "sample_latent=False; running kernel by kernel")
+    return possible and config.cuda_graphs is not False
 
 
 def _epoch_batches(rng: np.random.Generator, n_cells: int, n_batches: int, data: _Standardised) -> list:
@@ -534,10 +589,9 @@ def _epoch_batches(rng: np.random.Generator, n_cells: int, n_batches: int, data:
     return list(torch.split(flat, [len(batch) for batch in batches]))
 
 
-def _train(run: _Run, data: _Standardised, kept: _Kept, rng: np.random.Generator, progress_desc: str
-           ) -> tuple[dict[str, list[float]], int, bool]:
+def _train(run: _Run, rng: np.random.Generator, progress_desc: str) -> tuple[dict[str, list[float]], int, bool]:
     """The epochs of a fit: its history, the epochs run and whether the stop rule fired."""
-    config, model, lam = run.config, run.model, run.lagrangian
+    config, model, lam, data = run.config, run.model, run.lagrangian, run.data
     n_cells = data.rows.shape[0]
     history: dict[str, list[float]] = {k: [] for k in ("loss", "nelbo", "h", "rho", "alpha", "max_weight",
                                                         "seconds")}
@@ -548,15 +602,14 @@ def _train(run: _Run, data: _Standardised, kept: _Kept, rng: np.random.Generator
         t_epoch = time.perf_counter()
         model.train()
         # Summed on the device in float64 (as Python floats were), read once per epoch.
-        sums = torch.zeros(2, dtype=torch.float64, device=data.dev)
+        run.sums.zero_()
         for idx in _epoch_batches(rng, n_cells, n_batches, data):
-            loss, nelbo = run.batch(data(idx), kept(idx))
-            sums += torch.stack((loss.double(), nelbo.double()))
+            run.batch(idx)
         with torch.no_grad():
             h_now = float(model.acyclicity())
             max_weight = float(model.adjacency().abs().max())
         lam.dual_step(epoch, run.step, h_now, config)
-        loss_sum, nelbo_sum = sums.tolist()
+        loss_sum, nelbo_sum = run.sums.tolist()
         epoch_loss = loss_sum / n_batches
         for key, value in (("loss", epoch_loss), ("nelbo", nelbo_sum / n_batches), ("h", h_now), ("rho", lam.rho),
                            ("alpha", lam.alpha), ("max_weight", max_weight),
@@ -651,8 +704,9 @@ def fit_variational_notears(X, config: NotearsConfig | None = None, *, device: s
     compiled = _compile_if_worth(model, data, config, n_cells)
     recon_fraction = _recon_fraction(config, n_cells, n_genes)
     recon_rows = None if recon_fraction == 1 else max(2, math.ceil(recon_fraction * min(config.batch_size, n_cells)))
-    run = _Run(model, config, h_every, _Lagrangian(float(config.rho_init), rho_max), recon_rows)
-    history, epochs_run, converged = _train(run, data, _Kept(Irows, dev), rng, progress_desc)
+    run = _Run(model, config, h_every, _Lagrangian(float(config.rho_init), rho_max), recon_rows, data,
+               _Kept(Irows, dev))
+    history, epochs_run, converged = _train(run, rng, progress_desc)
 
     model.eval()
     for mlp in (model.encoder_mlp, model.decoder_mlp):
@@ -666,7 +720,8 @@ def fit_variational_notears(X, config: NotearsConfig | None = None, *, device: s
         logger.warning(message)
     return CausalFit(adjacency=A, history=history, epochs_run=epochs_run, converged=converged and not message,
                      wall_time=time.perf_counter() - start, device=str(dev), rank=config.rank, h_every=h_every,
-                     rho_max=rho_max, compiled_mlp=bool(compiled), recon_fraction=float(recon_fraction), model=model,
+                     rho_max=rho_max, compiled_mlp=bool(compiled), recon_fraction=float(recon_fraction),
+                     cuda_graphs=run.captured is not None and run.captured.captured, model=model,
                      mean=np.asarray(data.mean, dtype=np.float64), std=np.asarray(data.std, dtype=np.float64),
                      collapsed=bool(message), collapse_message=message, peak_weight=float(peak),
                      n_intervened=0 if Irows is None else int(Irows.nnz), sparse=model.sparse)
