@@ -284,3 +284,30 @@ def test_a_cuda_training_step_matches_the_cpu():
                                 device=device, amp=False, seed=0)
         losses[device] = model.pretrain(adata, epochs=1, validation_fraction=0.0)[-1]["train_loss"]
     assert losses["cuda"] == pytest.approx(losses["cpu"], rel=1e-3)
+
+
+def test_cuda_graphs_only_where_a_step_can_be_replayed():
+    from cape.models.training.engine import graphable
+
+    task = torch.nn.Linear(2, 2)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not graphable(task, TrainingPlan(), cpu, scaled=False)
+    assert graphable(task, TrainingPlan(), cuda, scaled=False)
+    for plan, scaled in ((TrainingPlan(cuda_graphs=False), False), (TrainingPlan(), True),
+                         (TrainingPlan(lr_schedule="cosine"), False), (TrainingPlan(warmup_fraction=0.1), False)):
+        assert not graphable(task, plan, cuda, scaled=scaled)
+    task.feature_redraw_interval = 100  # a module that redraws on the host every few steps (Performer)
+    assert not graphable(task, TrainingPlan(), cuda, scaled=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_training_steps_give_the_kernel_by_kernel_losses():
+    # The same batches and updates, replayed: losses agree to rounding (dropout off, float32).
+    adata, losses = cape_adata(), {}
+    for graphs in (True, False):
+        model = CellTransformer(adata, "scgpt", "cape", d_model=16, n_heads=2, n_layers=1, dropout=0.0,
+                                device="cuda", amp=False, seed=0)
+        history = model.pretrain(adata, epochs=3, batch_size=8, validation_fraction=0.0, cuda_graphs=graphs)
+        losses[graphs] = [h["train_loss"] for h in history]
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-3)

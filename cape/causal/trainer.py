@@ -706,7 +706,11 @@ def fit_variational_notears(X, config: NotearsConfig | None = None, *, device: s
     recon_rows = None if recon_fraction == 1 else max(2, math.ceil(recon_fraction * min(config.batch_size, n_cells)))
     run = _Run(model, config, h_every, _Lagrangian(float(config.rho_init), rho_max), recon_rows, data,
                _Kept(Irows, dev))
-    history, epochs_run, converged = _train(run, rng, progress_desc)
+    try:
+        history, epochs_run, converged = _train(run, rng, progress_desc)
+    finally:
+        if run.captured is not None:
+            run.captured.release()
 
     model.eval()
     for mlp in (model.encoder_mlp, model.decoder_mlp):

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ..._cuda_graphs import CapturedStep
 from ..._errors import CapeInputError
 from ..._progress import progress
 from ..tokenize import CellCollator, CellDataset
@@ -120,6 +121,10 @@ class TrainingPlan:
         of the steps (:func:`lr_factor`).
     num_workers
         DataLoader worker processes (``None``: :func:`loader_workers`, none).
+    cuda_graphs
+        Replay each training step as a CUDA graph, one per batch shape (:class:`cape._cuda_graphs.CapturedStep`): a
+        small model's step is otherwise bound by the launch of its kernels. ``None``: on CUDA wherever it can
+        (:func:`graphable`); ``False``: kernel by kernel.
     """
 
     lr: float = 1e-3
@@ -133,6 +138,7 @@ class TrainingPlan:
     lr_schedule: str = "constant"
     warmup_fraction: float = 0.0
     num_workers: int | None = None
+    cuda_graphs: bool | None = None
 
 
 #: On CUDA batches are padded to a multiple of this many tokens (:func:`~cape.models.tokenize.pad_to_multiple`).
@@ -171,20 +177,37 @@ def _fused_adamw(params: list[Tensor]) -> bool:
     return device == "cuda" or (device == "cpu" and (major, minor) >= (2, 4))
 
 
+@dataclass
+class _GraphedSteps:
+    """A training step captured as CUDA graphs: the batch's keys in the order the graphs take them, and the epoch's
+    summed loss on the device."""
+
+    keys: list[str]
+    total: Tensor
+    captured: CapturedStep | None = None
+
+
 class _Step:
     """AdamW with gradient clipping, the plan's learning-rate schedule and (float16 autocast) a gradient scaler:
     one call per batch loss."""
 
-    def __init__(self, task: nn.Module, plan: TrainingPlan, *, total_steps: int, scaled: bool) -> None:
+    def __init__(self, task: nn.Module, plan: TrainingPlan, *, total_steps: int, scaled: bool,
+                 capturable: bool = False) -> None:
         self.params = [p for p in task.parameters() if p.requires_grad]
         self.grad_clip = plan.grad_clip
         self.optimizer = torch.optim.AdamW(self.params, lr=plan.lr, weight_decay=plan.weight_decay,
-                                           fused=_fused_adamw(self.params) or None)
+                                           fused=_fused_adamw(self.params) or None, capturable=capturable)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, total_steps, plan.lr_schedule, plan.warmup_fraction))
         self.scaler = torch.amp.GradScaler("cuda", enabled=scaled)
+        self.graphed: _GraphedSteps | None = None
 
     def __call__(self, loss: Tensor) -> None:
+        self.update(loss)
+        self.scheduler.step()
+
+    def update(self, loss: Tensor) -> None:
+        """Backward, clipping and the AdamW update, without the schedule's step (which runs on the host)."""
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.grad_clip:
@@ -192,7 +215,17 @@ class _Step:
             nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.scheduler.step()
+
+
+def graphable(task: nn.Module, plan: TrainingPlan, device: torch.device, scaled: bool) -> bool:
+    """Whether ``plan.cuda_graphs`` (``None``) replays the steps as CUDA graphs: on CUDA, one process, a constant
+    learning rate (a captured step keeps the value it was captured with), no gradient scaler (float16 autocast: its
+    step reads the device) and no module whose forward keeps per-step state on the host (Performer's redraws)."""
+    if plan.cuda_graphs is False or device.type != "cuda" or distributed.is_active() or scaled:
+        return False
+    if plan.lr_schedule != "constant" or plan.warmup_fraction > 0:
+        return False
+    return not any(getattr(m, "feature_redraw_interval", None) for m in task.modules())
 
 
 class Plateau:
@@ -301,8 +334,11 @@ class Trainer:
         if score_fn is None:
             def score_fn(m, batch):
                 return {"val_loss": float(loss_fn(m, batch)) * batch["gene_ids"].shape[0]}
-        step = _Step(task, plan, total_steps=epochs * len(loader), scaled=self.amp and self.device.type == "cuda"
-                     and not torch.cuda.is_bf16_supported())
+        scaled = self.amp and self.device.type == "cuda" and not torch.cuda.is_bf16_supported()
+        graphs = graphable(task, plan, self.device, scaled)
+        step = _Step(task, plan, total_steps=epochs * len(loader), scaled=scaled, capturable=graphs)
+        if graphs:
+            step.graphed = self._captured_step(model, loss_fn, step)
         history: list[dict[str, float]] = []
         best, best_state, bad_epochs = (math.inf, math.inf), None, 0
         plateau = Plateau(plan.early_stopping_monitor, plan.early_stopping_min_delta) \
@@ -340,6 +376,8 @@ class Trainer:
                             bad_epochs, plan.early_stopping_metric, abs(best[0]))
                 break
         bar.close()
+        if step.graphed is not None:
+            step.graphed.captured.release()
         if best_state is not None:
             task.load_state_dict(best_state)
         return history
@@ -353,19 +391,42 @@ class Trainer:
         # The loss is summed on the device and read once per epoch: reading it every step would make the host wait
         # for the GPU between steps.
         total, n_cells = torch.zeros((), dtype=torch.float64, device=self.device), 0
+        graphed = step.graphed
+        if graphed is not None:
+            total = graphed.total.zero_()
         for batch in loader:
             batch = self.to_device(batch)
-            with self.autocast():
-                loss = loss_fn(model, batch)
-            step(loss)
             b = batch["gene_ids"].shape[0]
-            total += loss.detach().double() * b
+            if graphed is not None:
+                graphed.keys[:] = graphed.keys or sorted(batch)
+                graphed.captured(*(batch[key] for key in graphed.keys))
+                step.scheduler.step()
+            else:
+                with self.autocast():
+                    loss = loss_fn(model, batch)
+                step(loss)
+                total += loss.detach().double() * b
             n_cells += b
         total = float(total)
         seconds = time.perf_counter() - start
         total, n_cells = distributed.all_reduce_sum([total, float(n_cells)], self.device)
         return {"epoch": epoch + 1, "train_loss": total / max(n_cells, 1), "seconds": seconds,
-                "cells_per_s": n_cells / max(seconds, 1e-9), "lr": step.optimizer.param_groups[0]["lr"]}
+                "cells_per_s": n_cells / max(seconds, 1e-9), "lr": float(step.optimizer.param_groups[0]["lr"])}
+
+    def _captured_step(self, model: nn.Module, loss_fn: LossFn, step: _Step) -> _GraphedSteps:
+        """The training step (loss, backward, clipping, AdamW, the epoch's loss sum) for capture as CUDA graphs."""
+        graphed = _GraphedSteps(keys=[], total=torch.zeros((), dtype=torch.float64, device=self.device))
+
+        def run(*tensors: Tensor) -> tuple[Tensor, ...]:
+            batch = dict(zip(graphed.keys, tensors, strict=True))
+            with self.autocast():
+                loss = loss_fn(model, batch)
+            step.update(loss)
+            graphed.total.add_(loss.detach().double() * batch["gene_ids"].shape[0])
+            return (graphed.total,)
+
+        graphed.captured = CapturedStep(run, name="training step")
+        return graphed
 
     def has_unused_parameters(self, task: nn.Module, loss_fn: LossFn, batch: dict[str, Tensor]) -> bool:
         """One forward/backward in eval mode (no dropout draws, no Performer redraw count): does any trainable
