@@ -147,3 +147,28 @@ def test_drop_guesses_removes_exactly_the_edges_below_solid() -> None:
     assert dropped.record["n_edges"] == int(np.count_nonzero(dropped.dag))
     with pytest.raises(CapeInputError, match="drop_guesses needs edge_confidence"):
         CausalConfig(drop_guesses=True, edge_confidence=False)
+
+
+def test_within_state_centring_gives_the_full_regressions_t() -> None:
+    """Absorbing the intercept and state indicators by centring (Frisch–Waugh–Lovell) changes nothing: every edge's t
+    equals the full design's, also where interventions leave a child's cells without one of the states."""
+    rng = np.random.default_rng(5)
+    n = 240
+    X = rng.normal(size=(n, 5))
+    X[:, 3] += 0.5 * X[:, 0] - 0.4 * X[:, 1] + 0.2 * X[:, 2]
+    X[:, 4] += 0.3 * X[:, 3]
+    states = rng.integers(0, 4, n)
+    intervened = np.zeros((n, 5), dtype=bool)
+    intervened[states == 2, 3] = True  # child 3 loses state 2 entirely
+    intervened[:30, 4] = True
+    dag = _dag(5, [(0, 3), (1, 3), (2, 3), (3, 4), (0, 4)])
+    t, _ = edge_tests(X, dag, states, intervened)
+    for j, parents in ((3, [0, 1, 2]), (4, [0, 3])):
+        keep = ~intervened[:, j]
+        levels = np.unique(states[keep])
+        design = np.column_stack([np.ones(keep.sum()), *(states[keep] == s for s in levels[1:]), X[keep][:, parents]])
+        beta, *_ = np.linalg.lstsq(design, X[keep, j], rcond=None)
+        residual = X[keep, j] - design @ beta
+        df = keep.sum() - design.shape[1]
+        se = np.sqrt(np.diag(np.linalg.inv(design.T @ design)) * (residual @ residual) / df)
+        np.testing.assert_allclose(t[parents, j], (beta / se)[-len(parents):], rtol=1e-9)

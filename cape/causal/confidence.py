@@ -87,20 +87,16 @@ def cell_states(X, *, resolution: float = STATE_RESOLUTION, n_pcs: int = STATE_P
     return cells.obs["leiden"].astype(int).to_numpy()
 
 
-def _indicators(states: np.ndarray) -> np.ndarray:
-    """One column per state but the first (the intercept carries it)."""
-    levels = np.unique(states)
-    return (states[:, None] == levels[None, 1:]).astype(np.float64)
-
-
 def edge_tests(X, dag: np.ndarray, states: np.ndarray | None = None, intervened=None
                ) -> tuple[np.ndarray, np.ndarray]:
     """t statistics and two-sided p-values of every edge i → j of ``dag`` in the regression of x_j on its parents.
 
-    The regression has an intercept, one indicator per state of ``states`` but the first (``None``: one state) and
-    every parent of j in ``dag``; it runs on the cells where j is not ``intervened`` on (a cells × genes boolean
-    matrix, dense or sparse, or ``None``). Returns two M × M arrays: t (0 off the edges) and p (NaN off the edges,
-    and where the cells leave no degrees of freedom).
+    The regression has an intercept, one indicator per state of ``states`` (``None``: one state) and every parent of
+    j in ``dag``; it runs on the cells where j is not ``intervened`` on (a cells × genes boolean matrix, dense or
+    sparse, or ``None``). The intercept and indicators are absorbed by centring x_j and its parents within each state
+    (Frisch–Waugh–Lovell: the parents' coefficients, the residuals and their covariance are those of the full
+    regression), so each child costs one least-squares fit on its parents alone. Returns two M × M arrays: t (0 off
+    the edges) and p (NaN off the edges, and where the cells leave no degrees of freedom).
     """
     X = X.tocsc() if sp.issparse(X) else np.asarray(X)
     n, m = X.shape
@@ -115,21 +111,31 @@ def edge_tests(X, dag: np.ndarray, states: np.ndarray | None = None, intervened=
         cells = np.ones(n, dtype=bool) if mask is None else ~mask[:, j].toarray().ravel()
         columns = X[:, np.r_[parents, j]]
         columns = np.asarray(columns.toarray() if sp.issparse(columns) else columns, dtype=np.float64)[cells]
-        design = np.column_stack([np.ones(cells.sum()), _indicators(states[cells]), columns[:, :-1]])
-        t[parents, j], p[parents, j] = _coefficient_tests(design, columns[:, -1], parents.size)
+        centred, n_states = _within_state(columns, states[cells])
+        t[parents, j], p[parents, j] = _coefficient_tests(centred[:, :-1], centred[:, -1], n_states)
     return t, p
 
 
-def _coefficient_tests(design: np.ndarray, y: np.ndarray, n_tested: int) -> tuple[np.ndarray, np.ndarray]:
-    """t and two-sided p of the last ``n_tested`` coefficients of the least-squares fit of y on ``design``."""
-    df = design.shape[0] - np.linalg.matrix_rank(design)
+def _within_state(columns: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, int]:
+    """``columns`` minus their mean within each state, and the number of states present."""
+    _, index, counts = np.unique(states, return_inverse=True, return_counts=True)
+    index = index.ravel()
+    means = np.column_stack([np.bincount(index, weights=c, minlength=counts.size) for c in columns.T])
+    return columns - means[index] / counts[index, None], int(counts.size)
+
+
+def _coefficient_tests(design: np.ndarray, y: np.ndarray, absorbed: int) -> tuple[np.ndarray, np.ndarray]:
+    """t and two-sided p of every coefficient of the least-squares fit of y on ``design`` (both centred within
+    states), ``absorbed`` degrees of freedom already spent on the states."""
+    n_tested = design.shape[1]
+    beta, _, rank, _ = np.linalg.lstsq(design, y, rcond=None)
+    df = design.shape[0] - absorbed - rank
     if df < 1:
         return np.zeros(n_tested), np.full(n_tested, np.nan)
-    beta, *_ = np.linalg.lstsq(design, y, rcond=None)
     residual = y - design @ beta
-    variance = np.diag(np.linalg.pinv(design.T @ design))[-n_tested:] * (residual @ residual) / df
+    variance = np.diag(np.linalg.pinv(design.T @ design)) * (residual @ residual) / df
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(variance > 0, beta[-n_tested:] / np.sqrt(variance), 0.0)
+        t = np.where(variance > 0, beta / np.sqrt(variance), 0.0)
     return t, 2.0 * stats.t.sf(np.abs(t), df)
 
 
