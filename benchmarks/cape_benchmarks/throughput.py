@@ -108,6 +108,25 @@ def step1_loop_busy(adata: ad.AnnData, device: str, seed: int, epochs: int = 3) 
     return {"stage": "step1_loop", "device": device, "seconds": wall, "epochs": epochs, "gpu_busy": share}
 
 
+def step1_fit_records(adata: ad.AnnData, device: str, seed: int) -> list[dict]:
+    """Step I's default training loop on CUDA with its steps replayed as CUDA graphs (the default) and kernel by kernel
+    (``cuda_graphs=False``), same seed: seconds, epochs, and as ``edges`` the weights of |A| ≥ 0.01 each ends with."""
+    config = CausalConfig()
+    X, _, _ = step1.check_matrix(adata.X, np.asarray(adata.var_names))
+    _, candidates, _ = step1.screen(config, X)
+    options = config.notears_options(X.shape[1], screened=candidates is not None)
+    records = []
+    for graphs in (True, False):
+        _sync(device)
+        start = time.perf_counter()
+        fit = fit_variational_notears(X, device=device, seed=seed, candidates=candidates, cuda_graphs=graphs, **options)
+        _sync(device)
+        records.append({"stage": "step1_fit" if graphs else "step1_fit_eager", "device": device,
+                        "seconds": time.perf_counter() - start, "epoch": fit.epochs_run,
+                        "edges": int(np.count_nonzero(np.abs(fit.adjacency) >= 0.01)), "cuda_graphs": fit.cuda_graphs})
+    return records
+
+
 def step2_record(adata: ad.AnnData, device: str, seed: int) -> dict:
     """Step II (``cape.tl.hyperbolic_embedding``) on the Step I graph in ``adata``: seconds."""
     b = adata.copy()
@@ -119,16 +138,20 @@ def step2_record(adata: ad.AnnData, device: str, seed: int) -> dict:
 
 
 def training_records(adata: ad.AnnData, device: str, seed: int, n_cells: int, size: str, batch_size: int,
-                     finetune: bool = False) -> list[dict]:
-    """Cells/s per epoch of pretraining (or, with ``finetune``, of annotation training on ``cell_type``)."""
+                     finetune: bool = False, cuda_graphs: bool | None = None) -> list[dict]:
+    """Cells/s per epoch of pretraining (or, with ``finetune``, of annotation training on ``cell_type``);
+    ``cuda_graphs=False``: kernel by kernel (stage name ending in ``_eager``)."""
     options = SCGPT_SIZE if size == "scgpt" else {}
     cells = adata[:n_cells].copy()
     model = CellTransformer(cells, architecture="scgpt", encoding="cape", device=device, seed=seed, **options)
     if finetune:
-        history = model.train(cells, "cell_type", epochs=EPOCHS, batch_size=batch_size, validation_fraction=0.0)
+        history = model.train(cells, "cell_type", epochs=EPOCHS, batch_size=batch_size, validation_fraction=0.0,
+                              cuda_graphs=cuda_graphs)
     else:
-        history = model.pretrain(cells, epochs=EPOCHS, batch_size=batch_size, validation_fraction=0.0)
-    stage = ("finetune" if finetune else "pretrain") + ("_scgpt" if size == "scgpt" else "")
+        history = model.pretrain(cells, epochs=EPOCHS, batch_size=batch_size, validation_fraction=0.0,
+                                 cuda_graphs=cuda_graphs)
+    stage = (("finetune" if finetune else "pretrain") + ("_scgpt" if size == "scgpt" else "")
+             + ("_eager" if cuda_graphs is False else ""))
     records = [{"stage": stage, "device": device, "batch_size": batch_size, "cells": n_cells, "epoch": h["epoch"],
                 "cells_per_s": h["cells_per_s"], "seconds": h["seconds"]} for h in history]
     if device.startswith("cuda") and size == "scgpt" and not finetune:
@@ -179,17 +202,20 @@ def _table(records: list[dict]) -> str:
 
 
 def _training_stages(ready: ad.AnnData, device: str, seed: int, n_cells: int, stages: list[str]) -> list[dict]:
-    """Pretraining (batch 32, the default, and on CUDA 64 and 256), fine-tuning (batch 32), the scGPT-sized model
-    (CUDA) and a profiled pretraining run (CUDA)."""
+    """Pretraining (batch 32, the default, and on CUDA 64 and 256, and 32 kernel by kernel), fine-tuning (batch 32), the
+    scGPT-sized model (CUDA; batch 64 also kernel by kernel) and a profiled pretraining run (CUDA)."""
     cuda, records = device.startswith("cuda"), []
     for batch in (32, 64, 256) if cuda else (32,):
         if "pretrain" in stages:
             records += training_records(ready, device, seed, n_cells, "default", batch)
+    if "pretrain" in stages and cuda:  # the default batch kernel by kernel, for comparison
+        records += training_records(ready, device, seed, n_cells, "default", 32, cuda_graphs=False)
     if "finetune" in stages:
         records += training_records(ready, device, seed, n_cells, "default", 32, finetune=True)
     if "scgpt" in stages and cuda:
         for batch in (64, 256):
             records += training_records(ready, device, seed, n_cells, "scgpt", batch)
+        records += training_records(ready, device, seed, n_cells, "scgpt", 64, cuda_graphs=False)
     if "pretrain" in stages and cuda:
         wall, share = busy_share(functools.partial(training_records, ready, device, seed, min(n_cells, 2000),
                                                    "default", 64))
@@ -229,6 +255,7 @@ def run_throughput(out: str | Path = "results/bench", *, devices: list[str] | No
             keep([rec])
             if device.startswith("cuda"):
                 keep([step1_loop_busy(adata, device, seed)])
+                keep(step1_fit_records(adata, device, seed))
     if graph is None:
         graph = adata.copy()
         cape.tl.causal_graph(graph, device=devices[0], seed=seed)
