@@ -130,6 +130,26 @@ def test_too_few_cells_and_unknown_test() -> None:
     assert robust_partial_correlation_tests(X) is None and edge_budget(X, test="both") is None
     with pytest.raises(ValueError, match="test must be one of both, robust, fisher"):
         edge_budget(np.random.default_rng(6).normal(size=(100, 3)), test="spearman")
-    with pytest.raises(CapeInputError, match="budget_test must be one of both, robust, fisher, got 'spearman'"):
+    with pytest.raises(CapeInputError, match="budget_test must be one of both, robust, fisher, state, got 'spearman'"):
         CausalConfig(budget_test="spearman")
     assert CausalConfig().budget_test == "fisher"
+
+
+def _mean_shift_null(n: int, m: int, seed: int) -> np.ndarray:
+    """Independent genes within each of 4 cell types whose means differ between the types (a mixture)."""
+    rng = np.random.default_rng(seed)
+    group = rng.integers(0, 4, n)
+    means = rng.normal(0.0, 3.0, size=(4, m))
+    return rng.normal(size=(n, m)) + means[group]
+
+
+def test_state_test_holds_its_rate_on_a_mixture_where_fishers_z_does_not() -> None:
+    from cape.causal.postprocess import state_partial_correlation_tests
+
+    X = _mean_shift_null(1500, 40, seed=3)
+    assert edge_budget(X, 0.3, test="fisher") > 20      # the types' mean shifts look like dependence
+    _, p = state_partial_correlation_tests(X)
+    assert 0.03 <= np.mean(p < 0.05) <= 0.07 and edge_budget(X, 0.3, test="state") <= 2
+    X[:, 1] += 0.3 * (X[:, 0] - X[:, 0].mean())            # one real pair, within every type
+    (rows, cols), p = budget_tests(X, "state")
+    assert p[np.flatnonzero((rows == 0) & (cols == 1))[0]] < 1e-6 and edge_budget(X, 0.05, test="state") >= 1

@@ -79,7 +79,9 @@ QUICK = {"n_cells": 300, "n_genes": 20, "n_edges": 30, "seeds": 1, "budget": 60.
 #: weight at the scale of log-normalised counts; arth150 through counts, seeds 0–1).
 PANEL_METHODS = ("cape_default", "partial_correlation", "partial_correlation_true", "graphical_lasso", "grnboost2",
                  "dagma_linear_counts")
-EXTRA_METHODS = ("dagma_linear",)
+EXTRA_METHODS = ("dagma_linear", "cape_state_budget")
+#: Step I's options of each cape method (``cape_state_budget``: the edge budget counted within cell states).
+CAPE_METHODS = {"cape_default": {}, "cape_state_budget": {"budget_test": "state"}}
 METRICS = ("skeleton_f1", "f1", "skeleton_auprc", "auprc", "kept", "true_edges", "kept_precision",
            "confidence_auprc", "confidence_gap_closed", "seconds")
 
@@ -189,8 +191,8 @@ def _run_method(method: str, X: np.ndarray, truth: np.ndarray, seed: int, budget
                 epochs: int | None) -> tuple[np.ndarray | None, np.ndarray | None, float, str, dict]:
     """One method on X: (graph, every pair's score or None, seconds, status, extra scores)."""
     start = time.perf_counter()
-    if method == "cape_default":
-        config = CausalConfig() if epochs is None else CausalConfig(epochs=epochs)
+    if method in CAPE_METHODS:
+        config = CausalConfig(**CAPE_METHODS[method], **({} if epochs is None else {"epochs": epochs}))
         genes = np.array([f"g{i}" for i in range(X.shape[1])])
         graph = learn_causal_graph(X.astype(np.float32), genes, config, device="cpu", seed=seed)
         extra = _confidence_scores(truth, graph.dag, graph.confidence)

@@ -93,7 +93,9 @@ class CausalConfig:
         least 10 cells each (a gene detected in k cells: k; :func:`cape.causal.robust_partial_correlation_tests`);
         too liberal on genes detected in few cells. ``"both"``: a pair counts where both tests call it significant;
         it held the rate on every null tried, and keeps fewer edges, fewer true ones among them on the simulations
-        (docs/benchmarks/step1_counts.md).
+        (docs/benchmarks/step1_counts.md). ``"state"``: Fisher's z with the cell states (Leiden clusters,
+        :func:`cape.causal.cell_states`) regressed out of every gene, so that genes which merely differ between cell
+        types do not count (:func:`cape.causal.state_partial_correlation_tests`).
     budget_cells
         The most cells ``tau="budget"``'s test counts on: max(``budget_cells``, 10 · genes), drawn at random with
         the fit's seed (:func:`cape.causal.budget_rows`); default 2,000 (:data:`cape.causal.BUDGET_CELLS`, the size

@@ -8,6 +8,8 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 from scipy.stats import norm
 
+from .confidence import cell_states
+
 __all__ = [
     "AUTO_TAU_FLOOR",
     "AUTO_TAU_MAX",
@@ -31,6 +33,7 @@ __all__ = [
     "positioned_genes",
     "robust_partial_correlation_tests",
     "screen_candidates",
+    "state_partial_correlation_tests",
     "tau_for_edges",
     "tau_positioning",
     "threshold",
@@ -53,16 +56,18 @@ BUDGET_MIN_EXTRA_CELLS = 10
 BUDGET_CELLS = 2000
 BUDGET_CELLS_PER_GENE = 10
 #: How the budget's test judges a pair (:func:`budget_tests`): ``"fisher"`` (:func:`partial_correlation_tests`, the
-#: default), ``"robust"`` (:func:`robust_partial_correlation_tests`) or ``"both"`` (the two must agree). Fisher's z
+#: default), ``"robust"`` (:func:`robust_partial_correlation_tests`), ``"both"`` (the two must agree) or ``"state"``
+#: (:func:`state_partial_correlation_tests`, within cell states). Fisher's z
 #: assumes one variance per gene: where cell types switch genes on and off it calls hundreds of pairs of independent
 #: genes significant, so its count is an edge budget, not a controlled false discovery rate. The robust test allows
 #: for that, but on genes detected in few cells its sandwich variance is too small; only the two together held the
 #: rate on every null tried. Fisher's count stays the default because its graphs score higher against the true
 #: networks of every simulation measured (docs/benchmarks/step1_counts.md).
-BUDGET_TESTS = ("both", "robust", "fisher")
+BUDGET_TESTS = ("both", "robust", "fisher", "state")
 BUDGET_TEST = "fisher"
 #: Each test in words, for logs and reports.
-BUDGET_TEST_NAMES = {"both": "Fisher's z and the robust test", "robust": "robust test", "fisher": "Fisher's z"}
+BUDGET_TEST_NAMES = {"both": "Fisher's z and the robust test", "robust": "robust test", "fisher": "Fisher's z",
+                     "state": "Fisher's z within cell states"}
 #: The robust test leaves out the pairs of a gene whose variance rests on fewer cells than this (a gene detected in
 #: k cells: k): a sum over a handful of cells has no normal limit, and the sandwich variance is then far too small.
 MIN_DETECTED_CELLS = 10
@@ -210,6 +215,30 @@ def partial_correlation_tests(X) -> tuple[np.ndarray, np.ndarray] | None:
     return pairs, 2.0 * norm.sf(z)
 
 
+def state_partial_correlation_tests(X, seed: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
+    """Fisher's z for every gene pair's partial correlation given the other genes *and the cell state*.
+
+    The states are :func:`cape.causal.cell_states` (Leiden clusters of the cells, seeded by ``seed``); each gene is
+    centred within each state, which regresses the state indicators out of every gene (Frisch–Waugh–Lovell), and the
+    test loses one degree of freedom per state beyond the first: z = atanh(|r|)·√(n − M − S). Two genes that merely
+    differ between cell types, independent within each, are then not called dependent. ``None`` as for
+    :func:`partial_correlation_tests` (with S − 1 more cells needed).
+    """
+    n, m = X.shape
+    states = cell_states(X, seed=seed)
+    _, index, counts = np.unique(states, return_inverse=True, return_counts=True)
+    n_states = int(counts.size)
+    if m < 2 or n < m + n_states - 1 + BUDGET_MIN_EXTRA_CELLS:
+        return None
+    Xd = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float64)
+    sums = np.zeros((n_states, m))
+    np.add.at(sums, index.ravel(), Xd)
+    R = partial_correlations(Xd - (sums / counts[:, None])[index.ravel()])
+    pairs = np.triu_indices(m, 1)
+    z = np.arctanh(np.clip(np.abs(R[pairs]), 0.0, 1.0 - 1e-12)) * np.sqrt(n - m - n_states)
+    return pairs, 2.0 * norm.sf(z)
+
+
 def robust_partial_correlation_tests(X, min_detected: int = MIN_DETECTED_CELLS) -> tuple[np.ndarray, np.ndarray] | None:
     """Every gene pair's two-sided p-value for a zero partial correlation, with a variance that allows each cell its
     own (a heteroscedasticity-robust, sandwich test).
@@ -275,6 +304,8 @@ def budget_tests(X, test: str = BUDGET_TEST) -> tuple[np.ndarray, np.ndarray] | 
         raise ValueError(f"test must be one of {', '.join(BUDGET_TESTS)}, got {test!r}")
     if test == "fisher":
         return partial_correlation_tests(X)
+    if test == "state":
+        return state_partial_correlation_tests(X)
     robust = robust_partial_correlation_tests(X)
     if test == "robust" or robust is None:
         return robust
