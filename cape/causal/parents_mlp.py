@@ -241,7 +241,7 @@ def _train(model: ParentsMLP, minibatch: Callable[[], tuple[torch.Tensor, torch.
                                                         "edges_candidate", "max_weight")}
     bar = progress(range(screen_steps + steps), desc=progress_desc, total=screen_steps + steps)
     gamma = 0.0
-    h_value = float("nan")
+    h = torch.tensor(float("nan"), dtype=torch.float64)
     optimiser = torch.optim.Adam(model.parameters(), lr=config.screen_lr)
     for t in bar:
         stage = 1 if t < screen_steps else 2
@@ -259,21 +259,23 @@ def _train(model: ParentsMLP, minibatch: Callable[[], tuple[torch.Tensor, torch.
         if stage == 2:
             h = acyclicity_dense(A)
             loss = loss + gamma * bounded_acyclicity(h).to(loss.dtype)
-            h_value = float(h.detach())
             gamma += gamma_step
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()
-        if not np.isfinite(float(loss.detach())):
-            raise FloatingPointError(f"parents-MLP training diverged in stage {stage} at step {t + 1}")
+        # Values are read on the host only every 100 steps: a read per step would make it wait for a GPU each time.
+        # A divergence is caught there too (its NaN or inf stays in the weights).
         if (t + 1) % 100 == 0 or t + 1 in (screen_steps, screen_steps + steps):
+            h_value = float(h.detach())
+            if not np.isfinite(float(loss.detach())):
+                raise FloatingPointError(f"parents-MLP training diverged in stage {stage} by step {t + 1}")
             for key, value in (("step", t + 1), ("stage", stage), ("loss", loss), ("nll", nll), ("h", h_value),
                                ("gamma", gamma), ("edges_candidate", model.mask.sum()),
                                ("max_weight", A.detach().max())):
                 history[key].append(float(value.detach() if isinstance(value, torch.Tensor) else value))
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(stage=stage, nll=f"{float(nll.detach()):.4g}", h=f"{h_value:.2e}")
-    return history, h_value
+    return history, float(h.detach())
 
 
 def _final_adjacency(model: ParentsMLP, Xrows, rng: np.random.Generator, h_value: float,
