@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
@@ -19,11 +20,13 @@ from cape.models.modules.heads import ClsDecoder, pool_cells, pooled_width
 from cape.models.training.engine import (
     CUDA_PAD_MULTIPLE,
     Plateau,
+    Trainer,
     _fused_adamw,
     _Step,
     cell_loader,
     loader_workers,
     lr_factor,
+    stopping_patience,
 )
 from cape.models.training.objectives import balanced_class_weights
 
@@ -182,6 +185,32 @@ def test_plateau_counts_epochs_without_progress_in_any_monitored_score():
         (0.40, 1.0), (0.20, 1.0),  # at the ceiling even a loss that falls fast is no progress: all cells are right
         (0.30, 0.9), (0.10, 0.9)]]  # below it again, the loss counts (against its best before the ceiling)
     assert counts == [0, 0, 1, 0, 1, 2, 0, 0, 1, 2, 3, 4, 5, 0, 0]
+
+
+def test_ceiling_patience_applies_only_while_the_accuracy_is_perfect():
+    plan = TrainingPlan(early_stopping_patience=15, early_stopping_monitor=("val_loss", "val_accuracy"),
+                        early_stopping_ceiling_patience=3)
+    plateau = Plateau(plan.early_stopping_monitor)
+    plateau.update({"val_loss": 0.5, "val_accuracy": 0.9})
+    assert stopping_patience(plan, plateau) == 15                      # below the ceiling: the full patience
+    plateau.update({"val_loss": 0.4, "val_accuracy": 1.0})
+    assert stopping_patience(plan, plateau) == 3                       # every validation cell right
+    assert stopping_patience(plan, None) == 15                         # no monitor, no ceiling
+    assert stopping_patience(dataclasses.replace(plan, early_stopping_ceiling_patience=None), plateau) == 15
+    assert stopping_patience(dataclasses.replace(plan, early_stopping_patience=None), plateau) is None
+
+
+def test_fine_tuning_at_the_ceiling_stops_after_the_ceiling_patience(adata, monkeypatch):
+    # Every validation cell right from the first epoch, the loss still falling fast: only the ceiling rule stops.
+    losses = iter(np.geomspace(1.0, 1e-6, 40))
+    monkeypatch.setattr(Trainer, "evaluate", lambda *_: {"val_loss": float(next(losses)), "val_accuracy": 1.0})
+    runs = {ceiling: CellTransformer(adata, "scgpt", "none", **SMALL, seed=1).train(
+        adata, "cell_type", epochs=20, batch_size=16, early_stopping_patience=6,
+        early_stopping_ceiling_patience=ceiling) for ceiling in (None, 2)}
+    assert [len(runs[None]), len(runs[2])] == [7, 3]   # epoch 1 is progress, then the patience runs out
+    with pytest.raises(CapeInputError, match="early_stopping_ceiling_patience"):
+        CellTransformer(adata, "scgpt", "none", **SMALL).train(adata, "cell_type", epochs=1,
+                                                               early_stopping_ceiling_patience=0)
 
 
 def test_monitored_plateau_stops_training_and_keeps_the_best_epoch(adata):

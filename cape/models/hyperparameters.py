@@ -37,11 +37,13 @@ class TrainingRecipe:
         ``pretrain_patience`` None runs every epoch and keeps the best validation epoch: the validation loss
         plateaus for several epochs before the ``<cls>`` state starts to separate cells, and stopping on that
         plateau leaves an embedding without cell structure.
-    fit_lr, epochs, fit_patience, fit_min_delta
+    fit_lr, epochs, fit_patience, fit_min_delta, fit_ceiling_patience
         Fine-tuning of the annotation head and backbone on the labelled cells: learning rate, most epochs, and
         early stopping after ``fit_patience`` epochs in which neither the validation accuracy rose nor the
         validation loss fell more than ``fit_min_delta`` below its best (:class:`~cape.models.TrainingPlan`'s
-        ``early_stopping_monitor``): easy data, whose accuracy reaches its ceiling early, stop early.
+        ``early_stopping_monitor``), or after ``fit_ceiling_patience`` such epochs while the validation accuracy
+        is 1.0 (``early_stopping_ceiling_patience``): easy data, whose accuracy reaches its ceiling early, stop
+        early.
     dropout
         Dropout of the encoder (residual and feed-forward paths; scGPT fine-tunes with 0.2), as
         :attr:`NetworkConfig.dropout` has by default.
@@ -59,6 +61,7 @@ class TrainingRecipe:
     epochs: int = 100
     fit_patience: int = 15
     fit_min_delta: float = 0.01
+    fit_ceiling_patience: int | None = 5
     dropout: float = NetworkConfig.dropout
     max_len: int | str = AUTO
     batch_size: int = 32
@@ -73,12 +76,13 @@ PRETRAIN_PLAN = TrainingPlan(early_stopping_patience=5)
 #: The validation scores whose progress keeps fine-tuning going.
 FINE_TUNE_MONITOR = ("val_loss", "val_accuracy")
 #: Defaults of :meth:`CellTransformer.train <cape.models.CellTransformer.train>`: the fine-tuning part of
-#: :data:`DEFAULT_RECIPE` (lr 3e-4; stop after 15 epochs without progress in validation accuracy or loss) on a
-#: 20 % validation split, keeping the epoch of the lowest validation loss.
+#: :data:`DEFAULT_RECIPE` (lr 3e-4; stop after 15 epochs without progress in validation accuracy or loss, 5 once
+#: the validation accuracy is 1.0) on a 20 % validation split, keeping the epoch of the lowest validation loss.
 FINE_TUNE_PLAN = TrainingPlan(lr=DEFAULT_RECIPE.fit_lr, validation_fraction=0.2,
                               early_stopping_patience=DEFAULT_RECIPE.fit_patience,
                               early_stopping_monitor=FINE_TUNE_MONITOR,
-                              early_stopping_min_delta=DEFAULT_RECIPE.fit_min_delta)
+                              early_stopping_min_delta=DEFAULT_RECIPE.fit_min_delta,
+                              early_stopping_ceiling_patience=DEFAULT_RECIPE.fit_ceiling_patience)
 
 
 def split_options(network: NetworkConfig | None, inputs: InputConfig | None, options: dict[str, Any]

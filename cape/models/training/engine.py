@@ -116,6 +116,11 @@ class TrainingPlan:
         another monitored score (an accuracy) rises above its best. Monitoring ``("val_loss", "val_accuracy")``
         with a ``min_delta`` stops easy data early: once the accuracy stops rising (at 1.0 it cannot), a
         validation loss that still creeps down no longer keeps training going.
+    early_stopping_ceiling_patience
+        With a monitored accuracy at its ceiling (1.0: every validation cell right), stop after this many epochs
+        without progress instead of ``early_stopping_patience`` (None: the same patience there). At the ceiling
+        the accuracy cannot rise and a falling loss only widens margins (:class:`Plateau`), so waiting the full
+        patience there only spends time.
     lr_schedule, warmup_fraction
         ``"constant"`` or ``"cosine"`` decay to 0 over the epochs, after a linear warm-up over ``warmup_fraction``
         of the steps (:func:`lr_factor`).
@@ -135,6 +140,7 @@ class TrainingPlan:
     early_stopping_metric: str = "val_loss"
     early_stopping_monitor: tuple[str, ...] = ()
     early_stopping_min_delta: float = 0.0
+    early_stopping_ceiling_patience: int | None = None
     lr_schedule: str = "constant"
     warmup_fraction: float = 0.0
     num_workers: int | None = None
@@ -240,6 +246,7 @@ class Plateau:
         self.monitor, self.min_delta = tuple(monitor), float(min_delta)
         self.best: dict[str, float] = {}
         self.bad_epochs = 0
+        self.perfect = False  # whether the last epoch's monitored accuracy was at its ceiling
 
     def update(self, record: dict[str, float]) -> int:
         """Take one epoch's ``record``; returns the epochs without progress so far (0 after progress)."""
@@ -250,6 +257,7 @@ class Plateau:
                                  f"({scores})")
         progressed = False
         perfect = any(not name.endswith("loss") and record[name] >= 1.0 - 1e-9 for name in self.monitor)
+        self.perfect = perfect
         for name in self.monitor:
             value, best = record[name], self.best.get(name)
             if name.endswith("loss"):
@@ -260,6 +268,15 @@ class Plateau:
                 self.best[name], progressed = value, True
         self.bad_epochs = 0 if progressed else self.bad_epochs + 1
         return self.bad_epochs
+
+
+def stopping_patience(plan: TrainingPlan, plateau: Plateau | None) -> int | None:
+    """The patience that applies after the latest epoch: ``early_stopping_ceiling_patience`` while a monitored
+    accuracy sits at its ceiling (when both are set), else ``early_stopping_patience``."""
+    patience, ceiling = plan.early_stopping_patience, plan.early_stopping_ceiling_patience
+    if patience is None or ceiling is None or plateau is None or not plateau.perfect:
+        return patience
+    return min(patience, ceiling)
 
 
 def _dataset_of(data: Dataset) -> CellDataset:
@@ -315,6 +332,10 @@ class Trainer:
         if not (math.isfinite(plan.early_stopping_min_delta) and plan.early_stopping_min_delta >= 0):
             raise CapeInputError(f"early_stopping_min_delta must be a finite number >= 0, "
                                  f"got {plan.early_stopping_min_delta}")
+        ceiling = plan.early_stopping_ceiling_patience
+        if ceiling is not None and not (isinstance(ceiling, int) and ceiling >= 1):
+            raise CapeInputError(f"early_stopping_ceiling_patience must be a whole number >= 1 (or None), "
+                                 f"got {ceiling}")
         if distributed.is_active():
             sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=self.seed)
         else:
@@ -370,7 +391,7 @@ class Trainer:
                 bar.set_postfix({k: f"{v:.4g}" for k, v in record.items()
                                  if k.endswith("loss") or k == plan.early_stopping_metric or k == "val_accuracy"})
             logger.debug("%s epoch %d: %s", desc, epoch + 1, record)
-            patience = plan.early_stopping_patience
+            patience = stopping_patience(plan, plateau)
             if patience is not None and val_loader is not None and bad_epochs >= patience:
                 logger.info("%s: early stop after epoch %d, %d without progress (best %s %.4f)", desc, epoch + 1,
                             bad_epochs, plan.early_stopping_metric, abs(best[0]))
