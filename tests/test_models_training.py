@@ -273,8 +273,9 @@ def test_cape_train_fine_tuning_plan_monitors_accuracy_and_loss():
     from cape.models.hyperparameters import FINE_TUNE_PLAN
 
     args = build_parser().parse_args(["train", "-i", "in.h5ad", "-o", "out.h5ad", "--fit-min-delta", "0.05",
-                                      "--fit-patience", "4"])
+                                      "--fit-patience", "4", "--fit-ceiling-patience", "2"])
     plan = _fine_tune_plan(args)
+    assert plan.early_stopping_ceiling_patience == 2
     assert plan.early_stopping_monitor == FINE_TUNE_PLAN.early_stopping_monitor == ("val_loss", "val_accuracy")
     assert plan.early_stopping_min_delta == 0.05 and plan.early_stopping_patience == 4
     default = _fine_tune_plan(build_parser().parse_args(["train", "-i", "in.h5ad", "-o", "out.h5ad"]))

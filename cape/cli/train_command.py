@@ -100,6 +100,9 @@ def register(commands) -> None:
                      help="fine-tuning stops after --fit-patience epochs in which the validation accuracy did not rise "
                           "and the validation loss did not fall by more than this below its best "
                           f"({DEFAULT_RECIPE.fit_min_delta})")
+    fit.add_argument("--fit-ceiling-patience", type=positive_int, default=DEFAULT_RECIPE.fit_ceiling_patience,
+                     help="...or after this many such epochs while the validation accuracy is 1.0 "
+                          f"({DEFAULT_RECIPE.fit_ceiling_patience}; --fit-patience's value waits as long there)")
     fit.add_argument("--fit-validation-fraction", type=float, default=0.2,
                      help="validation share of the fine-tune cells, for early stopping (0.2)")
     fit.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (0.01)")
@@ -173,11 +176,13 @@ def _pretrain_plan(args: argparse.Namespace) -> TrainingPlan:
 
 def _fine_tune_plan(args: argparse.Namespace) -> TrainingPlan:
     """The fine-tuning options (``--fit-lr``, ``--weight-decay``, ``--fit-validation-fraction``, ``--fit-patience``,
-    ``--fit-min-delta``, ``--lr-schedule``, ``--warmup-fraction``, ``--early-stopping-metric``) over
-    :data:`~cape.models.hyperparameters.FINE_TUNE_PLAN` (which scores keep training going)."""
+    ``--fit-min-delta``, ``--fit-ceiling-patience``, ``--lr-schedule``, ``--warmup-fraction``,
+    ``--early-stopping-metric``) over :data:`~cape.models.hyperparameters.FINE_TUNE_PLAN` (which scores keep
+    training going)."""
     return dataclasses.replace(FINE_TUNE_PLAN, lr=args.fit_lr, weight_decay=args.weight_decay,
                                validation_fraction=args.fit_validation_fraction,
                                early_stopping_patience=args.fit_patience, early_stopping_min_delta=args.fit_min_delta,
+                               early_stopping_ceiling_patience=args.fit_ceiling_patience,
                                lr_schedule=args.lr_schedule, warmup_fraction=args.warmup_fraction,
                                early_stopping_metric=args.early_stopping_metric)
 
