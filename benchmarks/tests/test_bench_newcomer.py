@@ -20,3 +20,15 @@ def test_newcomer_matrix_has_raw_counts_marker_blocks_and_a_hub():
 def test_the_long_schedule_is_the_former_default():
     assert SCHEDULES["long_schedule"]["pretrain"] == {"epochs": 40}
     assert SCHEDULES["long_schedule"]["train"] == {"early_stopping_ceiling_patience": None}
+
+
+def test_structure_curve_scores_the_cls_state_after_every_pretraining_epoch():
+    from cape.models.training import engine
+    from cape_benchmarks.pretrain_structure import structure_curve
+
+    adata = newcomer_matrix(n_cells=60, n_genes=300, seed=2)
+    adata.X = adata.X.log1p()
+    epoch_of = engine.Trainer._epoch
+    history = structure_curve(adata, "cell_type", seed=0, epochs=2)
+    assert [r["epoch"] for r in history] == [1, 2] and all(-1 <= r["ari"] <= 1 for r in history)
+    assert engine.Trainer._epoch is epoch_of                       # the scoring hook is removed afterwards
