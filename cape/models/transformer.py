@@ -274,8 +274,9 @@ class CellTransformer(CellData):
         ``self.history["train"]``.
 
         The defaults are :data:`~cape.models.hyperparameters.DEFAULT_RECIPE` (``cape-bench recipe`` compares it with
-        the baselines): up to 100 epochs with early stopping (patience 15) on a 20 % validation split,
-        class-balanced cross-entropy, mean pooling of the gene tokens and a constant lr of 3e-4, after
+        the baselines): up to 100 epochs with early stopping (patience 15, 5 at validation accuracy 1.0) on a
+        20 % validation split, class-balanced cross-entropy, mean pooling of the gene tokens and a constant lr of
+        3e-4, after
         :meth:`pretrain` and with the constructor's ``dropout=0.2``.
 
         Parameters
@@ -283,8 +284,9 @@ class CellTransformer(CellData):
         plan, **options
             How to optimise (:class:`~cape.models.TrainingPlan`; default
             :data:`~cape.models.hyperparameters.FINE_TUNE_PLAN`: AdamW lr 3e-4, weight decay 0.01, gradient clipping
-            at 1, a 20 % validation split, early stopping after 15 epochs on ``val_loss``, constant lr) and any of
-            its fields by name, overriding it (``lr=1e-3``, ``lr_schedule="cosine"``, ``warmup_fraction=0.1``,
+            at 1, a 20 % validation split, early stopping after 15 epochs without progress in ``val_loss`` or
+            ``val_accuracy``, 5 at accuracy 1.0, constant lr) and any of its fields by name, overriding it
+            (``lr=1e-3``, ``lr_schedule="cosine"``, ``warmup_fraction=0.1``,
             ``early_stopping_metric="val_balanced_accuracy"``...).
         class_weight
             ``"balanced"`` weights each class's cross-entropy by ``n / (k · n_c)`` over the training cells, so rare
