@@ -276,8 +276,7 @@ class CellTransformer(CellData):
         The defaults are :data:`~cape.models.hyperparameters.DEFAULT_RECIPE` (``cape-bench recipe`` compares it with
         the baselines): up to 100 epochs with early stopping (patience 15, 5 at validation accuracy 1.0) on a
         20 % validation split, class-balanced cross-entropy, mean pooling of the gene tokens and a constant lr of
-        3e-4, after
-        :meth:`pretrain` and with the constructor's ``dropout=0.2``.
+        3e-4, after :meth:`pretrain` and with the constructor's ``dropout=0.2``.
 
         Parameters
         ----------
