@@ -7,6 +7,9 @@ holds on a shared machine.
 each stage per schedule, the load average before and after each run, the fine-tuning and pretraining epochs run
 and the accuracy on all cells. The workflow on the same file is timed by Snakemake
 (``snakemake --cores 2 --config input=<out>/newcomer.h5ad labels=cell_type``, ``logs/newcomer/*.tsv``).
+
+For the issue's figure run it on an idle machine without ``nice``: torch's two threads wait for each other, so a
+niced run slows several-fold whenever another job holds one of the two cores.
 """
 
 from __future__ import annotations
