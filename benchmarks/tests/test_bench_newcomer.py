@@ -24,7 +24,7 @@ def test_the_long_schedule_is_the_former_default():
 
 def test_structure_curve_scores_the_cls_state_after_every_pretraining_epoch():
     from cape.models.training import engine
-    from cape_benchmarks.pretrain_structure import structure_curve
+    from cape_benchmarks.cli.pretrain_structure import structure_curve
 
     adata = newcomer_matrix(n_cells=60, n_genes=300, seed=2)
     adata.X = adata.X.log1p()

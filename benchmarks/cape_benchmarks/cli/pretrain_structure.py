@@ -2,7 +2,7 @@
 and the ARI of k-means on the ``<cls>`` embedding against the labels: the curves that say whether a stop rule on
 the validation loss would stop before the cells separate (docs/benchmarks/recipe.md, issue 55).
 
-``python -m cape_benchmarks.pretrain_structure --dataset simulated_grn --seed 3 --out results/bench`` runs the
+``python -m cape_benchmarks.cli.pretrain_structure --dataset simulated_grn --seed 3 --out results/bench`` runs the
 recipe benchmark's model (scGPT, ``trainable_absolute``, the default recipe's pretraining, every epoch) on the recipe
 benchmark's data (``pbmc68k_reduced``, ``simulated_grn``, or an .h5ad of raw counts with ``obs["cell_type"]``,
 preprocessed as the workflow does) and writes ``pretrain_structure_<dataset>_<seed>.json``.
@@ -21,7 +21,7 @@ from cape.models.training import engine
 from cape.tasks.clustering import clustering_metrics, kmeans_clusters
 from cape.tasks.labels import checked_labels
 
-from .recipe import ModelShape
+from ..recipe import ModelShape
 
 
 def structure_curve(adata, label_key: str, seed: int, epochs: int = DEFAULT_RECIPE.pretrain_epochs) -> list[dict]:
@@ -54,7 +54,7 @@ def structure_curve(adata, label_key: str, seed: int, epochs: int = DEFAULT_RECI
 def main(argv: list[str] | None = None) -> int:
     from cape import data, pp
 
-    from .cli.recipe_command import PREPROCESS, load
+    from .recipe_command import PREPROCESS, load
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="simulated_grn")
