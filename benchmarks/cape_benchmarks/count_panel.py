@@ -51,7 +51,7 @@ from cape.data.perturbation_data import random_dag
 from cape.pp import preprocess
 
 from .boolode import simulate_boolode
-from .causal import _budget, _run_undirected, _top_directed, _top_pairs, skeleton_f1
+from .causal import _budget, _run_undirected, _thresholded, _top_directed, _top_pairs, skeleton_f1
 from .peers import run_peer
 from .sergio import simulate_sergio
 
@@ -227,13 +227,16 @@ def _scores(truth: np.ndarray, G: np.ndarray, ranking: np.ndarray | None) -> dic
 
 def run_count_panel(out: str | Path = "results/bench", quick: bool = False, settings: list[str] | None = None,
                     methods: list[str] | None = None, n_seeds: int | None = None, seed_offset: int = 0,
-                    budget: float | None = None, n_cells: int | None = None, n_genes: int | None = None) -> list[dict]:
+                    budget: float | None = None, n_cells: int | None = None, n_genes: int | None = None,
+                    taus: list[float | str] | None = None) -> list[dict]:
     """Run the panel; write ``count_panel.json``/``.md``/``.png`` under ``out``; returns the records.
 
     ``settings``: names from :func:`panel_settings` (default: every member's base; ``"all"``: every setting);
     ``methods``: from :data:`PANEL_METHODS` (default all; quick: Step I at 5 epochs and the in-process peers) and
     :data:`EXTRA_METHODS`; ``n_cells``/``n_genes``: the simulations' size (default 3,000 cells, 120 genes and 1.5
-    edges per gene; quick: 300, 20); ``budget``: seconds per subprocess peer.
+    edges per gene; quick: 300, 20); ``budget``: seconds per subprocess peer; ``taus``: thresholds
+    (:func:`~cape_benchmarks.causal.parse_tau`, e.g. ``"budget0.05"``) at which each Step I fit is also scored, as
+    ``<method>@τ<tau>`` (the same fitted A cut as ``tau="budget"`` cuts it).
     """
     size = dict(QUICK if quick else FULL)
     size.update({k: v for k, v in (("n_cells", n_cells), ("n_genes", n_genes)) if v is not None})
@@ -263,6 +266,11 @@ def run_count_panel(out: str | Path = "results/bench", quick: bool = False, sett
                 scores = {"seconds": seconds, **(_scores(truth, G, ranking) if G is not None else {}), **extra}
                 records.extend({**base, "method": method, "metric": k, "value": float(v), "status": status}
                                for k, v in scores.items())
+                if method in CAPE_METHODS and ranking is not None:
+                    for tau in taus or []:
+                        records.extend({**base, "method": f"{method}@τ{tau}", "metric": k, "value": float(v),
+                                        "status": status}
+                                       for k, v in _scores(truth, _thresholded(ranking, X, tau, seed), ranking).items())
                 logger.info("%s seed %d %s: %s, %s", setting, seed, method, status,
                             ", ".join(f"{k} {v:.3g}" for k, v in scores.items()))
             write_json(records, Path(out) / "count_panel.json")  # so far: a long run stopped early keeps its records

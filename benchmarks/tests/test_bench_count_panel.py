@@ -87,11 +87,17 @@ def test_boolode_dag_respects_the_parent_cap_and_cell_types_differ() -> None:
 def test_the_panel_writes_its_records_table_and_figure(tmp_path) -> None:
     code = main(["--threads", "1", "causal", "--panel", "counts", "--quick", "--out", str(tmp_path),
                  "--settings", "boolode,grn_cells_types1", "--methods",
-                 "cape_default,partial_correlation,partial_correlation_true", "--cells", "150", "--genes", "12"])
+                 "cape_default,partial_correlation,partial_correlation_true", "--cells", "150", "--genes", "12",
+                 "--taus", "budget0.05,budget0.3"])
     assert code == 0
     records = json.loads((tmp_path / "count_panel.json").read_text())
     assert {r["setting"] for r in records} == {"boolode", "grn_cells_types1"}
-    assert {r["method"] for r in records} == {"cape_default", "partial_correlation", "partial_correlation_true"}
+    assert {r["method"] for r in records} == {"cape_default", "partial_correlation", "partial_correlation_true",
+                                              "cape_default@τbudget0.05", "cape_default@τbudget0.3"}
+    kept = {(r["setting"], r["method"]): r["value"] for r in records if r["metric"] == "kept"}
+    for setting in ("boolode", "grn_cells_types1"):  # the same fit cut at the default rate gives the default graph
+        assert kept[setting, "cape_default"] == kept[setting, "cape_default@τbudget0.05"]
+        assert kept[setting, "cape_default@τbudget0.05"] <= kept[setting, "cape_default@τbudget0.3"]
     true_count = {r["value"] for r in records if r["metric"] == "true_edges"}
     kept_true = [r["value"] for r in records if r["metric"] == "kept" and r["method"] == "partial_correlation_true"]
     assert len(true_count) >= 1 and set(kept_true) <= true_count

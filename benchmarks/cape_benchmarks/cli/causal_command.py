@@ -25,8 +25,8 @@ def register(bench) -> None:
     b.add_argument("--taus", default=None,
                    help="comma-separated extra thresholds τ each cape fit is also scored at (rows method@τ); "
                         "'budget' is cape.tl.causal_graph's default rule, 'budget<fdr>' the same at another false "
-                        "discovery rate (e.g. budget0.2; the undirected peers get rows at each budget too), 'auto' "
-                        "the positioning rule")
+                        "discovery rate (e.g. budget0.2; the undirected peers get rows at each budget too, except "
+                        "with --panel counts), 'auto' the positioning rule")
     b.add_argument("--diagnose", action="store_true",
                    help=f"one experiment per suspected cause of cape's losses: methods {','.join(DIAGNOSE['methods'])} "
                         f"(unless --methods), thresholds {','.join(map(str, DIAGNOSE['taus']))} (unless --taus)")
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.panel == "counts":
         run_count_panel(out=args.out, quick=args.quick, settings=split(args.settings), methods=methods,
                         n_seeds=args.seeds, seed_offset=args.seed_offset, budget=args.budget, n_cells=args.cells,
-                        n_genes=args.genes)
+                        n_genes=args.genes, taus=[parse_tau(t) for t in taus or []])
         return 0
     if args.diagnose:
         methods = methods or list(DIAGNOSE["methods"])
