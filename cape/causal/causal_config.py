@@ -80,11 +80,12 @@ class CausalConfig:
         budget the ``min_positioned`` check only warns. ``"auto"``: the paper's 0.2 where it already gives an edge to
         at least ``min_positioned`` of the genes, else the largest τ that does, but not below the noise floor.
     budget_fdr
-        Benjamini–Hochberg rate of ``tau="budget"``'s partial-correlation test, in (0, 1); default 0.3
-        (:data:`cape.causal.BUDGET_FDR`, chosen on held-out simulations). A lower rate keeps fewer edges, each
-        better supported. Which rate is closer to the true network depends on the data: 0.3 on
-        ``simulate_grn_cells``' counts, 0.05 on SERGIO's, where cell-type programmes and dropout make most gene
-        pairs co-vary (docs/benchmarks/step1_counts.md).
+        Benjamini–Hochberg rate of ``tau="budget"``'s partial-correlation test, in (0, 1); default 0.05
+        (:data:`cape.causal.BUDGET_FDR`, chosen on held-out seeds of count simulators written by others). A lower
+        rate keeps fewer edges, each better supported. Which rate is closer to the true network depends on the
+        data: 0.05 on SERGIO, BoolODE-style kinetics, bnlearn's networks through a count model and
+        ``simulate_grn_cells`` with cell types, where cell-type programmes and dropout make many gene pairs co-vary;
+        0.3 on ``simulate_grn_cells``' control cells (docs/benchmarks/count_panel.md, step1_counts.md).
     budget_test
         How ``tau="budget"`` tests a pair (:func:`cape.causal.budget_tests`). ``"fisher"`` (default): Fisher's z on
         every pair, which assumes one variance per gene; where cell types switch genes on and off it calls many
