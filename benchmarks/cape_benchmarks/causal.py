@@ -83,6 +83,7 @@ from cape.causal import (
     shift_tests,
 )
 from cape.causal.causal_config import LOW_RANK
+from cape.causal.pipeline import budget_pairs
 from cape.causal.pipeline import screen as step1_screen
 from cape.causal.postprocess import (
     AUTO_TAU_MAX,
@@ -91,6 +92,7 @@ from cape.causal.postprocess import (
     budget_rows,
     choose_tau,
     edge_budget,
+    partial_correlation_tests,
     partial_correlations,
 )
 from cape.causal.structure_recovery import dag_metrics
@@ -192,29 +194,34 @@ INPUTS = ("raw", "standardized")
 
 
 def parse_tau(value: float | str) -> float | str:
-    """A threshold of ``--taus``: a number > 0, ``"auto"``, ``"budget"`` (at :data:`BUDGET_FDR`) or ``"budget<fdr>"``
-    (the edge budget at that false discovery rate, e.g. ``"budget0.2"``)."""
-    if value in ("auto", "budget"):
+    """A threshold of ``--taus``: a number > 0, ``"auto"``, ``"budget"`` (at :data:`BUDGET_FDR`), ``"budget<fdr>"``
+    (the edge budget at that false discovery rate, e.g. ``"budget0.2"``), its pairs ranked as Step I's default ranks
+    them (``pair_ranking="consensus"``), or ``"fit-budget"``/``"fit-budget<fdr>"``: the same budget over the fit's
+    heaviest weights alone (``pair_ranking="fit"``)."""
+    if value in ("auto", "budget", "fit-budget"):
         return value
     text = str(value)
+    body = text.removeprefix("fit-")
     try:
-        number = float(text.removeprefix("budget"))
+        number = float(body.removeprefix("budget"))
     except ValueError as err:
-        raise CapeInputError(f"a threshold must be a number, 'auto', 'budget' or 'budget<fdr>', got {text!r}") from err
-    if text.startswith("budget"):
+        raise CapeInputError(f"a threshold must be a number, 'auto', '[fit-]budget' or '[fit-]budget<fdr>', "
+                             f"got {text!r}") from err
+    if body.startswith("budget"):
         if not 0 < number < 1:
             raise CapeInputError(f"the budget's false discovery rate must be in (0, 1), got {text!r}")
-        return f"budget{number:g}"
-    if not number > 0:
+        return f"{text[:len(text) - len(body)]}budget{number:g}"
+    if not number > 0 or body != text:
         raise CapeInputError(f"thresholds must be > 0, got {text}")
     return number
 
 
 def _budget_fdr(tau: float | str) -> float | None:
     """The false discovery rate of a budget threshold (``None`` for the others)."""
-    if not isinstance(tau, str) or not tau.startswith("budget"):
+    if not isinstance(tau, str) or not tau.removeprefix("fit-").startswith("budget"):
         return None
-    return BUDGET_FDR if tau == "budget" else float(tau.removeprefix("budget"))
+    rate = tau.removeprefix("fit-").removeprefix("budget")
+    return BUDGET_FDR if rate == "" else float(rate)
 
 
 def _budget(X: np.ndarray, fdr: float, seed: int) -> int | None:
@@ -225,9 +232,16 @@ def _budget(X: np.ndarray, fdr: float, seed: int) -> int | None:
 
 
 def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int) -> np.ndarray:
-    """cape's graph at one threshold rule (a budget rule counts the data's significant pairs at its FDR)."""
+    """cape's graph at one threshold rule, as Step I's pipeline makes it: a budget rule counts the data's
+    significant pairs at its FDR and keeps that many pairs by Step I's default ranking (the fit and the partial
+    correlations together; ``fit-budget…``: the fit's heaviest weights alone)."""
     fdr = _budget_fdr(tau)
-    rule, budget = ("budget", _budget(X, fdr, seed)) if fdr is not None else (tau, None)
+    budget = _budget(X, fdr, seed) if fdr is not None else None
+    if budget is not None and not str(tau).startswith("fit-"):
+        chosen = budget_pairs(weights, budget, partial_correlation_tests(X))
+        if chosen is not None:
+            return make_dag(chosen[0], 0.0)[0]
+    rule = "budget" if fdr is not None else tau
     return make_dag(weights, choose_tau(weights, rule, AUTO_MIN_POSITIONED, budget)[0])[0]
 
 

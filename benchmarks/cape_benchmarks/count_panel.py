@@ -189,14 +189,17 @@ def _confidence_scores(truth: np.ndarray, dag: np.ndarray, confidence: np.ndarra
 
 def _run_method(method: str, X: np.ndarray, truth: np.ndarray, seed: int, budget: float,
                 epochs: int | None) -> tuple[np.ndarray | None, np.ndarray | None, float, str, dict]:
-    """One method on X: (graph, every pair's score or None, seconds, status, extra scores)."""
+    """One method on X: (graph, every pair's score or None, seconds, status, extra scores). For Step I the score is
+    the ranking its graph was cut from (``CausalGraph.pair_scores``) on the direction its fit gives each pair, and
+    ``extra["weights"]`` the fitted A."""
     start = time.perf_counter()
     if method in CAPE_METHODS:
         config = CausalConfig(**CAPE_METHODS[method], **({} if epochs is None else {"epochs": epochs}))
         genes = np.array([f"g{i}" for i in range(X.shape[1])])
         graph = learn_causal_graph(X.astype(np.float32), genes, config, device="cpu", seed=seed)
-        extra = _confidence_scores(truth, graph.dag, graph.confidence)
-        return graph.dag, graph.fit.adjacency, time.perf_counter() - start, "ok", extra
+        extra = {**_confidence_scores(truth, graph.dag, graph.confidence), "weights": graph.fit.adjacency}
+        A = np.abs(graph.fit.adjacency)
+        return graph.dag, np.where(A >= A.T, graph.pair_scores, 0.0), time.perf_counter() - start, "ok", extra
     if method in ("partial_correlation", "partial_correlation_true", "graphical_lasso"):
         try:
             G, scores, seconds = _run_undirected(method.removesuffix("_true"), X, seed)
@@ -235,8 +238,9 @@ def run_count_panel(out: str | Path = "results/bench", quick: bool = False, sett
     ``methods``: from :data:`PANEL_METHODS` (default all; quick: Step I at 5 epochs and the in-process peers) and
     :data:`EXTRA_METHODS`; ``n_cells``/``n_genes``: the simulations' size (default 3,000 cells, 120 genes and 1.5
     edges per gene; quick: 300, 20); ``budget``: seconds per subprocess peer; ``taus``: thresholds
-    (:func:`~cape_benchmarks.causal.parse_tau`, e.g. ``"budget0.05"``) at which each Step I fit is also scored, as
-    ``<method>@τ<tau>`` (the same fitted A cut as ``tau="budget"`` cuts it).
+    (:func:`~cape_benchmarks.causal.parse_tau`, e.g. ``"budget0.05"`` or ``"fit-budget0.05"``) at which each Step I fit
+    is also scored, as ``<method>@τ<tau>`` (the same fitted A cut as Step I's pipeline cuts it; their rows carry no
+    ranking metrics).
     """
     size = dict(QUICK if quick else FULL)
     size.update({k: v for k, v in (("n_cells", n_cells), ("n_genes", n_genes)) if v is not None})
@@ -263,14 +267,14 @@ def run_count_panel(out: str | Path = "results/bench", quick: bool = False, sett
                     "params": params}
             for method in methods:
                 G, ranking, seconds, status, extra = _run_method(method, X, truth, seed, budget, size["epochs"])
+                weights = extra.pop("weights", None)
                 scores = {"seconds": seconds, **(_scores(truth, G, ranking) if G is not None else {}), **extra}
                 records.extend({**base, "method": method, "metric": k, "value": float(v), "status": status}
                                for k, v in scores.items())
-                if method in CAPE_METHODS and ranking is not None:
-                    for tau in taus or []:
-                        records.extend({**base, "method": f"{method}@τ{tau}", "metric": k, "value": float(v),
-                                        "status": status}
-                                       for k, v in _scores(truth, _thresholded(ranking, X, tau, seed), ranking).items())
+                for tau in taus if weights is not None else []:
+                    at = _thresholded(weights, X, tau, seed)
+                    records.extend({**base, "method": f"{method}@τ{tau}", "metric": k, "value": float(v),
+                                    "status": status} for k, v in _scores(truth, at, None).items())
                 logger.info("%s seed %d %s: %s, %s", setting, seed, method, status,
                             ", ".join(f"{k} {v:.3g}" for k, v in scores.items()))
             write_json(records, Path(out) / "count_panel.json")  # so far: a long run stopped early keeps its records

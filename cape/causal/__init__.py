@@ -21,6 +21,7 @@ from .confidence import SOLID_CONFIDENCE, EdgeConfidence, cell_states, edge_conf
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
 from .intervention_orientation import Orientation, descendant_evidence, orient_by_shifts, shift_tests
 from .model import ElementwiseMLP, VariationalNotears
+from .pair_ranking import PAIR_RANKING, PAIR_RANKINGS, consensus_scores, top_pairs_oriented
 from .parents_mlp import ParentsMLP, ParentsMLPConfig, fit_parents_mlp
 from .pipeline import CausalGraph, learn_causal_graph
 from .postprocess import (
@@ -59,6 +60,8 @@ __all__ = [
     "BUDGET_TEST",
     "BUDGET_TESTS",
     "MIN_CELLS",
+    "PAIR_RANKING",
+    "PAIR_RANKINGS",
     "SOLID_CONFIDENCE",
     "CausalConfig",
     "CausalFit",
@@ -80,6 +83,7 @@ __all__ = [
     "budget_rows",
     "budget_tests",
     "cell_states",
+    "consensus_scores",
     "cpdag",
     "descendant_evidence",
     "descendants",
@@ -110,6 +114,7 @@ __all__ = [
     "tau_for_edges",
     "tau_positioning",
     "threshold",
+    "top_pairs_oriented",
     "topological_order",
     "trace_expm",
 ]

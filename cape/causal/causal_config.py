@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 from .._errors import CapeInputError
+from .pair_ranking import PAIR_RANKING, PAIR_RANKINGS
 from .postprocess import BUDGET_CELLS, BUDGET_FDR, BUDGET_TEST, BUDGET_TESTS
 
 __all__ = ["DENSE_MAX_GENES", "LAMBDA_DENSE", "LAMBDA_LOW_RANK", "LOW_RANK", "MODELS", "SCREENS", "STANDARDIZE",
@@ -97,6 +98,12 @@ class CausalConfig:
         (docs/benchmarks/step1_counts.md). ``"state"``: Fisher's z with the cell states (Leiden clusters,
         :func:`cape.causal.cell_states`) regressed out of every gene, so that genes which merely differ between cell
         types do not count (:func:`cape.causal.state_partial_correlation_tests`).
+    pair_ranking
+        Which gene pairs ``tau="budget"`` keeps (:mod:`cape.causal.pair_ranking`). ``"consensus"`` (default): the K
+        pairs ranked highest by the fit's weight and by their partial correlation together (the mean of the two
+        ranks), each in the fit's heavier direction with its weight; pairs the fit gives no weight are left out.
+        Neither ranking alone was better on every count simulator (docs/benchmarks/count_panel.md). ``"fit"``: the
+        K heaviest directed weights of the fit alone. Either way the cycles left are broken afterwards.
     budget_cells
         The most cells ``tau="budget"``'s test counts on: max(``budget_cells``, 10 · genes), drawn at random with
         the fit's seed (:func:`cape.causal.budget_rows`); default 2,000 (:data:`cape.causal.BUDGET_CELLS`, the size
@@ -139,6 +146,7 @@ class CausalConfig:
     tau: float | str = "budget"
     budget_fdr: float = BUDGET_FDR
     budget_test: str = BUDGET_TEST
+    pair_ranking: str = PAIR_RANKING
     budget_cells: int | None = BUDGET_CELLS
     min_positioned: float = 0.5
     lambda_sparse: float | None = None
@@ -162,6 +170,8 @@ class CausalConfig:
             raise CapeInputError(f"budget_fdr must be a rate in (0, 1), got {self.budget_fdr!r}")
         if self.budget_test not in BUDGET_TESTS:
             raise CapeInputError(f"budget_test must be one of {', '.join(BUDGET_TESTS)}, got {self.budget_test!r}")
+        if self.pair_ranking not in PAIR_RANKINGS:
+            raise CapeInputError(f"pair_ranking must be one of {', '.join(PAIR_RANKINGS)}, got {self.pair_ranking!r}")
         if not (self.budget_cells is None or (_is_int(self.budget_cells) and self.budget_cells >= 1)):
             raise CapeInputError(f"budget_cells must be a positive number of cells or None (every cell), "
                                  f"got {self.budget_cells!r}")

@@ -7,8 +7,8 @@ The stages, each a small function here over the modules of :mod:`cape.causal`:
 2. candidate parents from partial correlations (:func:`screen`, the dense A's screen);
 3. the fit (:func:`fit`: :func:`~cape.causal.fit_variational_notears` or :func:`~cape.causal.fit_parents_mlp`),
    with a collapse turned into an error;
-4. the edge budget (:func:`edge_budget_for`, ``tau="budget"``), the threshold and the cycle breaking
-   (:func:`threshold`);
+4. the edge budget (:func:`edge_budget_for`, ``tau="budget"``), which pairs it keeps (:func:`budget_pairs`, the fit
+   and the partial correlations ranked together), the threshold and the cycle breaking (:func:`threshold`);
 5. the orientation by the interventions' downstream shifts (:func:`orient`);
 6. the fitted structural equations and the record (:func:`learn_causal_graph` returns them in a
    :class:`CausalGraph`).
@@ -39,6 +39,7 @@ from .intervention_orientation import (
     orient_by_shifts,
     shift_tests,
 )
+from .pair_ranking import consensus_scores, fit_pair_weights, pair_score_matrix, top_pairs_oriented
 from .parents_mlp import fit_parents_mlp
 from .postprocess import (
     AUTO_TAU_FLOOR,
@@ -57,8 +58,9 @@ from .postprocess import (
 from .structural_equations import learned_equations
 from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
 
-__all__ = ["BUDGET_MAX_GENES", "PARENTS_MLP_MAX_GENES", "SCAN_TAUS", "CausalGraph", "Graph", "check_matrix",
-           "check_size", "edge_budget_for", "fit", "learn_causal_graph", "orient", "screen", "threshold"]
+__all__ = ["BUDGET_MAX_GENES", "PARENTS_MLP_MAX_GENES", "SCAN_TAUS", "CausalGraph", "Graph", "budget_pairs",
+           "check_matrix", "check_size", "edge_budget_for", "fit", "learn_causal_graph", "orient", "screen",
+           "threshold"]
 
 logger = logging.getLogger("cape")
 
@@ -231,29 +233,64 @@ class Graph:
     n_positioned: int
     max_weight: float
     scan: dict[str, np.ndarray]
+    #: Symmetric M×M scores by which the gene pairs were ranked (higher first): the consensus ranking's Borda
+    #: scores, or the fit's max(|A_ij|, |A_ji|).
+    pair_scores: np.ndarray | None = None
 
     @property
     def n_edges(self) -> int:
         return int(np.count_nonzero(self.dag))
 
 
-def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: int) -> Graph:
-    """A thresholded at τ (fixed or by rule) and made a DAG; too few genes positioned raises or warns."""
+def budget_pairs(A: np.ndarray, budget: int, tests: tuple | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """``pair_ranking="consensus"``'s edges before the cycles are broken: the ``budget`` gene pairs ranked highest
+    by the fit and the partial-correlation ``tests`` ((pairs, p) on every cell) together, each in the fit's heavier
+    direction with its weight (:mod:`cape.causal.pair_ranking`), and the pairs' score matrix; ``None`` without
+    tests."""
+    if tests is None:
+        return None
+    pairs, p = tests
+    scores = consensus_scores(A, pairs, p)
+    return (top_pairs_oriented(A, pairs, scores, budget, AUTO_TAU_FLOOR),
+            pair_score_matrix(A.shape[0], pairs, scores))
+
+
+def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: int,
+              tests: tuple | None = None) -> Graph:
+    """A thresholded at τ (fixed or by rule) and made a DAG; too few genes positioned raises or warns.
+
+    Under the budget with ``config.pair_ranking == "consensus"`` and partial-correlation ``tests`` ((pairs, p) on
+    every cell), the kept pairs are :func:`budget_pairs`'; τ is then the lightest kept weight (lighter edges of A
+    are kept where both rankings put their pair high, heavier ones left out where they do not).
+    """
     n_genes = A.shape[0]
     tau_used, tau_rule = choose_tau(A, config.tau, config.min_positioned, budget)
-    dag, removed = make_dag(A, tau_used)
+    consensus = (budget_pairs(A, budget, tests) if tau_rule == "budget" and config.pair_ranking == "consensus"
+                 else None)
+    if consensus is None:
+        dag, removed = make_dag(A, tau_used)
+        upper = np.triu_indices(n_genes, 1)
+        pair_scores = pair_score_matrix(n_genes, upper, fit_pair_weights(A, upper))
+    else:
+        chosen, pair_scores = consensus
+        dag, removed = make_dag(chosen, 0.0)
+        kept = np.abs(chosen[chosen != 0])
+        tau_used = float(kept.min()) if kept.size else tau_used
     if removed:
         logger.info("removed %d edge(s) to break cycles left after thresholding", removed)
     n_positioned = int(((dag != 0).any(axis=0) | (dag != 0).any(axis=1)).sum())
     graph = Graph(dag, int(removed), float(tau_used), tau_rule, n_positioned,
-                   float(np.abs(A).max()) if A.size else 0.0, _threshold_scan(A, (*SCAN_TAUS, tau_used)))
+                   float(np.abs(A).max()) if A.size else 0.0, _threshold_scan(A, (*SCAN_TAUS, tau_used)),
+                   pair_scores)
     logger.info("Step I: %d edges, %d of %d genes positioned at tau=%.3g (%s); largest weight %.3g; "
                 "edges (positioned genes) by tau: %s", graph.n_edges, n_positioned, n_genes, tau_used, tau_rule,
                 graph.max_weight, _format_scan(graph.scan))
     if tau_rule == "budget":
+        kept = ("pairs ranked highest by the fit's weights and the partial correlations together"
+                if consensus is not None else "heaviest edges of the DAG")
         logger.info("tau='budget': %d gene pairs have a significant partial correlation (%s, BH %g): kept the "
-                    "%d heaviest edges of the DAG (tau=%.3g)", budget, BUDGET_TEST_NAMES[config.budget_test],
-                    config.budget_fdr, graph.n_edges, tau_used)
+                    "%d %s (lightest weight %.3g)", budget, BUDGET_TEST_NAMES[config.budget_test],
+                    config.budget_fdr, graph.n_edges, kept, tau_used)
     if n_positioned < config.min_positioned * n_genes:
         needed = tau_positioning(A, config.min_positioned)
         reason = (f"Step I kept {graph.n_edges} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) at "
@@ -355,6 +392,10 @@ class CausalGraph:
     confidence
         Each edge's confidence (M×M, 1 − q of its test given the child's other parents and the cells' state, 0 off
         the edges; :func:`cape.causal.edge_confidence`), or ``None`` with ``edge_confidence=False``.
+    pair_scores
+        Symmetric M×M scores by which the gene pairs were ranked for the graph, higher first: under the budget's
+        consensus ranking (``pair_ranking="consensus"``) the Borda scores of :func:`cape.causal.consensus_scores`,
+        else the fit's max(|A_ij|, |A_ji|). For ranking metrics such as a skeleton AUPRC.
     """
 
     dag: np.ndarray
@@ -363,6 +404,7 @@ class CausalGraph:
     record: dict = field(default_factory=dict)
     candidates: np.ndarray | None = None
     confidence: np.ndarray | None = None
+    pair_scores: np.ndarray | None = None
 
     @property
     def n_edges(self) -> int:
@@ -412,7 +454,13 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     seed = seed_everything(seed)
     fitted = fit(config, X, resolve_device(device), seed, intervened, candidates)
     budget, budget_record = edge_budget_for(X, tests, config, seed) if config.tau == "budget" else (None, None)
-    graph = threshold(fitted.adjacency, config, budget, X.shape[0])
+    if budget is not None and config.pair_ranking == "consensus":
+        if tests is None and X.shape[1] <= BUDGET_MAX_GENES:  # the screen was off: the same tests, on every cell
+            tests = partial_correlation_tests(X)
+        budget_record["pair_ranking"] = "consensus" if tests is not None else "fit"
+    elif budget is not None:
+        budget_record["pair_ranking"] = "fit"
+    graph = threshold(fitted.adjacency, config, budget, X.shape[0], tests)
     orientation = orient(config, graph, X, intervened, genes)
     confidence = edge_confidence(X, graph.dag, intervened=intervened, seed=seed) if config.edge_confidence else None
     if config.drop_guesses and confidence is not None:
@@ -425,4 +473,4 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     record.update({k: v for k, v in extra.items() if v is not None})
     logger.debug("Step I pipeline: %.1f s", time.perf_counter() - start)
     return CausalGraph(graph.dag, genes, fitted, record, candidates,
-                       None if confidence is None else confidence.confidence)
+                       None if confidence is None else confidence.confidence, graph.pair_scores)

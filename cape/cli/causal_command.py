@@ -7,6 +7,7 @@ import argparse
 from .._errors import CapeInputError
 from .._io import write_h5ad
 from ..causal.causal_config import MODELS, SCREENS, CausalConfig
+from ..causal.pair_ranking import PAIR_RANKINGS
 from ..causal.postprocess import BUDGET_TESTS
 from ..data.user_files import detect_scale
 from ..tl._causal_graph import causal_graph
@@ -63,6 +64,10 @@ def register(commands) -> None:
                              "cell types switch genes on and off; 'robust': a sandwich test that allows each cell its "
                              "own variance, on pairs of genes detected in at least 10 cells; 'both': the two must "
                              "agree (holds its false discovery rate, keeps fewer edges)")
+    parser.add_argument("--pair-ranking", choices=PAIR_RANKINGS, default=CausalConfig.pair_ranking,
+                        help="which gene pairs the budget rule keeps: 'consensus' (default): those ranked highest by "
+                             "the fit's weights and their partial correlations together; 'fit': the fit's heaviest "
+                             "weights alone")
     parser.add_argument("--budget-cells", type=_budget_cells, default=CausalConfig.budget_cells,
                         help=f"the most cells the budget rule's test counts on, at least 10 per gene, drawn at "
                              f"random with the run's seed ({CausalConfig.budget_cells}), or 'all'")
@@ -111,7 +116,8 @@ def register(commands) -> None:
 def config_from_args(args: argparse.Namespace) -> CausalConfig:
     """The :class:`~cape.causal.CausalConfig` of ``cape causal``'s flags (one flag per field)."""
     return CausalConfig(model=args.model, rank=args.rank, tau=args.tau, budget_fdr=args.budget_fdr,
-                        budget_test=args.budget_test, budget_cells=args.budget_cells,
+                        budget_test=args.budget_test, pair_ranking=args.pair_ranking,
+                        budget_cells=args.budget_cells,
                         min_positioned=args.min_positioned, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
                         batch_size=args.batch_size, lr=args.lr,
                         h_every=args.h_every, screen=args.screen, leave_out_targets=args.leave_out_targets,

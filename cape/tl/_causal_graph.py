@@ -159,6 +159,7 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
     rank = config.rank
     return {"rank": "dense" if rank is None else rank if rank == "auto" else int(rank), "tau": config.tau,
             "budget_fdr": float(config.budget_fdr), "budget_test": config.budget_test,
+            "pair_ranking": config.pair_ranking,
             "budget_cells": "all" if config.budget_cells is None else int(config.budget_cells),
             "lambda_sparse": "auto" if config.lambda_sparse is None else float(config.lambda_sparse),
             "epochs": int(config.epochs), "batch_size": int(config.batch_size), "lr": float(config.lr),

@@ -32,7 +32,7 @@ rule causal:
         "{params.cape} --threads {threads} causal"
         " --input {input:q} --output {output:q}"
         " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --budget-fdr {params.opts[budget_fdr]}"
-        " --budget-test {params.opts[budget_test]}"
+        " --budget-test {params.opts[budget_test]} --pair-ranking {params.opts[pair_ranking]}"
         " --budget-cells {params.budget_cells} --min-positioned {params.opts[min_positioned]}"
         " {params.lambda_sparse}"
         " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"

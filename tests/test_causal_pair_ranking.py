@@ -1,0 +1,103 @@
+"""cape.causal.pair_ranking: which gene pairs the edge budget keeps (the fit and the partial correlations together)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cape import CapeInputError
+from cape.causal import CausalConfig, consensus_scores, is_dag, learn_causal_graph, make_dag, top_pairs_oriented
+from cape.causal.pipeline import threshold
+from cape.causal.postprocess import AUTO_TAU_FLOOR, tau_for_edges
+
+
+def _problem(m: int, seed: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    A = rng.uniform(-1, 1, size=(m, m)) * (rng.random((m, m)) < 0.5)
+    np.fill_diagonal(A, 0.0)
+    pairs = np.triu_indices(m, 1)
+    return A, pairs, rng.random(pairs[0].size)
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(2, 12), seed=st.integers(0, 10_000))
+def test_scores_are_mean_normalised_ranks_and_ignore_monotone_transforms(m: int, seed: int) -> None:
+    A, pairs, p = _problem(m, seed)
+    scores = consensus_scores(A, pairs, p)
+    assert scores.shape == p.shape and np.all(scores > 0) and np.all(scores <= 1)
+    # only the two orders count: cubing the weights and squaring the p-values changes nothing
+    np.testing.assert_allclose(consensus_scores(A**3, pairs, p**2), scores)
+    # a pair first by both rankings scores 1
+    best = np.argmin(p)
+    A2 = A.copy()
+    A2[pairs[0][best], pairs[1][best]] = 10.0
+    assert consensus_scores(A2, pairs, p)[best] == pytest.approx(1.0)
+
+
+def test_a_pair_counts_by_both_rankings() -> None:
+    # pair (0, 1): heaviest in the fit, not significant; pair (2, 3): most significant, light in the fit;
+    # pair (0, 2): second by both, so it is kept first
+    A = np.zeros((4, 4))
+    A[0, 1], A[0, 2], A[2, 3], A[1, 3] = 0.9, 0.5, 0.015, 0.02
+    pairs = np.triu_indices(4, 1)  # (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+    p = np.array([0.9, 1e-6, 0.5, 0.4, 0.3, 1e-9])
+    scores = consensus_scores(A, pairs, p)
+    assert np.argmax(scores) == 1
+    chosen = top_pairs_oriented(A, pairs, scores, 1, AUTO_TAU_FLOOR)
+    assert np.flatnonzero(chosen).tolist() == [2]  # 0 → 2 alone
+    # the fit's ranking alone keeps (0, 1) first; the test's alone (2, 3)
+    assert np.argmax(np.abs(A)) == 1 and np.argmin(p) == 5
+
+
+def test_kept_pairs_point_the_fits_way_with_its_weight_and_unweighted_pairs_are_left_out() -> None:
+    A = np.zeros((3, 3))
+    A[1, 0], A[0, 1] = -0.4, 0.1  # the fit prefers 1 → 0
+    A[1, 2] = 0.005  # below the noise floor
+    pairs = np.triu_indices(3, 1)
+    scores = np.array([0.9, 0.1, 0.8])  # (0,1) (0,2) (1,2)
+    chosen = top_pairs_oriented(A, pairs, scores, 2, AUTO_TAU_FLOOR)
+    assert chosen[1, 0] == -0.4 and np.count_nonzero(chosen) == 1  # (1, 2) has no weight above the floor
+    assert np.count_nonzero(top_pairs_oriented(A, pairs, scores, 0, AUTO_TAU_FLOOR)) == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(3, 12), seed=st.integers(0, 10_000), k=st.integers(0, 40))
+def test_the_budget_graph_is_a_dag_of_at_most_k_pairs_ranked_by_both(m: int, seed: int, k: int) -> None:
+    A, pairs, p = _problem(m, seed)
+    graph = threshold(A, CausalConfig(min_positioned=0), k, 500, (pairs, p))
+    assert is_dag(graph.dag)
+    kept = np.triu((graph.dag != 0) | (graph.dag != 0).T, 1)
+    assert kept.sum() <= k
+    scores = graph.pair_scores[pairs]
+    if kept.sum():  # every kept pair scores at least as high as the k-th best pair
+        assert scores[kept[pairs]].min() >= np.sort(scores)[::-1][min(k, scores.size) - 1]
+    assert np.all(np.abs(graph.dag[graph.dag != 0]) > AUTO_TAU_FLOOR)
+
+
+def test_pair_ranking_fit_is_the_k_heaviest_weights() -> None:
+    A, pairs, p = _problem(10, 3)
+    graph = threshold(A, CausalConfig(pair_ranking="fit", min_positioned=0), 12, 500, (pairs, p))
+    np.testing.assert_array_equal(graph.dag, make_dag(A, tau_for_edges(A, 12))[0])
+    np.testing.assert_allclose(graph.pair_scores, np.maximum(np.abs(A), np.abs(A).T))
+
+
+def test_the_pipeline_ranks_by_consensus_and_records_it() -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 8))
+    X[:, 1] += X[:, 0]
+    X[:, 2] += 0.8 * X[:, 1]
+    X[:, 5] += 0.7 * X[:, 4]
+    genes = np.array([f"g{i}" for i in range(8)])
+    options = {"epochs": 5, "batch_size": 64, "edge_confidence": False, "min_positioned": 0}
+    graph = learn_causal_graph(X.astype(np.float32), genes, CausalConfig(**options), device="cpu", seed=0)
+    fit_only = learn_causal_graph(X.astype(np.float32), genes, CausalConfig(pair_ranking="fit", **options),
+                                  device="cpu", seed=0)
+    assert graph.record["edge_budget"]["pair_ranking"] == "consensus"
+    assert fit_only.record["edge_budget"]["pair_ranking"] == "fit"
+    np.testing.assert_array_equal(graph.fit.adjacency, fit_only.fit.adjacency)  # the ranking acts after the fit
+    skeleton = np.triu((graph.dag != 0) | (graph.dag != 0).T, 1)
+    assert skeleton[0, 1] and skeleton[1, 2] and skeleton[4, 5]
+    with pytest.raises(CapeInputError, match="pair_ranking must be one of consensus, fit"):
+        CausalConfig(pair_ranking="borda")
