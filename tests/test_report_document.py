@@ -49,6 +49,10 @@ def test_report_names_the_step_one_model_and_its_edges(trained_adata, tmp_path):
     adata.uns["cape"]["causal_graph"]["edge_budget"]["test"] = "both"  # the test, in words
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert "partial correlation, Fisher's z and the robust test, FDR 0.05, tested on a random 2000 cells)" in text
+    adata.uns["cape"]["causal_graph"]["edge_budget"]["pair_ranking"] = "consensus"  # which pairs, in words
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert ("tested on a random 2000 cells, the pairs ranked by the fit and the partial correlations together)"
+            in text)
     adata.uns["cape"]["causal_graph"]["params"]["leave_out_targets"] = False
     adata.uns["cape"]["causal_graph"]["orientation"] = {"n_edges_turned": 3, "n_shifted_pairs": 12,
                                                         "n_tested_pairs": 60, "fdr": 0.05}

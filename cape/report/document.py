@@ -164,6 +164,8 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                         line += (f" (threshold rule budget: {int(budget['n_pairs'])} gene pairs with a significant "
                                  f"partial correlation, {test}FDR {float(budget['fdr']):g}"
                                  + (f", tested on a random {int(budget['n_cells_tested'])} cells" if subset else "")
+                                 + (", the pairs ranked by the fit and the partial correlations together"
+                                    if budget.get("pair_ranking") == "consensus" else "")
                                  + ")")
                     elif rule:
                         line += f" (threshold rule {rule})"
