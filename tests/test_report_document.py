@@ -51,7 +51,8 @@ def test_report_names_the_step_one_model_and_its_edges(trained_adata, tmp_path):
     assert "partial correlation, Fisher's z and the robust test, FDR 0.05, tested on a random 2000 cells)" in text
     adata.uns["cape"]["causal_graph"]["edge_budget"]["pair_ranking"] = "consensus"  # which pairs, in words
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
-    assert ("tested on a random 2000 cells, the pairs ranked by the fit and the partial correlations together)"
+    assert ("17 edges with weights down to 0.2 (threshold rule budget: 20 gene pairs" in text
+            and "tested on a random 2000 cells, the pairs ranked by the fit and the partial correlations together)"
             in text)
     adata.uns["cape"]["causal_graph"]["params"]["leave_out_targets"] = False
     adata.uns["cape"]["causal_graph"]["orientation"] = {"n_edges_turned": 3, "n_shifted_pairs": 12,

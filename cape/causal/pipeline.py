@@ -282,9 +282,11 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
     graph = Graph(dag, int(removed), float(tau_used), tau_rule, n_positioned,
                    float(np.abs(A).max()) if A.size else 0.0, _threshold_scan(A, (*SCAN_TAUS, tau_used)),
                    pair_scores)
-    logger.info("Step I: %d edges, %d of %d genes positioned at tau=%.3g (%s); largest weight %.3g; "
-                "edges (positioned genes) by tau: %s", graph.n_edges, n_positioned, n_genes, tau_used, tau_rule,
-                graph.max_weight, _format_scan(graph.scan))
+    # Under the consensus ranking no single τ cuts A into the graph: name the lightest kept weight instead.
+    at = (f"at tau={tau_used:.3g}" if consensus is None else f"with weights down to {tau_used:.3g}")
+    logger.info("Step I: %d edges, %d of %d genes positioned %s (%s); largest weight %.3g; A's edges (positioned "
+                "genes) by tau: %s", graph.n_edges, n_positioned, n_genes, at, tau_rule, graph.max_weight,
+                _format_scan(graph.scan))
     if tau_rule == "budget":
         kept = ("pairs ranked highest by the fit's weights and the partial correlations together"
                 if consensus is not None else "heaviest edges of the DAG")
@@ -293,8 +295,8 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
                     config.budget_fdr, graph.n_edges, kept, tau_used)
     if n_positioned < config.min_positioned * n_genes:
         needed = tau_positioning(A, config.min_positioned)
-        reason = (f"Step I kept {graph.n_edges} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) at "
-                  f"tau={tau_used:.3g}; the largest weight is {graph.max_weight:.2g}")
+        reason = (f"Step I kept {graph.n_edges} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) "
+                  f"{at}; the largest weight is {graph.max_weight:.2g}")
         if tau_rule.startswith("auto"):
             raise CapeInputError(
                 f"{reason}, and positioning {config.min_positioned:.0%} of the genes would need tau≤{needed:.2g}, "

@@ -156,8 +156,10 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                 model = info[step].get("params", {}).get("model", "variational")
                 line += f"; model {model}, {int(info[step]['n_edges'])} edges"
                 if "tau_used" in info[step]:
-                    line += f" at τ {float(info[step]['tau_used']):.3g}"
                     rule, budget = info[step].get("tau_rule"), info[step].get("edge_budget", {})
+                    # the consensus ranking cuts no single τ: its tau_used is the lightest kept weight
+                    at = "with weights down to" if budget.get("pair_ranking") == "consensus" else "at τ"
+                    line += f" {at} {float(info[step]['tau_used']):.3g}"
                     if rule == "budget":
                         subset = budget.get("cells_tested", "all") != "all"
                         test = f"{BUDGET_TEST_NAMES.get(budget['test'], budget['test'])}, " if "test" in budget else ""
