@@ -249,6 +249,14 @@ def test_paired_rows_are_per_seed_differences():
     assert row["low"] == pytest.approx(d.mean() - half) and row["verdict"] == "better"
 
 
+def test_paired_rows_read_fewer_seconds_as_better():
+    records = [{"task": "annotation", "dataset": "d", "method": m, "seed": s, "metric": "seconds", "value": v}
+               for s, (a, b) in enumerate([(60.0, 90.0), (55.0, 80.0), (70.0, 95.0)])
+               for m, v in (("current", a), ("long_schedule", b))]
+    row = paired_rows(records).iloc[0]
+    assert row["comparison"] == "current − long_schedule" and row["difference"] < 0 and row["verdict"] == "better"
+
+
 def test_paired_rows_name_a_supervised_clustering():
     records = [{"task": "clustering", "dataset": "d", "method": m, "seed": s, "metric": k, "value": v}
                for s in range(3) for m, k, v in (("previous", "ARI", 0.5 + s / 10), ("previous", "unsupervised", 0.0),

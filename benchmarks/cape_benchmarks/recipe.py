@@ -117,6 +117,8 @@ def run_recipe_benchmark(adata: ad.AnnData, label_key: str, *, dataset: str, see
     return records
 
 
+#: Metrics of the paired table where less is better (the verdict reads their difference the other way).
+LOWER_IS_BETTER = frozenset({"seconds"})
 #: Each comparison of the paired table: (task, metric, method, reference).
 COMPARISONS = (("annotation", "accuracy", "current", "logreg_pca"), ("annotation", "accuracy", "current", "previous"),
                ("annotation", "accuracy", "previous", "logreg_pca"), ("clustering", "ARI", "current", "pca_kmeans"),
@@ -145,7 +147,8 @@ def paired_rows(records: Sequence[dict]) -> pd.DataFrame:
             comparison = f"{method_name} − {reference_name}"
             rows.append({"dataset": dataset, "task": task, "metric": metric, "comparison": comparison,
                          "method": float(wide[method].mean()), "reference": float(wide[reference].mean()),
-                         "difference": mean, "low": low, "high": high, "verdict": verdict(low, high),
+                         "difference": mean, "low": low, "high": high,
+                         "verdict": verdict(low, high, lower_is_better=metric in LOWER_IS_BETTER),
                          "mdd": minimum_detectable_difference(float(diff.std(ddof=1)), len(diff)),
                          "seeds": len(diff)})
     return pd.DataFrame(rows)
