@@ -84,6 +84,9 @@ class Positioning:
     scan: tuple[tuple[float, int, int], ...] = ()
     #: Where Step II put the genes without an edge (its ``isolated`` option), when recorded
     isolated: str | None = None
+    #: How the edge budget chose its pairs (``edge_budget["pair_ranking"]``): under ``"consensus"`` ``tau`` is the
+    #: lightest kept weight, not a cut of A
+    pair_ranking: str | None = None
 
     @property
     def fraction(self) -> float:
@@ -122,7 +125,8 @@ def positioning(adata: ad.AnnData) -> Positioning | None:
                        tau=float(tau) if isinstance(tau, int | float | np.number) else None,
                        n_cells=None if n_cells is None else int(n_cells),
                        tau_rule=info.get("tau_rule"), scan=rows,
-                       isolated=None if isolated is None else str(isolated))
+                       isolated=None if isolated is None else str(isolated),
+                       pair_ranking=info.get("edge_budget", {}).get("pair_ranking"))
 
 
 def tau_remedy(pos: Positioning) -> str | None:
@@ -171,7 +175,8 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
         return Finding(WARNING, "positions", "This data has no causal graph (Steps I–II were not run), so the "
                        "transformer had no CAPE positions.", ("run `cape causal` and `cape embed` first",),
                        short="no causal graph")
-    edges = "no edges" if pos.n_edges == 0 else f"{pos.n_edges:,} edges" if pos.n_edges is not None else "a graph"
+    edges = ("no edges" if pos.n_edges == 0 else "1 edge" if pos.n_edges == 1
+             else f"{pos.n_edges:,} edges" if pos.n_edges is not None else "a graph")
     spread = pos.isolated == "negatives"  # Step II spreads genes without an edge apart instead of centring them
     if pos.n_positioned == 0 and spread:
         return Finding(NO_OP, "positions",
@@ -189,7 +194,8 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                           "without positional information."),
                        positions_remedies(pos), short="no gene got a position, so CAPE changed nothing")
     share = f"{pos.fraction:.0%} of the genes used ({pos.n_positioned:,} of {pos.n_used:,})"
-    at = f" at τ = {pos.tau:.3g}" + (f" ({pos.tau_rule})" if pos.tau_rule else "") if pos.tau is not None else ""
+    weights = " with weights down to" if pos.pair_ranking == "consensus" else " at τ ="
+    at = f"{weights} {pos.tau:.3g}" + (f" ({pos.tau_rule})" if pos.tau_rule else "") if pos.tau is not None else ""
     if pos.fraction < MIN_POSITIONED_FRACTION:
         # Not a warning by itself: the transformer still reads every gene (a token with its expression), and the
         # genes without a position are encoded as a model without positions would encode them. It becomes one
