@@ -190,7 +190,8 @@ def _confidence_scores(truth: np.ndarray, dag: np.ndarray, confidence: np.ndarra
 def _run_method(method: str, X: np.ndarray, truth: np.ndarray, seed: int, budget: float,
                 epochs: int | None) -> tuple[np.ndarray | None, np.ndarray | None, float, str, dict]:
     """One method on X: (graph, every pair's score or None, seconds, status, extra scores). For Step I the score is
-    the ranking its graph was cut from (``CausalGraph.pair_scores``) on the direction its fit gives each pair, and
+    the ranking its graph was cut from (``CausalGraph.pair_scores``, else the fit's weights) on the direction its
+    fit gives each pair, and
     ``extra["weights"]`` the fitted A."""
     start = time.perf_counter()
     if method in CAPE_METHODS:
@@ -199,7 +200,8 @@ def _run_method(method: str, X: np.ndarray, truth: np.ndarray, seed: int, budget
         graph = learn_causal_graph(X.astype(np.float32), genes, config, device="cpu", seed=seed)
         extra = {**_confidence_scores(truth, graph.dag, graph.confidence), "weights": graph.fit.adjacency}
         A = np.abs(graph.fit.adjacency)
-        return graph.dag, np.where(A >= A.T, graph.pair_scores, 0.0), time.perf_counter() - start, "ok", extra
+        scores = np.maximum(A, A.T) if graph.pair_scores is None else graph.pair_scores
+        return graph.dag, np.where(A >= A.T, scores, 0.0), time.perf_counter() - start, "ok", extra
     if method in ("partial_correlation", "partial_correlation_true", "graphical_lasso"):
         try:
             G, scores, seconds = _run_undirected(method.removesuffix("_true"), X, seed)

@@ -39,7 +39,7 @@ from .intervention_orientation import (
     orient_by_shifts,
     shift_tests,
 )
-from .pair_ranking import consensus_scores, fit_pair_weights, pair_score_matrix, top_pairs_oriented
+from .pair_ranking import consensus_scores, pair_score_matrix, top_pairs_oriented
 from .parents_mlp import fit_parents_mlp
 from .postprocess import (
     AUTO_TAU_FLOOR,
@@ -233,8 +233,8 @@ class Graph:
     n_positioned: int
     max_weight: float
     scan: dict[str, np.ndarray]
-    #: Symmetric M×M scores by which the gene pairs were ranked (higher first): the consensus ranking's Borda
-    #: scores, or the fit's max(|A_ij|, |A_ji|).
+    #: Symmetric M×M Borda scores by which the consensus ranking chose the pairs (higher first); ``None`` where the
+    #: fit's weights alone decided (A's own max(|A_ij|, |A_ji|), not stored a second time)
     pair_scores: np.ndarray | None = None
 
     @property
@@ -267,10 +267,9 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
     tau_used, tau_rule = choose_tau(A, config.tau, config.min_positioned, budget)
     consensus = (budget_pairs(A, budget, tests) if tau_rule == "budget" and config.pair_ranking == "consensus"
                  else None)
+    pair_scores = None
     if consensus is None:
         dag, removed = make_dag(A, tau_used)
-        upper = np.triu_indices(n_genes, 1)
-        pair_scores = pair_score_matrix(n_genes, upper, fit_pair_weights(A, upper))
     else:
         chosen, pair_scores = consensus
         dag, removed = make_dag(chosen, 0.0)
@@ -395,9 +394,9 @@ class CausalGraph:
         Each edge's confidence (M×M, 1 − q of its test given the child's other parents and the cells' state, 0 off
         the edges; :func:`cape.causal.edge_confidence`), or ``None`` with ``edge_confidence=False``.
     pair_scores
-        Symmetric M×M scores by which the gene pairs were ranked for the graph, higher first: under the budget's
-        consensus ranking (``pair_ranking="consensus"``) the Borda scores of :func:`cape.causal.consensus_scores`,
-        else the fit's max(|A_ij|, |A_ji|). For ranking metrics such as a skeleton AUPRC.
+        Under the budget's consensus ranking (``pair_ranking="consensus"``), the symmetric M×M Borda scores of
+        :func:`cape.causal.consensus_scores` by which the pairs were chosen, higher first (for ranking metrics such
+        as a skeleton AUPRC); ``None`` where the fit's weights alone ranked them (``fit.adjacency``).
     """
 
     dag: np.ndarray
