@@ -245,7 +245,8 @@ class NotearsConfig:
     dual_every, dual_steps
         An inner solve lasts at least ``dual_every`` epochs and at least ``dual_steps`` Adam steps.
     compile_mlp
-        Run the per-gene MLPs through ``torch.compile``; ``None``: on CPU at scale.
+        Run the per-gene MLPs through ``torch.compile``; ``None``: on CPU for fits with enough work to repay the
+        compiling (``cape.causal.trainer.compiles_by_default``).
     cuda_graphs
         Replay each training step as a CUDA graph (one launch per step instead of one per kernel); ``None``: on CUDA
         whenever the standardised matrix stays on the device; ``False``: kernel by kernel.

@@ -104,7 +104,9 @@ class ElementwiseMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.compiled:
-            return compiled_elementwise_mlp()(x, self.w1, self.b1, self.w2, self.b2)
+            # Views, not the Parameters: torch.compile holds a Parameter's shape static even with dynamic=True,
+            # which made every new gene count a new graph (and past torch's recompile limit, eager kernels).
+            return compiled_elementwise_mlp()(x, *(p.view_as(p) for p in (self.w1, self.b1, self.w2, self.b2)))
         n_genes, hidden = self.w1.shape
         step = max(1, self.chunk_elements // max(1, x.shape[0] * hidden))
         if x.device.type != "cpu" or step >= n_genes:

@@ -45,8 +45,9 @@ picks exact steps while min(M, k) ≤ :data:`EXACT_ACYCLICITY_MAX` and :data:`AU
 and linearised penalties share one UVᵀ and one backward pass
 (:meth:`~cape.causal.acyclicity_penalty.LinearisedAcyclicity.low_rank_l1_and_h`).
 
-The per-gene MLPs dominate the cost at large M; on CPU they are run through ``torch.compile`` there
-(``compile_mlp``), falling back to eager kernels with a warning where compiling fails, and the decoder, which
+The per-gene MLPs are most of a step's cost on CPU; they are run through ``torch.compile`` there for every fit
+with enough work to repay the compiling (``compile_mlp``, :func:`compiles_by_default`), falling back to eager
+kernels with a warning where compiling fails, and the decoder, which
 only serves the reconstruction term (with Z = μ_Z, A cancels out of it), sees a random quarter of each batch
 (``recon_fraction``), which cuts a large fit's time with the same graph.
 
@@ -81,8 +82,8 @@ from .causal_config import NotearsConfig
 from .model import VariationalNotears
 
 __all__ = ["COLLAPSE_FLOOR", "COLLAPSE_RETAINED", "COLLAPSE_SIGNAL", "MIN_CELLS", "CausalFit", "NotearsConfig",
-           "collapse_reason", "fit_variational_notears", "gene_moments", "intervention_rows", "max_correlation",
-           "near_empty"]
+           "collapse_reason", "compiles_by_default", "fit_variational_notears", "gene_moments", "intervention_rows",
+           "max_correlation", "near_empty"]
 
 logger = logging.getLogger("cape")
 
@@ -293,8 +294,11 @@ def resolve_h_every(h_every: int | None, n_genes: int, rank: int | None) -> int:
 RECON_SUBSAMPLE_MIN_ELEMENTS = 1 << 23
 RECON_FRACTION_AT_SCALE = 0.25
 
-#: ``compile_mlp=None`` compiles the MLPs on CPU from this many (batch × genes × hidden) activations on.
-COMPILE_MIN_ELEMENTS = 1 << 22
+#: ``compile_mlp=None`` compiles the MLPs on CPU when a fit's planned work, epochs × cells × genes × hidden
+#: activations, reaches this: compiled, the MLPs run about twice as fast from 100 genes on, and this much work saves
+#: about the seconds that compiling costs on a machine that has not compiled them before (later fits find the
+#: kernels in torch's on-disk cache).
+COMPILE_MIN_WORK = 1 << 30
 
 
 def _enable_compiled_mlps(model: VariationalNotears, *batches: torch.Tensor) -> bool:
@@ -447,12 +451,17 @@ def _optimiser(model: VariationalNotears, config: NotearsConfig, capturable: boo
                              fused=fused, capturable=capturable)
 
 
+def compiles_by_default(config: NotearsConfig, n_cells: int, n_genes: int, device: torch.device) -> bool:
+    """Whether ``compile_mlp=None`` compiles the MLPs: on CPU, for a fit of :data:`COMPILE_MIN_WORK` or more."""
+    return device.type == "cpu" and config.epochs * n_cells * n_genes * config.hidden >= COMPILE_MIN_WORK
+
+
 def _compile_if_worth(model: VariationalNotears, data: _Standardised, config: NotearsConfig, n_cells: int) -> bool:
-    """``compile_mlp`` resolved (``None``: on CPU at scale) and applied; False where compiling failed."""
+    """``compile_mlp`` resolved (``None``: on CPU for fits of :data:`COMPILE_MIN_WORK` or more) and applied; False
+    where compiling failed."""
     compile_mlp = config.compile_mlp
     if compile_mlp is None:
-        compile_mlp = (data.dev.type == "cpu"
-                       and min(config.batch_size, n_cells) * data.mean.size * config.hidden >= COMPILE_MIN_ELEMENTS)
+        compile_mlp = compiles_by_default(config, n_cells, data.mean.size, data.dev)
     if not compile_mlp:
         return False
     n_batches = max(1, math.ceil(n_cells / config.batch_size))
