@@ -111,6 +111,10 @@ def test_missing_obs_column_is_named_before_any_job(workdir, counts_adata, overr
     proc = snakemake(workdir, "-n", "--config", "input=mine.h5ad", override)
     assert proc.returncode != 0 and words in proc.stdout + proc.stderr
     assert not (workdir / "results").exists()
+
+
+def test_an_existing_obs_column_passes_and_an_unsupported_file_type_is_named(workdir, counts_adata):
+    counts_adata.write_h5ad(workdir / "mine.h5ad")
     assert snakemake(workdir, "-n", "--config", "input=mine.h5ad", "labels=group").returncode == 0
     (workdir / "mine.txt").write_text("x")
     proc = snakemake(workdir, "-n", "--config", "input=mine.txt")

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -62,11 +63,21 @@ def test_paper_config_is_valid_and_at_the_papers_sizes(path):
     assert bench["d_model"] % bench["n_heads"] == 0
 
 
+def _dry_run(root, path):
+    """A dry run of the paper config ``path`` in a copy of the workflow of its own under ``root``."""
+    workdir = root / path.stem
+    workdir.mkdir()
+    _copy_workflow(workdir)
+    return workdir, snakemake(workdir, "-n", "-p", "--cores", "4", "--configfile", str(path.relative_to(REPO)))
+
+
 def test_paper_configs_dry_run_without_downloading(tmp_path):
-    _copy_workflow(tmp_path)
-    for path in PAPER_CONFIGS:
+    # Two dry runs at a time, each in its own copy: Snakemake's start-up is most of a dry run, and one core idles
+    # while the other parses the workflow.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda path: _dry_run(tmp_path, path), PAPER_CONFIGS))
+    for path, (workdir, proc) in zip(PAPER_CONFIGS, runs, strict=True):
         bench = yaml.safe_load(path.read_text())["benchmark"]
-        proc = snakemake(tmp_path, "-n", "-p", "--cores", "4", "--configfile", str(path.relative_to(REPO)))
         assert proc.returncode == 0, (path.stem, proc.stderr[-2000:])
         assert f"results/bench/{path.stem}.json" in proc.stdout and "preprocess" not in proc.stdout
         command = next(line for line in proc.stdout.splitlines() if " -m cape_benchmarks " in line)
@@ -82,7 +93,7 @@ def test_paper_configs_dry_run_without_downloading(tmp_path):
             for key in ("d_model", "n_layers", "n_heads", "batch_size", "lr", "max_len", "n_genes"):
                 assert f"--{key.replace('_', '-')} {bench[key]}" in command, key
             assert ("--annotation-pretrain-epochs" in command) == (bench["task"] == "annotation")
-    assert not (tmp_path / "resources").exists() and not (tmp_path / "results").exists()
+        assert not (workdir / "resources").exists() and not (workdir / "results").exists()
 
 
 def test_gears_and_encodings_options_do_not_mix(tmp_path):
