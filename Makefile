@@ -10,6 +10,8 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 CORES ?= 2
 PYTEST_ARGS ?=
+# pytest-xdist workers: most long tests wait on one single-threaded process (Snakemake, a notebook kernel); 0: serial
+PYTEST_WORKERS ?= 2
 
 .PHONY: run test install install-dev install-docs docs test-data lint clean sdcd-env grnboost2-env sergio-env
 
@@ -77,7 +79,7 @@ run: install
 # failure of the code.
 test: install-dev test-data
 	$(VENV)/bin/lint-imports
-	MPLBACKEND=agg $(PY) -m pytest $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	MPLBACKEND=agg $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Tutorial 02 reads Sachs 2005, which ships inside the cdt 0.6.0 wheel: pip downloads it from PyPI once (checksums
 # verified) into cape's cache; later runs find it there and need no network.

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,20 @@ import scipy.sparse as sp
 
 from cape.data.perturbation_data import simulate_perturbation
 from cape.tasks.labels import SPLIT_KEY
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``make test`` runs two workers) each worker gets one torch and BLAS thread: the workers
+    share the machine's cores, and two OpenMP threads per worker spinning against each other slow tiny models
+    many times over. Snakemake's rules still get the threads their config asks for."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        from cape._settings import THREAD_ENV_VARS
+
+        for var in THREAD_ENV_VARS:
+            os.environ[var] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
