@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
+import torch
 
+from cape._settings import THREAD_ENV_VARS
 from cape.data.perturbation_data import simulate_perturbation
 from cape.tasks.labels import SPLIT_KEY
 
@@ -19,10 +21,6 @@ def pytest_configure(config):
     share the machine's cores, and two OpenMP threads per worker spinning against each other slow tiny models
     many times over. Snakemake's rules still get the threads their config asks for."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        import torch
-
-        from cape._settings import THREAD_ENV_VARS
-
         for var in THREAD_ENV_VARS:
             os.environ[var] = "1"
         torch.set_num_threads(1)
