@@ -1,4 +1,5 @@
-"""cape.causal.pair_ranking: which gene pairs the edge budget keeps (the fit and the partial correlations together)."""
+"""cape.causal.pair_ranking: which gene pairs the edge budget keeps (the fit and the partial correlations together,
+the fit alone, or the shrunk partial correlations)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cape import CapeInputError
-from cape.causal import CausalConfig, consensus_scores, is_dag, learn_causal_graph, make_dag, top_pairs_oriented
+from cape.causal import (
+    CausalConfig,
+    consensus_scores,
+    is_dag,
+    learn_causal_graph,
+    make_dag,
+    partial_correlations,
+    ranked_pairs,
+    shrunk_partial_correlations,
+    top_pairs_oriented,
+)
 from cape.causal.pipeline import threshold
 from cape.causal.postprocess import AUTO_TAU_FLOOR, tau_for_edges
 
@@ -66,7 +77,7 @@ def test_kept_pairs_point_the_fits_way_with_its_weight_and_unweighted_pairs_are_
 @given(m=st.integers(3, 12), seed=st.integers(0, 10_000), k=st.integers(0, 40))
 def test_the_budget_graph_is_a_dag_of_at_most_k_pairs_ranked_by_both(m: int, seed: int, k: int) -> None:
     A, pairs, p = _problem(m, seed)
-    graph = threshold(A, CausalConfig(min_positioned=0), k, 500, (pairs, p))
+    graph = threshold(A, CausalConfig(min_positioned=0), k, 500, (pairs, consensus_scores(A, pairs, p)))
     assert is_dag(graph.dag)
     kept = np.triu((graph.dag != 0) | (graph.dag != 0).T, 1)
     assert kept.sum() <= k
@@ -78,6 +89,7 @@ def test_the_budget_graph_is_a_dag_of_at_most_k_pairs_ranked_by_both(m: int, see
 
 def test_pair_ranking_fit_is_the_k_heaviest_weights() -> None:
     A, pairs, p = _problem(10, 3)
+    # a ranking handed in is ignored: "fit" ranks by A alone
     graph = threshold(A, CausalConfig(pair_ranking="fit", min_positioned=0), 12, 500, (pairs, p))
     np.testing.assert_array_equal(graph.dag, make_dag(A, tau_for_edges(A, 12))[0])
     assert graph.pair_scores is None  # A itself ranked the pairs
@@ -94,10 +106,58 @@ def test_the_pipeline_ranks_by_consensus_and_records_it() -> None:
     graph = learn_causal_graph(X.astype(np.float32), genes, CausalConfig(**options), device="cpu", seed=0)
     fit_only = learn_causal_graph(X.astype(np.float32), genes, CausalConfig(pair_ranking="fit", **options),
                                   device="cpu", seed=0)
+    shrunk_config = CausalConfig(pair_ranking="shrunk_partial_correlation", **options)
+    shrunk = learn_causal_graph(X.astype(np.float32), genes, shrunk_config, device="cpu", seed=0)
     assert graph.record["edge_budget"]["pair_ranking"] == "consensus"
     assert fit_only.record["edge_budget"]["pair_ranking"] == "fit"
+    assert shrunk.record["edge_budget"]["pair_ranking"] == "shrunk_partial_correlation"
     np.testing.assert_array_equal(graph.fit.adjacency, fit_only.fit.adjacency)  # the ranking acts after the fit
-    skeleton = np.triu((graph.dag != 0) | (graph.dag != 0).T, 1)
-    assert skeleton[0, 1] and skeleton[1, 2] and skeleton[4, 5]
-    with pytest.raises(CapeInputError, match="pair_ranking must be one of consensus, fit"):
+    np.testing.assert_array_equal(graph.fit.adjacency, shrunk.fit.adjacency)
+    for g in (graph, shrunk):
+        skeleton = np.triu((g.dag != 0) | (g.dag != 0).T, 1)
+        assert skeleton[0, 1] and skeleton[1, 2] and skeleton[4, 5]
+    # the shrunk ranking's scores are the shrunk partial correlations' sizes
+    np.testing.assert_allclose(shrunk.pair_scores, np.abs(shrunk_partial_correlations(X.astype(np.float32))), atol=1e-9)
+    with pytest.raises(CapeInputError, match="pair_ranking must be one of consensus, fit, shrunk_partial_correlation"):
         CausalConfig(pair_ranking="borda")
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(3, 60), m=st.integers(2, 10), seed=st.integers(0, 10_000))
+def test_shrunk_partial_correlations_are_correlations_blind_to_each_genes_scale(n: int, m: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, m)) @ rng.normal(size=(m, m))  # correlated genes, also fewer cells than genes
+    R = shrunk_partial_correlations(X)
+    assert R.shape == (m, m) and np.all(np.isfinite(R))
+    np.testing.assert_allclose(R, R.T, atol=1e-12)
+    assert np.all(np.diag(R) == 0) and np.all(np.abs(R) <= 1 + 1e-12)
+    # each gene standardised first: shifting and rescaling a gene changes nothing, a sign flip flips its row
+    scale = rng.uniform(0.1, 10, size=m) * np.where(rng.random(m) < 0.3, -1, 1)
+    R2 = shrunk_partial_correlations(X * scale + rng.normal(size=m))
+    np.testing.assert_allclose(R2, R * np.outer(np.sign(scale), np.sign(scale)), atol=1e-8)
+
+
+def test_shrunk_partial_correlations_tend_to_the_partial_correlations_with_many_cells() -> None:
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(50_000, 5))
+    X[:, 1] += X[:, 0]
+    X[:, 2] += X[:, 1] - X[:, 3]
+    np.testing.assert_allclose(shrunk_partial_correlations(X), partial_correlations(X), atol=0.01)
+    # a constant gene has no partial correlation with any other
+    X[:, 4] = 3.0
+    R = shrunk_partial_correlations(X)
+    assert np.all(R[4] == 0) and np.all(R[:, 4] == 0) and np.all(np.isfinite(R))
+
+
+def test_ranked_pairs_per_ranking() -> None:
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(200, 6))
+    A, pairs, p = _problem(6, 4)
+    assert ranked_pairs("fit", A, (pairs, p), X) is None
+    assert ranked_pairs("consensus", A, None, X) is None  # no tests, no budget: the fit decides
+    consensus = ranked_pairs("consensus", A, (pairs, p), X)
+    np.testing.assert_array_equal(consensus[1], consensus_scores(A, pairs, p))
+    shrunk = ranked_pairs("shrunk_partial_correlation", A, (pairs, p), X)
+    np.testing.assert_allclose(shrunk[1], np.abs(shrunk_partial_correlations(X)[pairs]))
+    with pytest.raises(ValueError, match="unknown pair ranking 'borda'"):
+        ranked_pairs("borda", A, (pairs, p), X)

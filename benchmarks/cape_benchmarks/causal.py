@@ -72,6 +72,7 @@ from cape._errors import CapeInputError
 from cape._io import save_figure, write_json, write_text
 from cape._tables import mean_sd_table
 from cape.causal import (
+    PAIR_RANKING,
     CausalConfig,
     descendant_evidence,
     edge_confidence,
@@ -80,6 +81,7 @@ from cape.causal import (
     is_dag,
     make_dag,
     orient_by_shifts,
+    ranked_pairs,
     shift_tests,
 )
 from cape.causal.causal_config import LOW_RANK
@@ -193,34 +195,52 @@ METRICS = ("shd", "tpr", "fdr", "f1", "skeleton_f1", "auprc", "epr", "nnz")
 INPUTS = ("raw", "standardized")
 
 
+#: Prefixes of a budget threshold naming the pair ranking that picks its pairs (``"budget"`` alone: Step I's
+#: default, :data:`cape.causal.PAIR_RANKING`).
+BUDGET_RANKINGS = {"fit-": "fit", "consensus-": "consensus", "shrunk-": "shrunk_partial_correlation"}
+
+
+def _ranking_prefix(text: str) -> str:
+    """The pair-ranking prefix of a threshold (``""`` where it has none)."""
+    return next((prefix for prefix in BUDGET_RANKINGS if text.startswith(prefix)), "")
+
+
 def parse_tau(value: float | str) -> float | str:
     """A threshold of ``--taus``: a number > 0, ``"auto"``, ``"budget"`` (at :data:`BUDGET_FDR`), ``"budget<fdr>"``
     (the edge budget at that false discovery rate, e.g. ``"budget0.2"``), its pairs ranked as Step I's default ranks
-    them (``pair_ranking="consensus"``), or ``"fit-budget"``/``"fit-budget<fdr>"``: the same budget over the fit's
-    heaviest weights alone (``pair_ranking="fit"``)."""
-    if value in ("auto", "budget", "fit-budget"):
-        return value
+    them (:data:`cape.causal.PAIR_RANKING`), or with a ranking's prefix (:data:`BUDGET_RANKINGS`): ``"fit-budget"``
+    (the fit's heaviest weights alone, ``pair_ranking="fit"``), ``"consensus-budget"``, ``"shrunk-budget"``
+    (``pair_ranking="shrunk_partial_correlation"``), each also with a rate."""
     text = str(value)
-    body = text.removeprefix("fit-")
+    if text in ("auto", "budget"):
+        return text
+    prefix = _ranking_prefix(text)
+    body = text.removeprefix(prefix)
+    if body == "budget":
+        return text
     try:
         number = float(body.removeprefix("budget"))
     except ValueError as err:
-        raise CapeInputError(f"a threshold must be a number, 'auto', '[fit-]budget' or '[fit-]budget<fdr>', "
-                             f"got {text!r}") from err
+        rankings = ", ".join(BUDGET_RANKINGS)
+        raise CapeInputError(f"a threshold must be a number, 'auto', '[<ranking>-]budget' or '[<ranking>-]budget<fdr>' "
+                             f"(rankings: {rankings}), got {text!r}") from err
     if body.startswith("budget"):
         if not 0 < number < 1:
             raise CapeInputError(f"the budget's false discovery rate must be in (0, 1), got {text!r}")
-        return f"{text[:len(text) - len(body)]}budget{number:g}"
-    if not number > 0 or body != text:
+        return f"{prefix}budget{number:g}"
+    if not number > 0 or prefix:
         raise CapeInputError(f"thresholds must be > 0, got {text}")
     return number
 
 
 def _budget_fdr(tau: float | str) -> float | None:
     """The false discovery rate of a budget threshold (``None`` for the others)."""
-    if not isinstance(tau, str) or not tau.removeprefix("fit-").startswith("budget"):
+    if not isinstance(tau, str):
         return None
-    rate = tau.removeprefix("fit-").removeprefix("budget")
+    body = tau.removeprefix(_ranking_prefix(tau))
+    if not body.startswith("budget"):
+        return None
+    rate = body.removeprefix("budget")
     return BUDGET_FDR if rate == "" else float(rate)
 
 
@@ -233,12 +253,13 @@ def _budget(X: np.ndarray, fdr: float, seed: int) -> int | None:
 
 def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int) -> np.ndarray:
     """cape's graph at one threshold rule, as Step I's pipeline makes it: a budget rule counts the data's
-    significant pairs at its FDR and keeps that many pairs by Step I's default ranking (the fit and the partial
-    correlations together; ``fit-budget…``: the fit's heaviest weights alone)."""
+    significant pairs at its FDR and keeps that many pairs by its pair ranking (Step I's default, or the one its
+    prefix names, :data:`BUDGET_RANKINGS`)."""
     fdr = _budget_fdr(tau)
     budget = _budget(X, fdr, seed) if fdr is not None else None
-    if budget is not None and not str(tau).startswith("fit-"):
-        chosen = budget_pairs(weights, budget, partial_correlation_tests(X))
+    ranking = BUDGET_RANKINGS.get(_ranking_prefix(str(tau)), PAIR_RANKING)
+    if budget is not None and ranking != "fit":
+        chosen = budget_pairs(weights, budget, ranked_pairs(ranking, weights, partial_correlation_tests(X), X))
         if chosen is not None:
             return make_dag(chosen[0], 0.0)[0]
     rule = "budget" if fdr is not None else tau

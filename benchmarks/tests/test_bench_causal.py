@@ -256,20 +256,24 @@ def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undir
     monkeypatch.setattr(bench_causal, "_run_cape", lambda method, X, seed, intervened=None: (W, 1.0))
     records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny_grn"], n_seeds=1,
                                                 methods=["cape_default", "partial_correlation"],
-                                                taus=["budget", "budget0.5", 0.1, "fit-budget0.5"])
+                                                taus=["budget", "budget0.5", 0.1, "fit-budget0.5",
+                                                      "shrunk-budget0.5"])
     nnz = {r["method"]: r["value"] for r in records if r["metric"] == "nnz"}
     counts = {fdr: bench_causal.edge_budget(X, fdr) for fdr in (0.05, 0.3, 0.5)}
     assert counts[0.3] < counts[0.5]
     assert nnz["cape_default"] == nnz["cape_default@τbudget"] == counts[bench_causal.BUDGET_FDR]
     assert nnz["cape_default@τbudget0.5"] == counts[0.5]
     assert nnz["cape_default@τfit-budget0.5"] == counts[0.5]  # the fit's ranking alone keeps as many here
+    assert nnz["cape_default@τshrunk-budget0.5"] == counts[0.5]  # and so does the shrunk partial correlations'
     assert nnz["partial_correlation"] == 2 * counts[0.05]   # the peer's own rule, both directions of each pair
     assert nnz["partial_correlation@τbudget"] == 2 * counts[bench_causal.BUDGET_FDR]
     assert nnz["partial_correlation@τbudget0.5"] == 2 * counts[0.5]
     assert "partial_correlation@τ0.1" not in nnz            # a fixed τ means nothing for an undirected score
     assert bench_causal.parse_tau("fit-budget0.050") == "fit-budget0.05" and bench_causal.parse_tau("fit-budget")
     assert bench_causal._budget_fdr("fit-budget0.2") == 0.2 and bench_causal._budget_fdr("fit-budget") == 0.05
-    for bad in ("budget1.5", "budgetx", "-1", "fit-0.1", "fit-budget2"):
+    assert bench_causal.parse_tau("shrunk-budget") == "shrunk-budget"
+    assert bench_causal._budget_fdr("consensus-budget0.1") == 0.1
+    for bad in ("budget1.5", "budgetx", "-1", "fit-0.1", "fit-budget2", "shrunk-0.1", "other-budget"):
         with pytest.raises(CapeInputError):
             bench_causal.parse_tau(bad)
 

@@ -21,7 +21,14 @@ from .confidence import SOLID_CONFIDENCE, EdgeConfidence, cell_states, edge_conf
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
 from .intervention_orientation import Orientation, descendant_evidence, orient_by_shifts, shift_tests
 from .model import ElementwiseMLP, VariationalNotears
-from .pair_ranking import PAIR_RANKING, PAIR_RANKINGS, consensus_scores, top_pairs_oriented
+from .pair_ranking import (
+    PAIR_RANKING,
+    PAIR_RANKINGS,
+    consensus_scores,
+    ranked_pairs,
+    shrunk_partial_correlations,
+    top_pairs_oriented,
+)
 from .parents_mlp import ParentsMLP, ParentsMLPConfig, fit_parents_mlp
 from .pipeline import CausalGraph, learn_causal_graph
 from .postprocess import (
@@ -107,9 +114,11 @@ __all__ = [
     "partial_correlation_tests",
     "partial_correlations",
     "positioned_genes",
+    "ranked_pairs",
     "robust_partial_correlation_tests",
     "screen_candidates",
     "shift_tests",
+    "shrunk_partial_correlations",
     "state_partial_correlation_tests",
     "tau_for_edges",
     "tau_positioning",

@@ -103,7 +103,9 @@ class CausalConfig:
         pairs ranked highest by the fit's weight and by their partial correlation together (the mean of the two
         ranks), each in the fit's heavier direction with its weight; pairs the fit gives no weight are left out.
         Neither ranking alone was better on every count simulator (docs/benchmarks/count_panel.md). ``"fit"``: the
-        K heaviest directed weights of the fit alone. Either way the cycles left are broken afterwards.
+        K heaviest directed weights of the fit alone. ``"shrunk_partial_correlation"``: the K pairs with the largest
+        Ledoit–Wolf shrunk partial correlation (:func:`cape.causal.shrunk_partial_correlations`), each in the fit's
+        heavier direction with its weight. Either way the cycles left are broken afterwards.
     budget_cells
         The most cells ``tau="budget"``'s test counts on: max(``budget_cells``, 10 · genes), drawn at random with
         the fit's seed (:func:`cape.causal.budget_rows`); default 2,000 (:data:`cape.causal.BUDGET_CELLS`, the size

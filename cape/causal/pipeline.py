@@ -7,8 +7,8 @@ The stages, each a small function here over the modules of :mod:`cape.causal`:
 2. candidate parents from partial correlations (:func:`screen`, the dense A's screen);
 3. the fit (:func:`fit`: :func:`~cape.causal.fit_variational_notears` or :func:`~cape.causal.fit_parents_mlp`),
    with a collapse turned into an error;
-4. the edge budget (:func:`edge_budget_for`, ``tau="budget"``), which pairs it keeps (:func:`budget_pairs`, the fit
-   and the partial correlations ranked together), the threshold and the cycle breaking (:func:`threshold`);
+4. the edge budget (:func:`edge_budget_for`, ``tau="budget"``), which pairs it keeps (:func:`budget_pairs`, by the
+   configured pair ranking), the threshold and the cycle breaking (:func:`threshold`);
 5. the orientation by the interventions' downstream shifts (:func:`orient`);
 6. the fitted structural equations and the record (:func:`learn_causal_graph` returns them in a
    :class:`CausalGraph`).
@@ -39,7 +39,7 @@ from .intervention_orientation import (
     orient_by_shifts,
     shift_tests,
 )
-from .pair_ranking import consensus_scores, pair_score_matrix, top_pairs_oriented
+from .pair_ranking import PAIR_RANKING_WORDS, pair_score_matrix, ranked_pairs, top_pairs_oriented
 from .parents_mlp import fit_parents_mlp
 from .postprocess import (
     AUTO_TAU_FLOOR,
@@ -233,7 +233,7 @@ class Graph:
     n_positioned: int
     max_weight: float
     scan: dict[str, np.ndarray]
-    #: Symmetric M×M Borda scores by which the consensus ranking chose the pairs (higher first); ``None`` where the
+    #: Symmetric M×M scores by which a pair ranking chose the pairs (higher first); ``None`` where the
     #: fit's weights alone decided (A's own max(|A_ij|, |A_ji|), not stored a second time)
     pair_scores: np.ndarray | None = None
 
@@ -242,36 +242,35 @@ class Graph:
         return int(np.count_nonzero(self.dag))
 
 
-def budget_pairs(A: np.ndarray, budget: int, tests: tuple | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """``pair_ranking="consensus"``'s edges before the cycles are broken: the ``budget`` gene pairs ranked highest
-    by the fit and the partial-correlation ``tests`` ((pairs, p) on every cell) together, each in the fit's heavier
-    direction with its weight (:mod:`cape.causal.pair_ranking`), and the pairs' score matrix; ``None`` without
-    tests."""
-    if tests is None:
+def budget_pairs(A: np.ndarray, budget: int, ranked: tuple | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The budget's edges before the cycles are broken, where a pair ranking decides (:mod:`cape.causal.pair_ranking`):
+    the ``budget`` gene pairs scored highest in ``ranked`` ((pairs, scores) of :func:`cape.causal.ranked_pairs`),
+    each in the fit's heavier direction with its weight, and the pairs' score matrix; ``None`` without ``ranked``."""
+    if ranked is None:
         return None
-    pairs, p = tests
-    scores = consensus_scores(A, pairs, p)
+    pairs, scores = ranked
     return (top_pairs_oriented(A, pairs, scores, budget, AUTO_TAU_FLOOR),
             pair_score_matrix(A.shape[0], pairs, scores))
 
 
 def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: int,
-              tests: tuple | None = None) -> Graph:
+              ranked: tuple | None = None) -> Graph:
     """A thresholded at τ (fixed or by rule) and made a DAG; too few genes positioned raises or warns.
 
-    Under the budget with ``config.pair_ranking == "consensus"`` and partial-correlation ``tests`` ((pairs, p) on
-    every cell), the kept pairs are :func:`budget_pairs`'; τ is then the lightest kept weight (lighter edges of A
-    are kept where both rankings put their pair high, heavier ones left out where they do not).
+    Under the budget with a pair ranking other than the fit's (``config.pair_ranking``) and its ``ranked`` pairs
+    ((pairs, scores) of :func:`cape.causal.ranked_pairs`), the kept pairs are :func:`budget_pairs`'; τ is then the
+    lightest kept weight (lighter edges of A are kept where the ranking puts their pair high, heavier ones left out
+    where it does not).
     """
     n_genes = A.shape[0]
     tau_used, tau_rule = choose_tau(A, config.tau, config.min_positioned, budget)
-    consensus = (budget_pairs(A, budget, tests) if tau_rule == "budget" and config.pair_ranking == "consensus"
+    chosen_pairs = (budget_pairs(A, budget, ranked) if tau_rule == "budget" and config.pair_ranking != "fit"
                  else None)
     pair_scores = None
-    if consensus is None:
+    if chosen_pairs is None:
         dag, removed = make_dag(A, tau_used)
     else:
-        chosen, pair_scores = consensus
+        chosen, pair_scores = chosen_pairs
         dag, removed = make_dag(chosen, 0.0)
         kept = np.abs(chosen[chosen != 0])
         tau_used = float(kept.min()) if kept.size else tau_used
@@ -281,14 +280,14 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
     graph = Graph(dag, int(removed), float(tau_used), tau_rule, n_positioned,
                    float(np.abs(A).max()) if A.size else 0.0, _threshold_scan(A, (*SCAN_TAUS, tau_used)),
                    pair_scores)
-    # Under the consensus ranking no single τ cuts A into the graph: name the lightest kept weight instead.
-    at = (f"at tau={tau_used:.3g}" if consensus is None else f"with weights down to {tau_used:.3g}")
+    # Under a pair ranking no single τ cuts A into the graph: name the lightest kept weight instead.
+    at = (f"at tau={tau_used:.3g}" if chosen_pairs is None else f"with weights down to {tau_used:.3g}")
     logger.info("Step I: %d edges, %d of %d genes positioned %s (%s); largest weight %.3g; A's edges (positioned "
                 "genes) by tau: %s", graph.n_edges, n_positioned, n_genes, at, tau_rule, graph.max_weight,
                 _format_scan(graph.scan))
     if tau_rule == "budget":
-        kept = ("pairs ranked highest by the fit's weights and the partial correlations together"
-                if consensus is not None else "heaviest edges of the DAG")
+        kept = (PAIR_RANKING_WORDS[config.pair_ranking].replace("the pairs ranked", "pairs ranked highest")
+                if chosen_pairs is not None else "heaviest edges of the DAG")
         logger.info("tau='budget': %d gene pairs have a significant partial correlation (%s, BH %g): kept the "
                     "%d %s (lightest weight %.3g)", budget, BUDGET_TEST_NAMES[config.budget_test],
                     config.budget_fdr, graph.n_edges, kept, tau_used)
@@ -394,8 +393,9 @@ class CausalGraph:
         Each edge's confidence (M×M, 1 − q of its test given the child's other parents and the cells' state, 0 off
         the edges; :func:`cape.causal.edge_confidence`), or ``None`` with ``edge_confidence=False``.
     pair_scores
-        Under the budget's consensus ranking (``pair_ranking="consensus"``), the symmetric M×M Borda scores of
-        :func:`cape.causal.consensus_scores` by which the pairs were chosen, higher first (for ranking metrics such
+        Under the budget's pair rankings other than the fit's (``pair_ranking="consensus"`` or
+        ``"shrunk_partial_correlation"``), the symmetric M×M scores of :func:`cape.causal.ranked_pairs` by which the
+        pairs were chosen, higher first (for ranking metrics such
         as a skeleton AUPRC); ``None`` where the fit's weights alone ranked them (``fit.adjacency``).
     """
 
@@ -455,13 +455,14 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     seed = seed_everything(seed)
     fitted = fit(config, X, resolve_device(device), seed, intervened, candidates)
     budget, budget_record = edge_budget_for(X, tests, config, seed) if config.tau == "budget" else (None, None)
-    if budget is not None and config.pair_ranking == "consensus":
+    ranked = None
+    if budget is not None and config.pair_ranking != "fit":
         if tests is None and X.shape[1] <= BUDGET_MAX_GENES:  # the screen was off: the same tests, on every cell
             tests = partial_correlation_tests(X)
-        budget_record["pair_ranking"] = "consensus" if tests is not None else "fit"
-    elif budget is not None:
-        budget_record["pair_ranking"] = "fit"
-    graph = threshold(fitted.adjacency, config, budget, X.shape[0], tests)
+        ranked = ranked_pairs(config.pair_ranking, fitted.adjacency, tests, X)
+    if budget is not None:
+        budget_record["pair_ranking"] = config.pair_ranking if ranked is not None else "fit"
+    graph = threshold(fitted.adjacency, config, budget, X.shape[0], ranked)
     orientation = orient(config, graph, X, intervened, genes)
     confidence = edge_confidence(X, graph.dag, intervened=intervened, seed=seed) if config.edge_confidence else None
     if config.drop_guesses and confidence is not None:

@@ -67,7 +67,8 @@ def register(commands) -> None:
     parser.add_argument("--pair-ranking", choices=PAIR_RANKINGS, default=CausalConfig.pair_ranking,
                         help="which gene pairs the budget rule keeps: 'consensus' (default): those ranked highest by "
                              "the fit's weights and their partial correlations together; 'fit': the fit's heaviest "
-                             "weights alone")
+                             "weights alone; 'shrunk_partial_correlation': those with the largest Ledoit-Wolf shrunk "
+                             "partial correlation, in the fit's direction")
     parser.add_argument("--budget-cells", type=_budget_cells, default=CausalConfig.budget_cells,
                         help=f"the most cells the budget rule's test counts on, at least 10 per gene, drawn at "
                              f"random with the run's seed ({CausalConfig.budget_cells}), or 'all'")

@@ -15,6 +15,7 @@ from sklearn.decomposition import PCA
 from .. import pl
 from .._io import save_figure, write_json, write_text
 from .._tables import html_page, html_table, markdown_table, mean_sd_table, parse_markdown_table
+from ..causal.pair_ranking import PAIR_RANKING_WORDS
 from ..causal.postprocess import BUDGET_TEST_NAMES
 from .edges import edge_table, solid_sentence
 from .findings import verdict, verdict_html, verdict_markdown
@@ -157,8 +158,8 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                 line += f"; model {model}, {int(info[step]['n_edges'])} edges"
                 if "tau_used" in info[step]:
                     rule, budget = info[step].get("tau_rule"), info[step].get("edge_budget", {})
-                    # the consensus ranking cuts no single τ: its tau_used is the lightest kept weight
-                    at = "with weights down to" if budget.get("pair_ranking") == "consensus" else "at τ"
+                    # a pair ranking cuts no single τ: its tau_used is the lightest kept weight
+                    at = "with weights down to" if budget.get("pair_ranking") in PAIR_RANKING_WORDS else "at τ"
                     line += f" {at} {float(info[step]['tau_used']):.3g}"
                     if rule == "budget":
                         subset = budget.get("cells_tested", "all") != "all"
@@ -166,8 +167,8 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                         line += (f" (threshold rule budget: {int(budget['n_pairs'])} gene pairs with a significant "
                                  f"partial correlation, {test}FDR {float(budget['fdr']):g}"
                                  + (f", tested on a random {int(budget['n_cells_tested'])} cells" if subset else "")
-                                 + (", the pairs ranked by the fit and the partial correlations together"
-                                    if budget.get("pair_ranking") == "consensus" else "")
+                                 + (f", {PAIR_RANKING_WORDS[budget['pair_ranking']]}"
+                                    if budget.get("pair_ranking") in PAIR_RANKING_WORDS else "")
                                  + ")")
                     elif rule:
                         line += f" (threshold rule {rule})"

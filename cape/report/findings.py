@@ -16,6 +16,7 @@ import anndata as ad
 import numpy as np
 
 from .._tables import _inline, html_page, html_table, markdown_table
+from ..causal.pair_ranking import PAIR_RANKING_WORDS
 from ..causal.postprocess import AUTO_TAU_FLOOR
 from ..hyperbolic.hierarchy import MIN_HIERARCHY_SPEARMAN, Hierarchy
 from .resources import resources_table
@@ -84,8 +85,8 @@ class Positioning:
     scan: tuple[tuple[float, int, int], ...] = ()
     #: Where Step II put the genes without an edge (its ``isolated`` option), when recorded
     isolated: str | None = None
-    #: How the edge budget chose its pairs (``edge_budget["pair_ranking"]``): under ``"consensus"`` ``tau`` is the
-    #: lightest kept weight, not a cut of A
+    #: How the edge budget chose its pairs (``edge_budget["pair_ranking"]``): under a pair ranking other than
+    #: ``"fit"`` ``tau`` is the lightest kept weight, not a cut of A
     pair_ranking: str | None = None
 
     @property
@@ -194,7 +195,7 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                           "without positional information."),
                        positions_remedies(pos), short="no gene got a position, so CAPE changed nothing")
     share = f"{pos.fraction:.0%} of the genes used ({pos.n_positioned:,} of {pos.n_used:,})"
-    weights = " with weights down to" if pos.pair_ranking == "consensus" else " at τ ="
+    weights = " with weights down to" if pos.pair_ranking in PAIR_RANKING_WORDS else " at τ ="
     at = f"{weights} {pos.tau:.3g}" + (f" ({pos.tau_rule})" if pos.tau_rule else "") if pos.tau is not None else ""
     if pos.fraction < MIN_POSITIONED_FRACTION:
         # Not a warning by itself: the transformer still reads every gene (a token with its expression), and the
