@@ -54,6 +54,10 @@ def test_report_names_the_step_one_model_and_its_edges(trained_adata, tmp_path):
     assert ("17 edges with weights down to 0.2 (threshold rule budget: 20 gene pairs" in text
             and "tested on a random 2000 cells, the pairs ranked by the fit and the partial correlations together)"
             in text)
+    adata.uns["cape"]["causal_graph"]["edge_budget"]["pair_ranking"] = "shrunk_partial_correlation"
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert "17 edges with weights down to 0.2" in text
+    assert "the pairs ranked by their shrunk partial correlation)" in text
     adata.uns["cape"]["causal_graph"]["params"]["leave_out_targets"] = False
     adata.uns["cape"]["causal_graph"]["orientation"] = {"n_edges_turned": 3, "n_shifted_pairs": 12,
                                                         "n_tested_pairs": 60, "fdr": 0.05}

@@ -149,10 +149,13 @@ def test_calibrated_threshold_and_scan_reach_the_verdict():
     assert "`causal.tau: 0.02`" in remedy and "3 edges there, positioning 4 of the 4 genes" in remedy
 
 
-def test_the_consensus_ranking_names_its_lightest_weight_not_a_cut():
-    pos = Positioning(n_used=4, n_positioned=2, n_edges=1, tau=0.064, tau_rule="budget", pair_ranking="consensus")
+@pytest.mark.parametrize("ranking", ["consensus", "shrunk_partial_correlation"])
+def test_a_pair_ranking_names_its_lightest_weight_not_a_cut(ranking):
+    pos = Positioning(n_used=4, n_positioned=2, n_edges=1, tau=0.064, tau_rule="budget", pair_ranking=ranking)
     text = positioning_finding(pos).text
     assert "1 edge with weights down to 0.064 (budget)" in text and "τ =" not in text
+    pos = Positioning(n_used=4, n_positioned=2, n_edges=1, tau=0.064, tau_rule="budget", pair_ranking="fit")
+    assert "τ = 0.064" in positioning_finding(pos).text
 
 
 def test_a_lower_threshold_is_advised_only_where_the_scan_shows_it_works():

@@ -26,7 +26,9 @@ def register(bench) -> None:
                    help="comma-separated extra thresholds τ each cape fit is also scored at (rows method@τ); "
                         "'budget' is cape.tl.causal_graph's default rule, 'budget<fdr>' the same at another false "
                         "discovery rate (e.g. budget0.2; the undirected peers get rows at each budget too, except "
-                        "with --panel counts), 'auto' the positioning rule")
+                        "with --panel counts), 'auto' the positioning rule; a prefix names the budget's pair "
+                        "ranking: 'fit-budget' (the fit's weights alone), 'consensus-budget', 'shrunk-budget' "
+                        "(the shrunk partial correlations)")
     b.add_argument("--diagnose", action="store_true",
                    help=f"one experiment per suspected cause of cape's losses: methods {','.join(DIAGNOSE['methods'])} "
                         f"(unless --methods), thresholds {','.join(map(str, DIAGNOSE['taus']))} (unless --taus)")
