@@ -233,8 +233,8 @@ class Graph:
     n_positioned: int
     max_weight: float
     scan: dict[str, np.ndarray]
-    #: Symmetric M×M scores by which a pair ranking chose the pairs (higher first); ``None`` where the
-    #: fit's weights alone decided (A's own max(|A_ij|, |A_ji|), not stored a second time)
+    #: Symmetric M×M scores by which a pair ranking chose the pairs (higher first); ``None`` where the fit's weights
+    #: alone decided (A's own max(|A_ij|, |A_ji|), not stored a second time)
     pair_scores: np.ndarray | None = None
 
     @property
@@ -264,8 +264,8 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
     """
     n_genes = A.shape[0]
     tau_used, tau_rule = choose_tau(A, config.tau, config.min_positioned, budget)
-    chosen_pairs = (budget_pairs(A, budget, ranked) if tau_rule == "budget" and config.pair_ranking != "fit"
-                 else None)
+    ranking_decides = tau_rule == "budget" and config.pair_ranking != "fit"
+    chosen_pairs = budget_pairs(A, budget, ranked) if ranking_decides else None
     pair_scores = None
     if chosen_pairs is None:
         dag, removed = make_dag(A, tau_used)
@@ -286,7 +286,7 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
                 "genes) by tau: %s", graph.n_edges, n_positioned, n_genes, at, tau_rule, graph.max_weight,
                 _format_scan(graph.scan))
     if tau_rule == "budget":
-        kept = (PAIR_RANKING_WORDS[config.pair_ranking].replace("the pairs ranked", "pairs ranked highest")
+        kept = (f"highest-scoring pairs ({PAIR_RANKING_WORDS[config.pair_ranking]})"
                 if chosen_pairs is not None else "heaviest edges of the DAG")
         logger.info("tau='budget': %d gene pairs have a significant partial correlation (%s, BH %g): kept the "
                     "%d %s (lightest weight %.3g)", budget, BUDGET_TEST_NAMES[config.budget_test],
@@ -395,8 +395,8 @@ class CausalGraph:
     pair_scores
         Under the budget's pair rankings other than the fit's (``pair_ranking="consensus"`` or
         ``"shrunk_partial_correlation"``), the symmetric M×M scores of :func:`cape.causal.ranked_pairs` by which the
-        pairs were chosen, higher first (for ranking metrics such
-        as a skeleton AUPRC); ``None`` where the fit's weights alone ranked them (``fit.adjacency``).
+        pairs were chosen, higher first (for ranking metrics such as a skeleton AUPRC); ``None`` where the fit's
+        weights alone ranked them (``fit.adjacency``).
     """
 
     dag: np.ndarray
