@@ -495,11 +495,12 @@ def _plot_3c(adata, truth, path: Path) -> None:
 
     fig = plt.figure(figsize=(16, 4.8))
     ax1 = fig.add_subplot(131)
-    poincare(adata, ax=ax1, labels=True, title="Fig. 3c: DAG learned by Step I, in P³ (radius ‖e‖, colour π)")
+    poincare(adata, ax=ax1, labels=True, show=False,
+             title="Fig. 3c: DAG learned by Step I, in P³ (radius ‖e‖, colour π)")
     ax2 = fig.add_subplot(132)
-    poincare(truth, ax=ax2, labels=True, title="true DAG, in P³ (radius ‖e‖, colour π)")
+    poincare(truth, ax=ax2, labels=True, title="true DAG, in P³ (radius ‖e‖, colour π)", show=False)
     ax3 = fig.add_subplot(133)
-    generality(truth, ax=ax3)
+    generality(truth, ax=ax3, show=False)
     ax3.set_title("true DAG: " + ax3.get_title())
     fig.tight_layout()
     save_figure(fig, path)

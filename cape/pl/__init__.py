@@ -1,4 +1,5 @@
-"""Plots. Each function takes ``ax=None``, ``show=None`` and ``return_fig=False`` like scanpy/pertpy."""
+"""Plots. Each function takes ``ax=None``, ``show=None`` and ``return_fig=False`` like scanpy/pertpy, and ``save=None``:
+a file to write the figure to, its format from the suffix (scanpy's ``save`` is a suffix for a default name instead)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -11,6 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._arrays import dense
+from ._figure import checked_save_path, finish
 
 __all__ = ["MAX_NODES", "dag_comparison"]
 
@@ -38,7 +40,7 @@ def _restrict(true, estimated, labels: list[str] | None) -> tuple:
 
 
 def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titles=("true", "inferred"),
-                   show: bool | None = None, return_fig: bool = False):
+                   show: bool | None = None, return_fig: bool = False, save: str | os.PathLike | None = None):
     """Draw the true and the inferred DAG (top) and their weighted adjacency matrices (bottom).
 
     Parameters
@@ -50,8 +52,9 @@ def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titl
         Node names (default 0 … M−1).
     titles
         Titles of the two columns.
-    show, return_fig
-        As in scanpy: show the figure (default when not returning it), or return it.
+    show, return_fig, save
+        As in scanpy: show the figure (default when neither returning nor saving it), or return it;
+        ``save`` writes it to that file, its format from the suffix (``comparison.png``).
 
     Notes
     -----
@@ -62,6 +65,7 @@ def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titl
     -----
     No AnnData: two matrices, e.g. ``varp["true_dag"]`` and ``varp["cape_dag"]``.
     """
+    save = checked_save_path(save)
 
     labels = [str(x) for x in labels] if labels is not None else None
     if true.shape[0] > MAX_NODES:
@@ -96,8 +100,4 @@ def dag_comparison(true, estimated, labels: Sequence[str] | None = None, *, titl
             axes[1, col].set_xticks(range(M), labels, rotation=90, fontsize=7)
             axes[1, col].set_yticks(range(M), labels, fontsize=7)
     fig.colorbar(im, ax=axes[1, :].tolist(), shrink=0.8, label="edge weight")
-    if return_fig:
-        return fig
-    if show is None or show:
-        plt.show()
-    return None
+    return finish(fig, save=save, show=show, return_fig=return_fig, owned=True)

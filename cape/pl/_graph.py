@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import matplotlib.pyplot as plt
 import networkx as nx
 import numpy as np
@@ -10,6 +12,7 @@ from matplotlib.lines import Line2D
 
 from .._errors import CapeInputError
 from ..causal import SOLID_CONFIDENCE
+from ._figure import checked_save_path, finish
 from ._labels import place_labels
 
 __all__ = ["dag"]
@@ -19,7 +22,8 @@ NODES_GID = "cape_dag_genes"
 
 
 def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cape_generality", n_labels: int = 20,
-        seed: int = 0, ax=None, show: bool | None = None, return_fig: bool = False, title: str | None = None):
+        seed: int = 0, ax=None, show: bool | None = None, return_fig: bool = False, title: str | None = None,
+        save: str | os.PathLike | None = None):
     """Draw ``varp[key]`` on at most ``n_genes`` genes: the most general genes that have an edge, each with its
     heaviest partners, so that every gene drawn has an edge.
 
@@ -43,12 +47,16 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
         Seed of the layout's starting positions.
     ax, show, return_fig, title
         scanpy conventions.
+    save
+        A file to write the figure to, its format from the suffix (``dag.png``); the figure is then not shown
+        unless ``show=True``.
 
     Reads
     -----
     ``varp["cape_dag"]`` (``key``), ``varp["cape_dag_confidence"]`` when present, ``var["cape_generality"]``
     (``order_by``) and ``var["cape_used"]`` (which genes the note counts).
     """
+    save, owned = checked_save_path(save), ax is None
 
     if key not in adata.varp:
         raise CapeInputError(f"varp[{key!r}] not found: run cape.tl.causal_graph (`cape causal`) first")
@@ -110,11 +118,7 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
     centre = xy.mean(axis=0)
     place_labels(ax, xy[labelled], [str(adata.var_names[keep[i]]) for i in labelled],
                  outward=xy[labelled] - centre, obstacles=xy, marker_pt=5.0)
-    if return_fig:
-        return fig
-    if show or show is None:
-        plt.show()
-    return None
+    return finish(fig, save=save, show=show, return_fig=return_fig, owned=owned)
 
 
 def _solid_edges(adata, key: str, keep: np.ndarray) -> np.ndarray | None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import matplotlib.pyplot as plt
 import numpy as np
 
 from .._errors import CapeInputError
+from ._figure import checked_save_path, finish
 
 __all__ = ["intervention"]
 
 
 def intervention(adata, *, key: str = "cape_intervention", n_genes: int = 20, ax=None, show: bool | None = None,
-                 return_fig: bool = False, title: str | None = None):
+                 return_fig: bool = False, title: str | None = None, save: str | os.PathLike | None = None):
     """Horizontal bars of the ``n_genes`` largest predicted mean shifts (``|shift|``), intervened genes left out.
 
     For ``equations="equivalence_class"`` each bar is the mean over the intervened gene's possible parent sets
@@ -27,11 +30,15 @@ def intervention(adata, *, key: str = "cape_intervention", n_genes: int = 20, ax
         How many genes to show.
     ax, show, return_fig, title
         scanpy conventions.
+    save
+        A file to write the figure to, its format from the suffix (``intervention.png``); the figure is then not shown
+        unless ``show=True``.
 
     Reads
     -----
     ``var["cape_intervention_shift"]`` (``f"{key}_shift"``) and ``uns["cape_intervention"]`` (``key``).
     """
+    save, owned = checked_save_path(save), ax is None
     column = f"{key}_shift"
     if key not in adata.uns or column not in adata.var:
         raise CapeInputError(f"uns[{key!r}] / var[{column!r}] not found: run cape.tl.predict_intervention first")
@@ -64,8 +71,4 @@ def intervention(adata, *, key: str = "cape_intervention", n_genes: int = 20, ax
     ax.set_xlabel(f"predicted mean shift ({mode}, {adata.uns[key].get('equations', '')} equations)"
                   + ("\nwhiskers: range over the parent sets the class allows" if per_set is not None else ""))
     ax.set_title(title or f"do({label})")
-    if return_fig:
-        return fig
-    if show is None or show:
-        plt.show()
-    return None
+    return finish(fig, save=save, show=show, return_fig=return_fig, owned=owned)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -10,6 +11,7 @@ import pandas as pd
 
 from .._errors import CapeInputError
 from ..tasks.perturbation import condition_genes
+from ._figure import checked_save_path, finish
 
 __all__ = ["perturbation_shifts"]
 
@@ -79,7 +81,8 @@ def _panel(ax, cond: str, named: dict[str, pd.DataFrame], observed: pd.DataFrame
 def perturbation_shifts(predicted: pd.DataFrame | Mapping[str, pd.DataFrame], observed: pd.DataFrame,
                         control_mean: pd.Series, de_genes: Mapping[str, Sequence[str]], *,
                         conditions: Sequence[str] | None = None, n_conditions: int = 4, ax=None,
-                        show: bool | None = None, return_fig: bool = False, title: str | None = None):
+                        show: bool | None = None, return_fig: bool = False, title: str | None = None,
+                        save: str | os.PathLike | None = None):
     """Predicted against observed change from the control mean over each condition's top DE genes, one panel each.
 
     A point is a gene: x its observed mean shift (condition mean − control mean), y the predicted one; points on the
@@ -108,6 +111,9 @@ def perturbation_shifts(predicted: pd.DataFrame | Mapping[str, pd.DataFrame], ob
         ``None`` (a new figure, up to four panels a row) or one Axes per condition (a single Axes for one).
     show, return_fig, title
         scanpy conventions; ``title`` is the figure's title.
+    save
+        A file to write the figure to, its format from the suffix (``shifts.png``); the figure is then not shown
+        unless ``show=True``.
 
     Reads
     -----
@@ -120,6 +126,7 @@ def perturbation_shifts(predicted: pd.DataFrame | Mapping[str, pd.DataFrame], ob
         A condition without an observed mean, DE genes or a prediction; a DE gene missing from a table; fewer Axes
         than conditions.
     """
+    save, owned = checked_save_path(save), ax is None
     named, conditions = _checked(predicted, observed, control_mean, de_genes, conditions, n_conditions)
     if ax is None:
         ncols = min(len(conditions), 4)
@@ -147,8 +154,4 @@ def perturbation_shifts(predicted: pd.DataFrame | Mapping[str, pd.DataFrame], ob
                frameon=False, bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(title or "predicted against observed shift from control, top DE genes", fontsize=10)
     fig.tight_layout(rect=(0, 0.14 / nrows_drawn, 1, 1))
-    if return_fig:
-        return fig
-    if show is None or show:
-        plt.show()
-    return None
+    return finish(fig, save=save, show=show, return_fig=return_fig, owned=owned)

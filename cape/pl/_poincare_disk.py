@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 
 import anndata as ad
@@ -15,6 +16,7 @@ from matplotlib.lines import Line2D
 from scipy.stats import spearmanr
 
 from .._errors import CapeInputError
+from ._figure import checked_save_path, finish
 from ._labels import place_labels
 
 logger = logging.getLogger("cape")
@@ -41,6 +43,7 @@ def poincare(adata: ad.AnnData, color: str | None = "cape_generality", *, edges:
              basis: str = "cape_poincare", dag_key: str = "cape_dag", radius: str = "norm",
              components: Sequence[int] | None = None, labels: bool | int | None = None, only_embedded: bool = True,
              seed: int = 0, ax=None, show: bool | None = None, return_fig: bool = False, title: str | None = None,
+             save: str | os.PathLike | None = None,
              cmap: str = "viridis"):
     """Genes in the Poincaré disk: radius from each gene's true norm ‖e‖, angle from its direction.
 
@@ -74,12 +77,16 @@ def poincare(adata: ad.AnnData, color: str | None = "cape_generality", *, edges:
         Matplotlib axes to draw into.
     show, return_fig, title, cmap
         scanpy conventions.
+    save
+        A file to write the figure to, its format from the suffix (``poincare.png``); the figure is then not shown
+        unless ``show=True``.
 
     Reads
     -----
     ``varm["cape_poincare"]`` (``basis``), ``varp["cape_dag"]`` (``dag_key``), ``var["cape_generality"]``
     (``color``) and ``var["cape_embedded"]``.
     """
+    save, owned = checked_save_path(save), ax is None
 
     if radius not in ("norm", "distance"):
         raise CapeInputError(f"radius must be 'norm' or 'distance', got {radius!r}")
@@ -129,9 +136,7 @@ def poincare(adata: ad.AnnData, color: str | None = "cape_generality", *, edges:
     named = np.flatnonzero(keep)[np.argsort(-rank[keep], kind="stable")[:n_labels]]
     place_labels(ax, xy[named], [str(adata.var_names[i]) for i in named], outward=xy[named],
                  obstacles=xy[keep], marker_pt=2.5, avoid=ring_notes)
-    if show:
-        plt.show()
-    return fig if return_fig else None
+    return finish(fig, save=save, show=show, return_fig=return_fig, owned=owned)
 
 
 def _draw_genes(ax, xy: np.ndarray, shown: np.ndarray, values, numeric: bool, color: str | None, cmap: str) -> None:
@@ -213,7 +218,8 @@ def _rings(ax, radius: str, largest_distance: float | None) -> list:
 
 
 def generality(adata: ad.AnnData, *, basis: str = "cape_poincare", key: str = "cape_generality",
-               labels: int = 10, ax=None, show: bool | None = None, return_fig: bool = False):
+               labels: int = 10, ax=None, show: bool | None = None, return_fig: bool = False,
+               save: str | os.PathLike | None = None):
     """Causal generality π (PageRank, Eq. 18) against the distance from the origin ‖e‖ of every gene.
 
     General genes (high π) should sit near the origin; the title gives Spearman(π, −‖e‖). The ``labels``
@@ -231,11 +237,15 @@ def generality(adata: ad.AnnData, *, basis: str = "cape_poincare", key: str = "c
         How many of the most general genes to name.
     ax, show, return_fig
         scanpy conventions.
+    save
+        A file to write the figure to, its format from the suffix (``generality.png``); the figure is then not shown
+        unless ``show=True``.
 
     Reads
     -----
     ``varm["cape_poincare"]`` (``basis``) and ``var["cape_generality"]`` (``key``).
     """
+    save, owned = checked_save_path(save), ax is None
 
     pos = _positions(adata, basis)
     if key not in adata.var:
@@ -258,6 +268,4 @@ def generality(adata: ad.AnnData, *, basis: str = "cape_poincare", key: str = "c
     ax.set_ylabel("generality π (PageRank)")
     ax.set_yscale("log")
     ax.set_title(f"Spearman(π, −‖e‖) = {rho:.2f}")
-    if show:
-        plt.show()
-    return fig if return_fig else None
+    return finish(fig, save=save, show=show, return_fig=return_fig, owned=owned)
