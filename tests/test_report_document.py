@@ -49,6 +49,10 @@ def test_report_names_the_step_one_model_and_its_edges(trained_adata, tmp_path):
     adata.uns["cape"]["causal_graph"]["edge_budget"]["test"] = "both"  # the test, in words
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert "partial correlation, Fisher's z and the robust test, FDR 0.05, tested on a random 2000 cells)" in text
+    adata.uns["cape"]["causal_graph"]["edge_budget"]["n_pairs_permuted"] = 6  # the test's calls on a null copy
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert "2000 cells, beyond the 6 it calls with every gene permuted)" in text
+    adata.uns["cape"]["causal_graph"]["edge_budget"]["n_pairs_permuted"] = 0
     adata.uns["cape"]["causal_graph"]["edge_budget"]["pair_ranking"] = "consensus"  # which pairs, in words
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert ("17 edges with weights down to 0.2 (threshold rule budget: 20 gene pairs" in text

@@ -361,7 +361,7 @@ def test_budget_rows_caps_the_cells_at_the_larger_of_the_cap_and_ten_per_gene() 
 
 
 def test_budget_counts_on_a_seeded_subset_of_many_cells(fitted, tmp_path, capsys) -> None:
-    from cape.causal import budget_rows, edge_budget
+    from cape.causal import budget_rows, decoy_count, edge_budget
     from cape.cli import main
 
     # A chain plus a weak common factor on the other genes: on 12,000 cells those weak partial correlations are
@@ -378,8 +378,11 @@ def test_budget_counts_on_a_seeded_subset_of_many_cells(fitted, tmp_path, capsys
         causal_graph(a, min_positioned=0, budget_cells=cells, seed=7, **FAST)
         records[cells] = a.uns["cape"]["causal_graph"]["edge_budget"]
     rows = budget_rows(12000, 12, 2000, seed=7)
-    assert records[2000]["n_pairs"] == edge_budget(X[rows], BUDGET_FDR) < records[None]["n_pairs"]
-    assert records[None]["n_pairs"] == edge_budget(X, BUDGET_FDR)
+    for cells, tested in ((2000, X[rows]), (None, X)):  # the significant pairs less those of the permuted copy
+        assert records[cells]["n_pairs_significant"] == edge_budget(tested, BUDGET_FDR)
+        assert records[cells]["n_pairs_permuted"] == decoy_count(tested, BUDGET_FDR, seed=7)
+        assert records[cells]["n_pairs"] == records[cells]["n_pairs_significant"] - records[cells]["n_pairs_permuted"]
+    assert records[2000]["n_pairs"] < records[None]["n_pairs"]
     assert records[2000]["n_cells_tested"] == 2000 and records[2000]["cells_tested"] == "random subset (seed 7)"
     assert records[None]["n_cells_tested"] == 12000 and records[None]["cells_tested"] == "all"
     assert a.uns["cape"]["causal_graph"]["params"]["budget_cells"] == "all"

@@ -93,6 +93,7 @@ from cape.causal.postprocess import (
     BUDGET_FDR,
     budget_rows,
     choose_tau,
+    decoy_count,
     edge_budget,
     partial_correlation_tests,
     partial_correlations,
@@ -246,9 +247,12 @@ def _budget_fdr(tau: float | str) -> float | None:
 
 def _budget(X: np.ndarray, fdr: float, seed: int) -> int | None:
     """cape's edge budget at ``fdr`` as :func:`cape.tl.causal_graph` counts it: by the default test, on at most the
-    default ``budget_cells`` cells, drawn with the fit's seed."""
+    default ``budget_cells`` cells, drawn with the fit's seed, less the pairs the test calls on the same cells with
+    every gene permuted (:func:`cape.causal.decoy_count`, the fit's seed)."""
     rows = budget_rows(*X.shape, BUDGET_CELLS, seed)
-    return edge_budget(X if rows is None else X[rows], fdr)
+    tested = X if rows is None else X[rows]
+    significant = edge_budget(tested, fdr)
+    return None if significant is None else max(significant - decoy_count(tested, fdr, seed=seed), 0)
 
 
 def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int) -> np.ndarray:

@@ -48,6 +48,7 @@ from .postprocess import (
     budget_rows,
     budget_tests,
     choose_tau,
+    decoy_count,
     edge_budget,
     make_dag,
     partial_correlation_tests,
@@ -58,14 +59,17 @@ from .postprocess import (
 from .structural_equations import learned_equations
 from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
 
-__all__ = ["BUDGET_MAX_GENES", "PARENTS_MLP_MAX_GENES", "SCAN_TAUS", "CausalGraph", "Graph", "budget_pairs",
-           "check_matrix", "check_size", "edge_budget_for", "fit", "learn_causal_graph", "orient", "screen",
-           "threshold"]
+__all__ = ["BUDGET_MAX_GENES", "DECOY_WARNING_SHARE", "PARENTS_MLP_MAX_GENES", "SCAN_TAUS", "CausalGraph", "Graph",
+           "budget_pairs", "check_matrix", "check_size", "edge_budget_for", "fit", "learn_causal_graph", "orient",
+           "screen", "threshold"]
 
 logger = logging.getLogger("cape")
 
 #: Most genes the partial-correlation test of ``tau="budget"`` is run on (an M×M inverse); above, ``"auto"``'s rule.
 BUDGET_MAX_GENES = 5000
+#: ``tau="budget"`` warns when the test calls more than this share of its significant pairs again on a copy of the
+#: cells with every gene permuted (:func:`~cape.causal.postprocess.decoy_count`): its null does not fit the data.
+DECOY_WARNING_SHARE = 0.1
 PARENTS_MLP_MAX_GENES = _parents_mlp.MAX_GENES
 #: Thresholds at which the record's ``threshold_scan`` counts surviving edges and genes.
 SCAN_TAUS = (0.2, 0.1, 0.05, 0.02, 0.01)
@@ -187,7 +191,12 @@ def fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, candi
 
 def edge_budget_for(X, tests, config: CausalConfig, seed: int) -> tuple[int | None, dict]:
     """``tau="budget"``'s number of edges (None: fall back on the ``"auto"`` rule) and its record; ``tests``: Fisher's
-    partial-correlation tests on every cell, if the screen already made them."""
+    partial-correlation tests on every cell, if the screen already made them.
+
+    The count is the pairs significant at ``budget_fdr`` less those the same test calls on a copy of the cells with
+    every gene permuted on its own (:func:`~cape.causal.postprocess.decoy_count`, seeded by ``seed``): where the test
+    holds its level that copy adds nothing, and where it does not (genes detected in a handful of cells) the budget
+    does not take the test's false calls for edges."""
     n_cells, n_genes = X.shape
     fdr = config.budget_fdr
     budget = None
@@ -201,16 +210,29 @@ def edge_budget_for(X, tests, config: CausalConfig, seed: int) -> tuple[int | No
         tested = X if rows is None else X[rows]
         if config.budget_test != "fisher" or rows is not None or tests is None:  # else: the screen's, on every cell
             tests = budget_tests(tested, config.budget_test)
-        budget = None if tests is None else edge_budget(tested, fdr, tests)
+        significant = None if tests is None else edge_budget(tested, fdr, tests)
+        decoy = decoy_count(tested, fdr, config.budget_test, seed) if significant else 0
+        budget = None if significant is None else max(significant - decoy, 0)
         cells = {"test": config.budget_test, "n_cells_tested": n_cells if rows is None else int(rows.size),
                  "cells_tested": "all" if rows is None else f"random subset (seed {seed})",
-                 "n_pairs_tested": 0 if tests is None else int(np.isfinite(tests[1]).sum())}
+                 "n_pairs_tested": 0 if tests is None else int(np.isfinite(tests[1]).sum()),
+                 "n_pairs_significant": significant or 0, "n_pairs_permuted": decoy}
+        if decoy > DECOY_WARNING_SHARE * (significant or 0):
+            logger.warning("tau='budget': %s calls %d gene pairs significant on a copy of the cells with every gene "
+                           "permuted on its own (no pair depends there), against %d on the data; the budget counts "
+                           "the difference, %d. The test's null does not fit these genes, most often because many "
+                           "are detected in a few cells: leave those out (cape.pp.preprocess(min_cells=20), the "
+                           "workflow's preprocess.min_cells)", BUDGET_TEST_NAMES[config.budget_test],
+                           decoy, significant, budget)
         if budget is None:
             record = {"fallback": f"fewer than genes + 10 cells ({n_cells} for {n_genes} genes) for the "
                                   "partial-correlation test: tau='auto' rule"}
         elif budget == 0:
+            found = (f"{significant} gene pairs have a significant partial correlation, no more than the {decoy} "
+                     "called on a copy of the cells with every gene permuted" if decoy
+                     else "no gene pair has a significant partial correlation")
             record = {"n_pairs": 0, "fdr": fdr, **cells,
-                      "fallback": f"no gene pair has a significant partial correlation "
+                      "fallback": f"{found} "
                                   f"({BUDGET_TEST_NAMES[config.budget_test]}, "
                                   f"FDR {fdr:g}, {cells['n_cells_tested']} cells, {n_genes} genes, "
                                   f"{cells['n_pairs_tested']} pairs tested): tau='auto' rule, on weak evidence"}

@@ -8,6 +8,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 from scipy.stats import norm
 
+from .._arrays import dense
 from .confidence import cell_states
 
 __all__ = [
@@ -25,11 +26,13 @@ __all__ = [
     "budget_rows",
     "budget_tests",
     "choose_tau",
+    "decoy_count",
     "edge_budget",
     "is_dag",
     "make_dag",
     "partial_correlation_tests",
     "partial_correlations",
+    "permuted_genes",
     "positioned_genes",
     "robust_partial_correlation_tests",
     "screen_candidates",
@@ -335,6 +338,24 @@ def edge_budget(X, fdr: float = BUDGET_FDR, tests: tuple | None = None, test: st
     """
     tests = tests if tests is not None else budget_tests(X, test)
     return None if tests is None else _bh_count(tests[1], fdr)
+
+
+def permuted_genes(X, seed: int = 0) -> np.ndarray:
+    """A dense copy of X (cells × genes, dense or sparse) with each gene's column permuted over the cells on its own
+    (``numpy.random.default_rng(seed)``): every gene keeps its values, and no gene depends on another."""
+    X = dense(X, None)
+    rng = np.random.default_rng(seed)
+    return np.take_along_axis(X, np.argsort(rng.random(X.shape), axis=0), axis=0)
+
+
+def decoy_count(X, fdr: float = BUDGET_FDR, test: str = BUDGET_TEST, seed: int = 0) -> int:
+    """Pairs ``test`` calls significant at ``fdr`` on :func:`permuted_genes` (X): calls where no pair depends.
+
+    A test that holds its level calls none or a few (Benjamini–Hochberg: none with probability ≥ 1 − ``fdr``). Many
+    calls mean the test's null distribution does not fit these genes: Fisher's z on genes detected in a handful of
+    cells, whose correlations are a few shared cells. 0 when X has too few cells for the test.
+    """
+    return edge_budget(permuted_genes(X, seed), fdr, test=test) or 0
 
 
 def budget_rows(n_cells: int, n_genes: int, max_cells: int | None = BUDGET_CELLS,

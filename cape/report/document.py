@@ -167,6 +167,8 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                         line += (f" (threshold rule budget: {int(budget['n_pairs'])} gene pairs with a significant "
                                  f"partial correlation, {test}FDR {float(budget['fdr']):g}"
                                  + (f", tested on a random {int(budget['n_cells_tested'])} cells" if subset else "")
+                                 + (f", beyond the {int(budget['n_pairs_permuted'])} it calls with every gene permuted"
+                                    if budget.get("n_pairs_permuted") else "")
                                  + (f", {PAIR_RANKING_WORDS[budget['pair_ranking']]}"
                                     if budget.get("pair_ranking") in PAIR_RANKING_WORDS else "")
                                  + ")")
