@@ -75,7 +75,8 @@ class CausalConfig:
         Edge threshold τ ∈ [0, 1): ``|A_ij| ≤ τ`` is dropped (the paper uses 0.2), or a rule. ``"budget"`` (default):
         keep as many edges as the data support, the number K of gene pairs whose partial correlation given all other
         genes is significant (``budget_test``, Benjamini–Hochberg at ``budget_fdr``,
-        :func:`cape.causal.edge_budget`), chosen by ``pair_ranking``; never weights at or below the noise floor
+        :func:`cape.causal.edge_budget`) less those the same test calls with every gene permuted over the cells
+        (:func:`cape.causal.decoy_count`), chosen by ``pair_ranking``; never weights at or below the noise floor
         0.01. The test needs at least genes + 10 cells (and at most 5,000 genes); otherwise the ``"auto"``
         rule is used, and so it is when no pair is significant (with a warning); the record says so. Under the
         budget the ``min_positioned`` check only warns. ``"auto"``: the paper's 0.2 where it already gives an edge to

@@ -53,7 +53,8 @@ def register(commands) -> None:
                              "without candidates dense up to 1,000 genes, else 40)")
     parser.add_argument("--tau", type=tau_value, default="budget",
                         help="edge threshold τ in [0, 1), or a rule: 'budget' (default): as many edges as gene pairs "
-                             "with a significant partial correlation (BH at --budget-fdr); 'auto': the paper's 0.2 "
+                             "with a significant partial correlation (BH at --budget-fdr), less those the test "
+                             "calls with every gene permuted over the cells; 'auto': the paper's 0.2 "
                              "unless it leaves fewer than --min-positioned of the genes with an edge, then the "
                              "largest τ that does")
     parser.add_argument("--budget-fdr", type=float, default=CausalConfig.budget_fdr,
