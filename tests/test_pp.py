@@ -5,6 +5,7 @@ import re
 
 import anndata as ad
 import numpy as np
+import pandas as pd
 import pytest
 
 import cape
@@ -206,3 +207,24 @@ def test_one_default_gene_count_for_the_api_the_cli_and_the_workflow():
     schema = yaml.safe_load((configs / "schema.yaml").read_text())
     assert schema["properties"]["preprocess"]["properties"]["n_top_genes"]["default"] == N_TOP_GENES
     assert yaml.safe_load((configs / "config.yaml").read_text())["preprocess"]["n_top_genes"] == N_TOP_GENES
+
+
+def _shallow(n_cells: int = 400, seed: int = 0) -> ad.AnnData:
+    """Raw counts: 350 genes seen in a handful of cells, with bursts of counts there (the most variable), beside 250
+    genes expressed evenly in every cell (so that every cell passes the default QC)."""
+    rng = np.random.default_rng(seed)
+    rare = rng.poisson(0.015, (n_cells, 350)) * rng.integers(1, 20, (n_cells, 350))
+    even = rng.poisson(3.0, (n_cells, 250))
+    X = np.hstack([rare, even]).astype(np.float32)
+    return ad.AnnData(X, var=pd.DataFrame(index=[f"g{i}" for i in range(X.shape[1])]))
+
+
+def test_used_genes_seen_in_a_few_cells_are_named_with_the_remedy(caplog):
+    with caplog.at_level("WARNING", logger="cape"):
+        cape.pp.preprocess(_shallow(), n_top_genes=100)
+    match = re.search(r"the 100 genes used are detected in a median of ([\d.]+) of the 400 cells", caplog.text)
+    assert match and float(match.group(1)) < 20 and "preprocess(min_cells=20)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="cape"):
+        cape.pp.preprocess(_shallow(), n_top_genes=100, min_cells=20)  # the remedy silences it
+    assert "detected in a median" not in caplog.text

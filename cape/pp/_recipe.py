@@ -28,6 +28,10 @@ HVG_FLAVORS = ("seurat", "cell_ranger", "seurat_v3", "pearson_residuals")
 N_TOP_GENES = 300
 #: The flavors that rank the raw counts (``layers["counts"]``), not the log-normalised X.
 _COUNT_FLAVORS = ("seurat_v3", "pearson_residuals")
+#: preprocess warns when the median used gene is detected in fewer cells than this (and than a tenth of the cells):
+#: such a gene's variation is a few cells' values, which Step I's partial-correlation test takes for dependence
+#: (docs/benchmarks/count_panel.md, "The budget checked on a permuted copy of its cells").
+RARE_GENE_CELLS = 20
 
 def _values(x) -> np.ndarray:
     return x.data if sp.issparse(x) else np.asarray(x).ravel()
@@ -125,6 +129,7 @@ def preprocess(
     _filter(adata, min_genes, min_cells, record["n_obs_in"], targets)
     record["input_scale"], record["normalised"] = _normalise(adata, target_sum, log1p)
     _mark_used_genes(adata, n_top_genes, hvg_flavor)
+    _warn_rarely_detected(adata, min_cells)
     if interventions is not None:
         record["targets"] = _use_targets(adata, targets, interventions)
     record.update(n_obs=adata.n_obs, n_vars=adata.n_vars, n_used=int(adata.var["cape_used"].sum()),
@@ -240,6 +245,18 @@ def _mark_used_genes(adata: ad.AnnData, n_top_genes: int, hvg_flavor: str) -> No
     if not adata.var["cape_used"].any():
         raise CapeInputError(f"every highly variable gene is constant across the {adata.n_obs} cells; "
                              "check the input or raise n_top_genes")
+
+
+def _warn_rarely_detected(adata: ad.AnnData, min_cells: int) -> None:
+    """Warn when the used genes are mostly seen in a handful of cells (:data:`RARE_GENE_CELLS`)."""
+    used = adata.var["cape_used"].to_numpy(dtype=bool)
+    median = float(np.median(np.asarray((adata.X[:, used] != 0).sum(axis=0)).ravel()))
+    if median < min(RARE_GENE_CELLS, 0.1 * adata.n_obs):
+        logger.warning("the %d genes used are detected in a median of %g of the %d cells: their variation is a few "
+                       "cells' values, which Step I's partial-correlation test takes for dependence; "
+                       "preprocess(min_cells=%d) (the workflow's preprocess.min_cells; now %d) picks among genes "
+                       "detected in at least that many cells", int(used.sum()), median, adata.n_obs,
+                       RARE_GENE_CELLS, min_cells)
 
 
 def _varying_genes(x) -> np.ndarray:
