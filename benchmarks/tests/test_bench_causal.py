@@ -259,13 +259,15 @@ def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undir
                                                 taus=["budget", "budget0.5", 0.1, "fit-budget0.5",
                                                       "shrunk-budget0.5"])
     nnz = {r["method"]: r["value"] for r in records if r["metric"] == "nnz"}
-    counts = {fdr: bench_causal.edge_budget(X, fdr) for fdr in (0.05, 0.3, 0.5)}
-    assert counts[0.3] < counts[0.5]
+    significant = {fdr: bench_causal.edge_budget(X, fdr) for fdr in (0.05, 0.3, 0.5)}
+    # a budget rule counts as Step I does: less the pairs called on the permuted copy (at 50 % FDR, one here)
+    counts = {fdr: significant[fdr] - bench_causal.decoy_count(X, fdr, seed=0) for fdr in significant}
+    assert counts[0.3] < counts[0.5] < significant[0.5]
     assert nnz["cape_default"] == nnz["cape_default@τbudget"] == counts[bench_causal.BUDGET_FDR]
     assert nnz["cape_default@τbudget0.5"] == counts[0.5]
     assert nnz["cape_default@τfit-budget0.5"] == counts[0.5]  # the fit's ranking alone keeps as many here
     assert nnz["cape_default@τshrunk-budget0.5"] == counts[0.5]  # and so does the shrunk partial correlations'
-    assert nnz["partial_correlation"] == 2 * counts[0.05]   # the peer's own rule, both directions of each pair
+    assert nnz["partial_correlation"] == 2 * significant[0.05]  # the peer's own rule (plain BH), both directions
     assert nnz["partial_correlation@τbudget"] == 2 * counts[bench_causal.BUDGET_FDR]
     assert nnz["partial_correlation@τbudget0.5"] == 2 * counts[0.5]
     assert "partial_correlation@τ0.1" not in nnz            # a fixed τ means nothing for an undirected score
