@@ -124,7 +124,6 @@ def preprocess(
                    "min_cells": min_cells, "hvg_flavor": hvg_flavor, "interventions": interventions or "none"},
         "n_obs_in": adata.n_obs, "n_vars_in": adata.n_vars,
     }
-
     start = time.perf_counter()
     _filter(adata, min_genes, min_cells, record["n_obs_in"], targets)
     record["input_scale"], record["normalised"] = _normalise(adata, target_sum, log1p)
