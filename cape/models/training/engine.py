@@ -3,8 +3,9 @@
 A :class:`TrainingPlan` says how (AdamW, gradient clipping, learning-rate schedule, validation share, early
 stopping); a :class:`Trainer` knows where (device, mixed precision, seed) and runs a plan for a number of epochs on a
 task module (:mod:`~cape.models.training.objectives`) with a loss function, keeping the weights of the best
-validation epoch. Batches come in a seeded order (:class:`SeededShuffle`, or ``DistributedSampler`` under DDP,
-which draws the same permutations); under ``torchrun`` the task is wrapped in ``DistributedDataParallel``.
+validation epoch. Batches come in a seeded order (:mod:`~cape.models.training.sampling`: cells of similar token
+counts batched together by default, the same global order under DDP); under ``torchrun`` the task is wrapped in
+``DistributedDataParallel``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..._progress import progress
 from ..tokenize import CellCollator, CellDataset
 from . import distributed
 from .objectives import LossFn, ScoreFn
+from .sampling import LengthGroupedShuffle, SeededShuffle, check_length_grouping
 
 logger = logging.getLogger("cape")
 
@@ -50,25 +52,6 @@ def lr_factor(step: int, total_steps: int, schedule: str = "constant", warmup_fr
         return 1.0
     progress_ = (step - n_warmup) / max(total_steps - n_warmup, 1)
     return 0.5 * (1.0 + math.cos(math.pi * min(progress_, 1.0)))
-
-
-class SeededShuffle(torch.utils.data.Sampler):
-    """Single-process twin of ``DistributedSampler(shuffle=True, seed=seed)``: the same permutation per epoch."""
-
-    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
-        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        if not self.shuffle:
-            return iter(range(self.n))
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
-
-    def __len__(self) -> int:
-        return self.n
 
 
 def validation_split(n: int, validation_fraction: float, seed: int, stratify: np.ndarray | None = None
@@ -130,6 +113,10 @@ class TrainingPlan:
         Replay each training step as a CUDA graph, one per batch shape (:class:`cape._cuda_graphs.CapturedStep`): a
         small model's step is otherwise bound by the launch of its kernels. ``None``: on CUDA wherever it can
         (:func:`graphable`); ``False``: kernel by kernel.
+    length_grouping
+        Batch cells of similar token counts together, so that batches pad less
+        (:class:`~cape.models.training.sampling.LengthGroupedShuffle`): each epoch's shuffled cells are sorted by
+        length within pools of this many batches. ``None``: a plain seeded shuffle.
     """
 
     lr: float = 1e-3
@@ -145,6 +132,7 @@ class TrainingPlan:
     warmup_fraction: float = 0.0
     num_workers: int | None = None
     cuda_graphs: bool | None = None
+    length_grouping: int | None = 16
 
 
 #: On CUDA batches are padded to a multiple of this many tokens (:func:`~cape.models.tokenize.pad_to_multiple`).
@@ -283,6 +271,33 @@ def _dataset_of(data: Dataset) -> CellDataset:
     return data.dataset if isinstance(data, Subset) else data
 
 
+def token_lengths(data: Dataset) -> np.ndarray | None:
+    """Tokens each cell of ``data`` pads to (its gene tokens within ``max_len``, plus ``<cls>``); None when the
+    dataset does not say or every cell has as many."""
+    dataset = _dataset_of(data)
+    if not isinstance(dataset, CellDataset):
+        return None
+    lengths = dataset.tokens_per_cell()
+    if isinstance(dataset.config.max_len, int | np.integer):
+        lengths = np.minimum(lengths, int(dataset.config.max_len) - 1)
+    if isinstance(data, Subset):
+        lengths = lengths[np.asarray(data.indices)]
+    return lengths + 1 if lengths.size and lengths.min() < lengths.max() else None
+
+
+def train_sampler(train_set: Dataset, batch_size: int, seed: int, length_grouping: int | None
+                  ) -> torch.utils.data.Sampler:
+    """The training order: :class:`~cape.models.training.sampling.LengthGroupedShuffle` when ``length_grouping`` is
+    set and the cells differ in length, else the seeded shuffle (``DistributedSampler`` under DDP)."""
+    lengths = token_lengths(train_set) if length_grouping else None
+    if lengths is not None:
+        return LengthGroupedShuffle(lengths, batch_size, seed, pool_batches=length_grouping,
+                                    num_replicas=distributed.world_size(), rank=distributed.rank())
+    if distributed.is_active():
+        return torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=seed)
+    return SeededShuffle(len(train_set), seed)
+
+
 class Trainer:
     """Runs :class:`TrainingPlan` s on ``device`` (mixed precision with ``amp`` on CUDA), in a ``seed`` ed order.
 
@@ -336,10 +351,8 @@ class Trainer:
         if ceiling is not None and not (isinstance(ceiling, int) and ceiling >= 1):
             raise CapeInputError(f"early_stopping_ceiling_patience must be a whole number >= 1 (or None), "
                                  f"got {ceiling}")
-        if distributed.is_active():
-            sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=self.seed)
-        else:
-            sampler = SeededShuffle(len(train_set), self.seed)
+        check_length_grouping(plan.length_grouping)
+        sampler = train_sampler(train_set, batch_size, self.seed, plan.length_grouping)
         loader = cell_loader(train_set, self.device, self.pad_id, batch_size=batch_size, sampler=sampler,
                              num_workers=plan.num_workers)
         model = task
