@@ -53,3 +53,25 @@ def test_cape_train_bad_input_is_one_line(tmp_path, capsys):
     err = [line for line in text.splitlines() if line.startswith("cape: error:")]  # info lines may come between
     assert len(err) == 3 and "nope" in err[0] and "alibi" in err[1] and "--integration replace" in err[2]
     assert not out.exists() and not (tmp_path / "o_model").exists()
+
+
+def test_length_grouping_reaches_both_plans_and_is_checked(tmp_path, capsys, monkeypatch):
+    from cape.cli import train_command
+
+    plans = []
+    monkeypatch.setattr(train_command.CellTransformer, "pretrain",
+                        lambda self, adata, **kw: plans.append(kw["plan"]) or [])
+    monkeypatch.setattr(train_command.CellTransformer, "train",
+                        lambda self, adata, label_key, **kw: plans.append(kw["plan"]) or [])
+    cape_adata(n_cells=20).write_h5ad(tmp_path / "in.h5ad")
+    base = ["--quiet", "train", "-i", str(tmp_path / "in.h5ad"), "--label-key", "cell_type", "--d-model", "16",
+            "--n-heads", "2", "--max-len", "32"]
+    for flag, expected in ([], 16), (["--length-grouping", "4"], 4), (["--length-grouping", "0"], None):
+        plans.clear()
+        assert main([*base, "-o", str(tmp_path / f"o{expected}.h5ad"), *flag]) == 0
+        assert [plan.length_grouping for plan in plans] == [expected, expected]
+    with pytest.raises(SystemExit) as refused:
+        main([*base, "-o", str(tmp_path / "bad.h5ad"), "--length-grouping", "-1"])
+    assert refused.value.code == 2
+    assert "expected a whole number >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "bad.h5ad").exists()

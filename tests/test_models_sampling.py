@@ -103,7 +103,8 @@ def test_length_grouping_is_checked(bad):
         LengthGroupedShuffle(np.ones(4, dtype=int), 2, 0, pool_batches=bad)
 
 
-def test_the_trainer_groups_cells_by_their_padded_token_counts(one_thread):
+@pytest.mark.usefixtures("one_thread")
+def test_the_trainer_groups_cells_by_their_padded_token_counts():
     adata = cape_adata(n_cells=40)
     model = CellTransformer(adata, "scgpt", "cape", d_model=16, n_heads=2, n_layers=1, seed=0, max_len=14)
     dataset = model._dataset(adata)
@@ -123,7 +124,8 @@ def test_the_trainer_groups_cells_by_their_padded_token_counts(one_thread):
     assert isinstance(train_sampler(zeros._dataset(adata), 8, 0, 16), SeededShuffle)
 
 
-def test_pretraining_refuses_a_bad_length_grouping(one_thread):
+@pytest.mark.usefixtures("one_thread")
+def test_pretraining_refuses_a_bad_length_grouping():
     adata = cape_adata(n_cells=20)
     model = CellTransformer(adata, "scgpt", "cape", d_model=16, n_heads=2, n_layers=1, seed=0)
     with pytest.raises(CapeInputError, match="length_grouping"):

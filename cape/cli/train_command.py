@@ -85,6 +85,10 @@ def register(commands) -> None:
     train.add_argument("--epochs", type=int, default=100,
                        help="most fine-tuning epochs; early stopping usually ends sooner (100)")
     train.add_argument("--batch-size", type=int, default=32, help="per process (32)")
+    train.add_argument("--length-grouping", type=_grouping, default=TrainingPlan.length_grouping, metavar="N",
+                       help="batch cells of similar token counts together (less padding): each epoch's shuffled "
+                            "cells are sorted by length within pools of N batches; 0: a plain shuffle "
+                            f"({TrainingPlan.length_grouping})")
     train.add_argument("--lr", type=float, default=DEFAULT_RECIPE.pretrain_lr,
                        help=f"pretraining learning rate ({DEFAULT_RECIPE.pretrain_lr})")
     train.add_argument("--validation-fraction", type=float, default=0.1)
@@ -168,23 +172,36 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _grouping(value: str) -> int | None:
+    """``--length-grouping``: batches per sorted pool, a whole number ≥ 0 (0: a plain shuffle, ``None``)."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (0: a plain shuffle), got {value!r}")
+    return n or None
+
+
 def _pretrain_plan(args: argparse.Namespace) -> TrainingPlan:
-    """``--lr``, ``--validation-fraction``, ``--patience`` (AdamW's weight decay and clipping at their defaults)."""
+    """``--lr``, ``--validation-fraction``, ``--patience``, ``--length-grouping`` (AdamW's weight decay and clipping
+    at their defaults)."""
     return TrainingPlan(lr=args.lr, validation_fraction=args.validation_fraction,
-                        early_stopping_patience=args.patience)
+                        early_stopping_patience=args.patience, length_grouping=args.length_grouping)
 
 
 def _fine_tune_plan(args: argparse.Namespace) -> TrainingPlan:
     """The fine-tuning options (``--fit-lr``, ``--weight-decay``, ``--fit-validation-fraction``, ``--fit-patience``,
     ``--fit-min-delta``, ``--fit-ceiling-patience``, ``--lr-schedule``, ``--warmup-fraction``,
-    ``--early-stopping-metric``) over :data:`~cape.models.hyperparameters.FINE_TUNE_PLAN` (which scores keep
-    training going)."""
+    ``--early-stopping-metric``, ``--length-grouping``) over :data:`~cape.models.hyperparameters.FINE_TUNE_PLAN`
+    (which scores keep training going)."""
     return dataclasses.replace(FINE_TUNE_PLAN, lr=args.fit_lr, weight_decay=args.weight_decay,
                                validation_fraction=args.fit_validation_fraction,
                                early_stopping_patience=args.fit_patience, early_stopping_min_delta=args.fit_min_delta,
                                early_stopping_ceiling_patience=args.fit_ceiling_patience,
                                lr_schedule=args.lr_schedule, warmup_fraction=args.warmup_fraction,
-                               early_stopping_metric=args.early_stopping_metric)
+                               early_stopping_metric=args.early_stopping_metric,
+                               length_grouping=args.length_grouping)
 
 
 def _embed(model: CellTransformer, adata, unsupervised, fine_tuned: bool) -> None:
