@@ -285,12 +285,14 @@ def run_count_panel(out: str | Path = "results/bench", quick: bool = False, sett
 
 
 def write_panel_outputs(records: list[dict], out: str | Path, quick: bool = False, size: dict | None = None) -> None:
-    """Write ``count_panel.json``, ``.md`` (the tables) and ``.png`` (the figure) of ``records`` under ``out`` (also
-    for records of several runs put together)."""
+    """Write ``count_panel.json``, ``.md`` (the tables), ``.png`` (the figure per setting) and ``_members.png`` (per
+    member, over its settings and seeds) of ``records`` under ``out`` (also for records of several runs put
+    together)."""
     out = Path(out)
     write_json(records, out / "count_panel.json")
     write_text(panel_report(records, quick, size or FULL), out / "count_panel.md")
     save_figure(panel_figure(records), out / "count_panel.png")
+    save_figure(panel_figure(records, by="member"), out / "count_panel_members.png")
 
 
 TABLE_METRICS = ("skeleton_f1", "f1", "skeleton_auprc", "kept", "true_edges", "confidence_gap_closed", "seconds")
@@ -324,25 +326,35 @@ def panel_report(records: list[dict], quick: bool, size: dict) -> str:
             + ("\n## Runs without a result\n\n" + notes if notes else ""))
 
 
-def panel_figure(records: list[dict]):
-    """Per setting: cape's skeleton F1, skeleton AUPRC, kept / true edges and directed F1 against the peers'."""
+#: Step I's rows in reds (its default first, then the same fits cut otherwise, ``cape_default@τ…``), the peers not.
+CAPE_COLORS = ("tab:red", "lightcoral", "darkred", "salmon")
+PEER_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:gray", "tab:olive")
+
+
+def _method_colors(methods: list[str]) -> dict[str, str]:
+    cape, peers = iter(CAPE_COLORS), iter(PEER_COLORS)
+    return {m: next(cape if m.startswith("cape") else peers, "black") for m in methods}
+
+
+def panel_figure(records: list[dict], by: str = "setting"):
+    """Per setting (``by="member"``: per member, over its settings and seeds): cape's skeleton F1, skeleton AUPRC,
+    kept / true edges, directed F1 and confidence gap closed against the peers'."""
     matplotlib.use("Agg")
     frame = pd.DataFrame([r for r in records if r["status"] == "ok"])
-    settings = list(dict.fromkeys(frame["setting"]))
+    settings = list(dict.fromkeys(frame[by]))
     methods = list(dict.fromkeys(frame["method"]))
-    kept = frame[frame["metric"] == "kept"].merge(frame[frame["metric"] == "true_edges"],
-                                                  on=["setting", "method", "seed"])
+    keys = ["setting", "member", "method", "seed"]
+    kept = frame[frame["metric"] == "kept"].merge(frame[frame["metric"] == "true_edges"], on=keys)
     kept = kept.assign(metric="kept / true", value=kept["value_x"] / kept["value_y"])
-    frame = pd.concat([frame, kept[["setting", "method", "seed", "metric", "value"]]])
+    frame = pd.concat([frame, kept[[*keys, "metric", "value"]]])
     panels = [("skeleton_f1", None), ("skeleton_auprc", None), ("kept / true", 2.0), ("f1", None),
               ("confidence_gap_closed", 0.5)]
     height = max(3.0, 1.2 + 0.16 * len(settings) * len(methods))
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), height))
     width = 0.8 / max(1, len(methods))
-    peer_colors = iter(["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:gray", "tab:olive"])
-    colors = {m: "tab:red" if m.startswith("cape") else next(peer_colors, "black") for m in methods}
+    colors = _method_colors(methods)
     for ax, (metric, line) in zip(axes, panels, strict=True):
-        med = frame[frame["metric"] == metric].groupby(["setting", "method"])["value"].median()
+        med = frame[frame["metric"] == metric].groupby([by, "method"])["value"].median()
         for k, method in enumerate(methods):
             values = [med.get((s, method), np.nan) for s in settings]
             ax.barh(np.arange(len(settings)) + k * width, np.nan_to_num(values), height=width, label=method,
@@ -355,7 +367,8 @@ def panel_figure(records: list[dict]):
         ax.set_xlabel(f"median {metric}")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(methods), fontsize=8,
                frameon=False)
-    fig.suptitle("Count-simulator panel: Step I (red) against its peers, median over seeds (dashed: the issue's "
+    over = "seeds" if by == "setting" else "settings and seeds"
+    fig.suptitle(f"Count-simulator panel: Step I (reds) against its peers, median over {over} (dashed: the issue's "
                  "bounds, kept ≤ 2× true, gap closed ≥ 0.5)", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig

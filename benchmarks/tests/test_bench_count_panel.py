@@ -105,6 +105,7 @@ def test_the_panel_writes_its_records_table_and_figure(tmp_path) -> None:
     text = (tmp_path / "count_panel.md").read_text()
     assert "## Median per member" in text and "| boolode | cape_default |" in text
     assert (tmp_path / "count_panel.png").stat().st_size > 0
+    assert (tmp_path / "count_panel_members.png").stat().st_size > 0
 
 
 def test_unknown_panel_settings_are_refused(tmp_path) -> None:
