@@ -91,6 +91,8 @@ from cape.causal.postprocess import (
     AUTO_TAU_MAX,
     BUDGET_CELLS,
     BUDGET_FDR,
+    BUDGET_TEST,
+    BUDGET_TESTS,
     budget_rows,
     choose_tau,
     decoy_count,
@@ -211,8 +213,15 @@ def parse_tau(value: float | str) -> float | str:
     (the edge budget at that false discovery rate, e.g. ``"budget0.2"``), its pairs ranked as Step I's default ranks
     them (:data:`cape.causal.PAIR_RANKING`), or with a ranking's prefix (:data:`BUDGET_RANKINGS`): ``"fit-budget"``
     (the fit's heaviest weights alone, ``pair_ranking="fit"``), ``"consensus-budget"``, ``"shrunk-budget"``
-    (``pair_ranking="shrunk_partial_correlation"``), each also with a rate."""
+    (``pair_ranking="shrunk_partial_correlation"``), each also with a rate. A budget counted by another test than the
+    default (:data:`cape.causal.BUDGET_TESTS`) takes it as a suffix: ``"budget0.05:both"``."""
     text = str(value)
+    body, _, test = text.partition(":")
+    if test:
+        if test not in BUDGET_TESTS or "budget" not in body:
+            raise CapeInputError(f"a budget's test must be one of {', '.join(BUDGET_TESTS)}, after a budget "
+                                 f"threshold, got {text!r}")
+        return f"{parse_tau(body)}:{test}"
     if text in ("auto", "budget"):
         return text
     prefix = _ranking_prefix(text)
@@ -238,21 +247,26 @@ def _budget_fdr(tau: float | str) -> float | None:
     """The false discovery rate of a budget threshold (``None`` for the others)."""
     if not isinstance(tau, str):
         return None
-    body = tau.removeprefix(_ranking_prefix(tau))
+    body = tau.partition(":")[0].removeprefix(_ranking_prefix(tau))
     if not body.startswith("budget"):
         return None
     rate = body.removeprefix("budget")
     return BUDGET_FDR if rate == "" else float(rate)
 
 
-def _budget(X: np.ndarray, fdr: float, seed: int) -> int | None:
-    """cape's edge budget at ``fdr`` as :func:`cape.tl.causal_graph` counts it: by the default test, on at most the
+def _budget_test(tau: float | str) -> str:
+    """The test a budget threshold counts by: its ``:<test>`` suffix, else Step I's default."""
+    return str(tau).partition(":")[2] or BUDGET_TEST
+
+
+def _budget(X: np.ndarray, fdr: float, seed: int, test: str = BUDGET_TEST) -> int | None:
+    """cape's edge budget at ``fdr`` as :func:`cape.tl.causal_graph` counts it: by ``test``, on at most the
     default ``budget_cells`` cells, drawn with the fit's seed, less the pairs the test calls on the same cells with
     every gene permuted (:func:`cape.causal.decoy_count`, the fit's seed)."""
     rows = budget_rows(*X.shape, BUDGET_CELLS, seed)
     tested = X if rows is None else X[rows]
-    significant = edge_budget(tested, fdr)
-    return None if significant is None else max(significant - decoy_count(tested, fdr, seed=seed), 0)
+    significant = edge_budget(tested, fdr, test=test)
+    return None if significant is None else max(significant - decoy_count(tested, fdr, test, seed), 0)
 
 
 def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int) -> np.ndarray:
@@ -260,7 +274,7 @@ def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int
     significant pairs at its FDR and keeps that many pairs by its pair ranking (Step I's default, or the one its
     prefix names, :data:`BUDGET_RANKINGS`)."""
     fdr = _budget_fdr(tau)
-    budget = _budget(X, fdr, seed) if fdr is not None else None
+    budget = _budget(X, fdr, seed, _budget_test(tau)) if fdr is not None else None
     ranking = BUDGET_RANKINGS.get(_ranking_prefix(str(tau)), PAIR_RANKING)
     if budget is not None and ranking != "fit":
         chosen = budget_pairs(weights, budget, ranked_pairs(ranking, weights, partial_correlation_tests(X), X))
@@ -508,7 +522,8 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                             graphs[method], seconds, status = None, time.perf_counter() - start, "failed"
                         else:
                             # The same pairs' ranking cut at each budget's count, for a like-for-like comparison.
-                            graphs.update({f"{method}@τ{t}": _top_pairs(ranking, _budget(X, _budget_fdr(t), seed) or 0)
+                            graphs.update({f"{method}@τ{t}": _top_pairs(ranking, _budget(X, _budget_fdr(t), seed,
+                                                                                       _budget_test(t)) or 0)
                                            for t in taus if _budget_fdr(t) is not None})
                             status = "ok"
                     else:

@@ -257,7 +257,7 @@ def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undir
     records = bench_causal.run_causal_benchmark(out=tmp_path, settings=["tiny_grn"], n_seeds=1,
                                                 methods=["cape_default", "partial_correlation"],
                                                 taus=["budget", "budget0.5", 0.1, "fit-budget0.5",
-                                                      "shrunk-budget0.5"])
+                                                      "shrunk-budget0.5", "budget0.5:robust"])
     nnz = {r["method"]: r["value"] for r in records if r["metric"] == "nnz"}
     significant = {fdr: bench_causal.edge_budget(X, fdr) for fdr in (0.05, 0.3, 0.5)}
     # a budget rule counts as Step I does: less the pairs called on the permuted copy (at 50 % FDR, one here)
@@ -267,6 +267,9 @@ def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undir
     assert nnz["cape_default@τbudget0.5"] == counts[0.5]
     assert nnz["cape_default@τfit-budget0.5"] == counts[0.5]  # the fit's ranking alone keeps as many here
     assert nnz["cape_default@τshrunk-budget0.5"] == counts[0.5]  # and so does the shrunk partial correlations'
+    robust = bench_causal.edge_budget(X, 0.5, test="robust") - bench_causal.decoy_count(X, 0.5, "robust", seed=0)
+    assert nnz["cape_default@τbudget0.5:robust"] == robust   # a budget counted by the test its suffix names
+    assert nnz["partial_correlation@τbudget0.5:robust"] == 2 * robust
     assert nnz["partial_correlation"] == 2 * significant[0.05]  # the peer's own rule (plain BH), both directions
     assert nnz["partial_correlation@τbudget"] == 2 * counts[bench_causal.BUDGET_FDR]
     assert nnz["partial_correlation@τbudget0.5"] == 2 * counts[0.5]
@@ -275,7 +278,11 @@ def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undir
     assert bench_causal._budget_fdr("fit-budget0.2") == 0.2 and bench_causal._budget_fdr("fit-budget") == 0.05
     assert bench_causal.parse_tau("shrunk-budget") == "shrunk-budget"
     assert bench_causal._budget_fdr("consensus-budget0.1") == 0.1
-    for bad in ("budget1.5", "budgetx", "-1", "fit-0.1", "fit-budget2", "shrunk-0.1", "other-budget"):
+    assert bench_causal.parse_tau("shrunk-budget0.10:both") == "shrunk-budget0.1:both"
+    assert bench_causal._budget_fdr("budget0.2:both") == 0.2 and bench_causal._budget_test("budget:robust") == "robust"
+    assert bench_causal._budget_test("budget") == bench_causal.BUDGET_TEST
+    for bad in ("budget1.5", "budgetx", "-1", "fit-0.1", "fit-budget2", "shrunk-0.1", "other-budget", "budget:x",
+                "0.1:both", "auto:robust"):
         with pytest.raises(CapeInputError):
             bench_causal.parse_tau(bad)
 

@@ -28,7 +28,8 @@ def register(bench) -> None:
                         "discovery rate (e.g. budget0.2; the undirected peers get rows at each budget too, except "
                         "with --panel counts), 'auto' the positioning rule; a prefix names the budget's pair "
                         "ranking: 'fit-budget' (the fit's weights alone), 'consensus-budget', 'shrunk-budget' "
-                        "(the shrunk partial correlations)")
+                        "(the shrunk partial correlations); a suffix the budget's test: 'budget:robust', "
+                        "'budget0.2:fisher'")
     b.add_argument("--diagnose", action="store_true",
                    help=f"one experiment per suspected cause of cape's losses: methods {','.join(DIAGNOSE['methods'])} "
                         f"(unless --methods), thresholds {','.join(map(str, DIAGNOSE['taus']))} (unless --taus)")
