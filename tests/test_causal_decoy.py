@@ -50,9 +50,10 @@ def test_the_genes_are_permuted_apart():
 
 def test_fisher_calls_pairs_of_independent_sparse_genes_and_the_permuted_copy_as_many():
     X = _sparse_independent()
-    significant, decoy = edge_budget(X), decoy_count(X)
+    significant, decoy = edge_budget(X, test="fisher"), decoy_count(X, test="fisher")
     assert significant > 50 and decoy > 0.5 * significant  # the test's null does not fit genes seen in ~8 cells
     assert edge_budget(X, test="robust") == decoy_count(X, test="robust") == 0  # the robust test holds its level
+    assert edge_budget(X) == decoy_count(X) == 0  # and so does the default, where both tests must agree
 
 
 def test_where_the_test_fits_the_permuted_copy_calls_nothing():
@@ -61,12 +62,12 @@ def test_where_the_test_fits_the_permuted_copy_calls_nothing():
 
 
 def test_the_budget_counts_the_difference_and_warns_when_the_copy_calls_many(caplog):
-    config = CausalConfig()
+    config = CausalConfig(budget_test="fisher")
     X = _sparse_independent(rate=0.02)
     with caplog.at_level(logging.WARNING, logger="cape"):
         budget, record = edge_budget_for(X, None, config, seed=3)
-    assert record["n_pairs_significant"] == edge_budget(X)
-    assert record["n_pairs_permuted"] == decoy_count(X, seed=3)
+    assert record["n_pairs_significant"] == edge_budget(X, test="fisher")
+    assert record["n_pairs_permuted"] == decoy_count(X, test="fisher", seed=3)
     expected = record["n_pairs_significant"] - record["n_pairs_permuted"]
     assert record["n_pairs"] == max(expected, 0) and budget == (expected if expected > 0 else None)
     assert "permuted on its own" in caplog.text and "min_cells" in caplog.text

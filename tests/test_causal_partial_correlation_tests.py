@@ -16,7 +16,7 @@ from cape.causal import (
     partial_correlations,
     robust_partial_correlation_tests,
 )
-from cape.causal.postprocess import _bh_count
+from cape.causal.postprocess import BUDGET_TEST, _bh_count
 
 
 def _heteroscedastic_null(n: int, m: int, seed: int) -> np.ndarray:
@@ -58,6 +58,10 @@ def test_both_counts_a_pair_only_where_both_tests_call_it() -> None:
     _, both = budget_tests(X, "both")
     tested = np.isfinite(robust)
     np.testing.assert_array_equal(both[tested], np.maximum(fisher, robust)[tested])
+    # Fisher's tests made earlier (the screen's) are taken as they are, not made again
+    given = (budget_tests(X, "fisher")[0], np.full_like(fisher, 0.5))
+    assert budget_tests(X, "fisher", fisher=given) is given
+    np.testing.assert_array_equal(budget_tests(X, "both", fisher=given)[1][tested], np.maximum(0.5, robust)[tested])
     assert np.isnan(both[~tested]).all() and (~tested).sum() == 29   # the 29 pairs of gene 2
     for fdr in (0.05, 0.3):
         assert edge_budget(X, fdr, test="both") <= min(edge_budget(X, fdr), edge_budget(X, fdr, test="robust"))
@@ -132,7 +136,7 @@ def test_too_few_cells_and_unknown_test() -> None:
         edge_budget(np.random.default_rng(6).normal(size=(100, 3)), test="spearman")
     with pytest.raises(CapeInputError, match="budget_test must be one of both, robust, fisher, state, got 'spearman'"):
         CausalConfig(budget_test="spearman")
-    assert CausalConfig().budget_test == "fisher"
+    assert CausalConfig().budget_test == "both" == BUDGET_TEST
 
 
 def _mean_shift_null(n: int, m: int, seed: int) -> np.ndarray:

@@ -89,16 +89,17 @@ class CausalConfig:
         ``simulate_grn_cells`` with cell types, where cell-type programmes and dropout make many gene pairs co-vary;
         0.3 on ``simulate_grn_cells``' control cells (docs/benchmarks/count_panel.md, step1_counts.md).
     budget_test
-        How ``tau="budget"`` tests a pair (:func:`cape.causal.budget_tests`). ``"fisher"`` (default): Fisher's z on
-        every pair, which assumes one variance per gene; where cell types switch genes on and off it calls many
-        pairs of independent genes significant, so read the count as an edge budget, not a controlled rate.
-        ``"robust"``: a heteroscedasticity-robust (sandwich) test, on the pairs of genes whose variance rests on at
-        least 10 cells each (a gene detected in k cells: k; :func:`cape.causal.robust_partial_correlation_tests`);
-        too liberal on genes detected in few cells. ``"both"``: a pair counts where both tests call it significant;
-        it held the rate on every null tried, and keeps fewer edges, fewer true ones among them on the simulations
-        (docs/benchmarks/step1_counts.md). ``"state"``: Fisher's z with the cell states (Leiden clusters,
-        :func:`cape.causal.cell_states`) regressed out of every gene, so that genes which merely differ between cell
-        types do not count (:func:`cape.causal.state_partial_correlation_tests`).
+        How ``tau="budget"`` tests a pair (:func:`cape.causal.budget_tests`). ``"both"`` (default): a pair counts
+        where Fisher's z and the robust test both call it significant; it held the rate on every null tried.
+        ``"fisher"``: Fisher's z on every pair, which assumes one variance per gene; where cell types switch genes
+        on and off, or dropout makes a gene's spread change from cell to cell, it calls many pairs of independent
+        genes significant, so read its count as an edge budget, not a controlled rate (it keeps more edges, more
+        true ones among them on ``simulate_grn_cells`` at 2,000 genes). ``"robust"``: a heteroscedasticity-robust
+        (sandwich) test, on the pairs of genes whose variance rests on at least 10 cells each (a gene detected in
+        k cells: k; :func:`cape.causal.robust_partial_correlation_tests`); too liberal on genes detected in few
+        cells (docs/benchmarks/step1_counts.md, count_panel.md). ``"state"``: Fisher's z with the cell states
+        (Leiden clusters, :func:`cape.causal.cell_states`) regressed out of every gene, so that genes which merely
+        differ between cell types do not count (:func:`cape.causal.state_partial_correlation_tests`).
     pair_ranking
         Which gene pairs ``tau="budget"`` keeps (:mod:`cape.causal.pair_ranking`). ``"consensus"`` (default): the K
         pairs ranked highest by the fit's weight and by their partial correlation together (the mean of the two

@@ -208,8 +208,8 @@ def edge_budget_for(X, tests, config: CausalConfig, seed: int) -> tuple[int | No
             logger.info("tau='budget': the partial-correlation test counts on a random %d of the %d cells "
                         "(budget_cells=%d, at least 10 per gene)", rows.size, n_cells, config.budget_cells)
         tested = X if rows is None else X[rows]
-        if config.budget_test != "fisher" or rows is not None or tests is None:  # else: the screen's, on every cell
-            tests = budget_tests(tested, config.budget_test)
+        # The screen's Fisher tests were made on every cell: reused where the budget tests every cell too.
+        tests = budget_tests(tested, config.budget_test, fisher=tests if rows is None else None)
         significant = None if tests is None else edge_budget(tested, fdr, tests)
         decoy = decoy_count(tested, fdr, config.budget_test, seed) if significant else 0
         budget = None if significant is None else max(significant - decoy, 0)
