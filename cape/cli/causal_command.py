@@ -61,10 +61,10 @@ def register(commands) -> None:
                         help=f"Benjamini-Hochberg rate of the budget rule's partial-correlation test "
                              f"({CausalConfig.budget_fdr:g}); a lower rate keeps fewer, better-supported edges")
     parser.add_argument("--budget-test", choices=BUDGET_TESTS, default=CausalConfig.budget_test,
-                        help="how the budget rule tests a pair: 'fisher' (default): Fisher's z, too liberal where "
-                             "cell types switch genes on and off; 'robust': a sandwich test that allows each cell its "
-                             "own variance, on pairs of genes detected in at least 10 cells; 'both': the two must "
-                             "agree (holds its false discovery rate, keeps fewer edges)")
+                        help="how the budget rule tests a pair: 'both' (default): Fisher's z and the robust test "
+                             "must agree (holds its false discovery rate); 'fisher': Fisher's z, too liberal where "
+                             "cell types switch genes on and off (keeps more edges); 'robust': a sandwich test that "
+                             "allows each cell its own variance, on pairs of genes detected in at least 10 cells")
     parser.add_argument("--pair-ranking", choices=PAIR_RANKINGS, default=CausalConfig.pair_ranking,
                         help="which gene pairs the budget rule keeps: 'consensus' (default): those ranked highest by "
                              "the fit's weights and their partial correlations together; 'fit': the fit's heaviest "
