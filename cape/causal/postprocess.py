@@ -66,8 +66,7 @@ BUDGET_CELLS_PER_GENE = 10
 #: library size make a gene's spread change from cell to cell, it calls many pairs of independent genes significant.
 #: The robust test allows for that, but on genes detected in few cells its sandwich variance is too small; only the
 #: two together held the rate on every null tried, and on count simulators written by others they size the graph
-#: within twice the true network where Fisher's count keeps up to three times it, at the same F1
-#: (docs/benchmarks/count_panel.md).
+#: closer to the true network than Fisher's count, at the same F1 (docs/benchmarks/count_panel.md).
 BUDGET_TESTS = ("both", "robust", "fisher", "state")
 BUDGET_TEST = "both"
 #: Each test in words, for logs and reports.
