@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ from cape.causal import (
     is_dag,
     learn_causal_graph,
     make_dag,
+    pair_ranking_for,
     partial_correlations,
     ranked_pairs,
     shrunk_partial_correlations,
@@ -95,6 +97,20 @@ def test_pair_ranking_fit_is_the_k_heaviest_weights() -> None:
     assert graph.pair_scores is None  # A itself ranked the pairs
 
 
+def test_auto_ranks_by_consensus_only_where_cells_are_labelled_intervened() -> None:
+    mask = np.zeros((6, 3), dtype=bool)
+    assert pair_ranking_for("auto") == "shrunk_partial_correlation"
+    assert pair_ranking_for("auto", mask) == "shrunk_partial_correlation"  # labels given, every cell a control
+    mask[2, 1] = True
+    assert pair_ranking_for("auto", mask) == pair_ranking_for("auto", sp.csr_matrix(mask)) == "consensus"
+    for ranking in ("consensus", "fit", "shrunk_partial_correlation"):  # an explicit ranking stands for itself
+        assert pair_ranking_for(ranking) == pair_ranking_for(ranking, mask) == ranking
+    with pytest.raises(ValueError, match="unknown pair ranking"):
+        pair_ranking_for("borda")
+    with pytest.raises(ValueError, match="unresolved"):
+        ranked_pairs("auto", np.zeros((3, 3)), (np.triu_indices(3, 1), np.ones(3)), np.zeros((5, 3)))
+
+
 def test_the_pipeline_ranks_by_consensus_and_records_it() -> None:
     rng = np.random.default_rng(0)
     X = rng.normal(size=(400, 8))
@@ -103,7 +119,8 @@ def test_the_pipeline_ranks_by_consensus_and_records_it() -> None:
     X[:, 5] += 0.7 * X[:, 4]
     genes = np.array([f"g{i}" for i in range(8)])
     options = {"epochs": 5, "batch_size": 64, "edge_confidence": False, "min_positioned": 0}
-    graph = learn_causal_graph(X.astype(np.float32), genes, CausalConfig(**options), device="cpu", seed=0)
+    graph = learn_causal_graph(X.astype(np.float32), genes, CausalConfig(pair_ranking="consensus", **options),
+                               device="cpu", seed=0)
     fit_only = learn_causal_graph(X.astype(np.float32), genes, CausalConfig(pair_ranking="fit", **options),
                                   device="cpu", seed=0)
     shrunk_config = CausalConfig(pair_ranking="shrunk_partial_correlation", **options)
@@ -118,8 +135,17 @@ def test_the_pipeline_ranks_by_consensus_and_records_it() -> None:
         assert skeleton[0, 1] and skeleton[1, 2] and skeleton[4, 5]
     # the shrunk ranking's scores are the shrunk partial correlations' sizes
     np.testing.assert_allclose(shrunk.pair_scores, np.abs(shrunk_partial_correlations(X.astype(np.float32))), atol=1e-9)
-    with pytest.raises(CapeInputError, match="pair_ranking must be one of consensus, fit, shrunk_partial_correlation"):
+    with pytest.raises(CapeInputError, match="pair_ranking must be one of auto, consensus, fit, shrunk_partial"):
         CausalConfig(pair_ranking="borda")
+    # the default resolves by the labels: shrunk on observational cells, consensus once some cell is intervened on
+    default = learn_causal_graph(X.astype(np.float32), genes, CausalConfig(**options), device="cpu", seed=0)
+    assert default.record["edge_budget"]["pair_ranking"] == "shrunk_partial_correlation"
+    np.testing.assert_array_equal(default.dag, shrunk.dag)
+    intervened = np.zeros(X.shape, dtype=bool)
+    intervened[:40, 3] = True
+    labelled = learn_causal_graph(X.astype(np.float32), genes, CausalConfig(**options), intervened=intervened,
+                                  device="cpu", seed=0)
+    assert labelled.record["edge_budget"]["pair_ranking"] == "consensus"
 
 
 @settings(max_examples=20, deadline=None)
@@ -159,5 +185,5 @@ def test_ranked_pairs_per_ranking() -> None:
     np.testing.assert_array_equal(consensus[1], consensus_scores(A, pairs, p))
     shrunk = ranked_pairs("shrunk_partial_correlation", A, (pairs, p), X)
     np.testing.assert_allclose(shrunk[1], np.abs(shrunk_partial_correlations(X)[pairs]))
-    with pytest.raises(ValueError, match="unknown pair ranking 'borda'"):
+    with pytest.raises(ValueError, match="unknown or unresolved pair ranking 'borda'"):
         ranked_pairs("borda", A, (pairs, p), X)

@@ -259,8 +259,9 @@ def test_budget_keeps_as_many_edges_as_the_data_support(fitted, tmp_path) -> Non
     assert record["params"]["tau"] == "budget" and record["tau_rule"] == "budget"
     assert 5 <= k <= 7 and record["edge_budget"]["fdr"] == BUDGET_FDR == 0.05
     assert record["n_edges"] <= k and record["n_edges"] >= k - 2  # cycle breaking may drop a few
-    # the default ranks pairs by the fit and the partial correlations together: τ is the lightest kept weight
-    assert record["edge_budget"]["pair_ranking"] == "consensus"
+    # on unlabelled cells the default ranks pairs by their shrunk partial correlation: τ is the lightest kept weight
+    assert record["params"]["pair_ranking"] == "auto"
+    assert record["edge_budget"]["pair_ranking"] == "shrunk_partial_correlation"
     assert record["tau_used"] == pytest.approx(np.abs(a.varp["cape_dag"].data).min())
     causal_graph(a, min_positioned=0, pair_ranking="fit", **FAST)  # the fit's k heaviest weights alone
     assert a.uns["cape"]["causal_graph"]["tau_used"] == cape.causal.tau_for_edges(A, k)

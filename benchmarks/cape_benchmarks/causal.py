@@ -81,6 +81,7 @@ from cape.causal import (
     is_dag,
     make_dag,
     orient_by_shifts,
+    pair_ranking_for,
     ranked_pairs,
     shift_tests,
 )
@@ -269,13 +270,14 @@ def _budget(X: np.ndarray, fdr: float, seed: int, test: str = BUDGET_TEST) -> in
     return None if significant is None else max(significant - decoy_count(tested, fdr, test, seed), 0)
 
 
-def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int) -> np.ndarray:
+def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int, intervened=None) -> np.ndarray:
     """cape's graph at one threshold rule, as Step I's pipeline makes it: a budget rule counts the data's
-    significant pairs at its FDR and keeps that many pairs by its pair ranking (Step I's default, or the one its
-    prefix names, :data:`BUDGET_RANKINGS`)."""
+    significant pairs at its FDR and keeps that many pairs by its pair ranking (Step I's default, resolved by the
+    intervention mask the pipeline was given, ``intervened``, or the one its prefix names,
+    :data:`BUDGET_RANKINGS`)."""
     fdr = _budget_fdr(tau)
     budget = _budget(X, fdr, seed, _budget_test(tau)) if fdr is not None else None
-    ranking = BUDGET_RANKINGS.get(_ranking_prefix(str(tau)), PAIR_RANKING)
+    ranking = pair_ranking_for(BUDGET_RANKINGS.get(_ranking_prefix(str(tau)), PAIR_RANKING), intervened)
     if budget is not None and ranking != "fit":
         chosen = budget_pairs(weights, budget, ranked_pairs(ranking, weights, partial_correlation_tests(X), X))
         if chosen is not None:
@@ -507,9 +509,13 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
                     if method in CAPE_METHODS:
                         weights, seconds = _run_cape(method, X, seed, intervened)
                         status = "ok"
-                        graphs[method] = _thresholded(weights, X, CAPE_METHODS[method].get("tau", PAPER_TAU), seed)
+                        # the labels reach Step I's pipeline where the fit or the orientation uses them
+                        given = CAPE_METHODS[method].get("labels") or CAPE_METHODS[method].get("orient")
+                        labels = intervened if given else None
+                        graphs[method] = _thresholded(weights, X, CAPE_METHODS[method].get("tau", PAPER_TAU), seed,
+                                                      labels)
                         graphs.update({f"{method}@τ{t if isinstance(t, str) else f'{t:g}'}":
-                                       _thresholded(weights, X, t, seed) for t in taus})
+                                       _thresholded(weights, X, t, seed, labels) for t in taus})
                         if CAPE_METHODS[method].get("orient") and evidence is not None:
                             graphs = {k: orient_by_shifts(G, evidence).dag for k, G in graphs.items()}
                         ranking = weights

@@ -101,10 +101,12 @@ class CausalConfig:
         (Leiden clusters, :func:`cape.causal.cell_states`) regressed out of every gene, so that genes which merely
         differ between cell types do not count (:func:`cape.causal.state_partial_correlation_tests`).
     pair_ranking
-        Which gene pairs ``tau="budget"`` keeps (:mod:`cape.causal.pair_ranking`). ``"consensus"`` (default): the K
-        pairs ranked highest by the fit's weight and by their partial correlation together (the mean of the two
-        ranks), each in the fit's heavier direction with its weight; pairs the fit gives no weight are left out.
-        Neither ranking alone was better on every count simulator (docs/benchmarks/count_panel.md). ``"fit"``: the
+        Which gene pairs ``tau="budget"`` keeps (:mod:`cape.causal.pair_ranking`). ``"auto"`` (default):
+        ``"consensus"`` where the intervention labels name some cell as intervened on, ``"shrunk_partial_correlation"``
+        where every cell is observational (:func:`cape.causal.pair_ranking_for`; docs/benchmarks/count_panel.md).
+        ``"consensus"``: the K pairs ranked highest by the fit's weight and by their partial correlation together
+        (the mean of the two ranks), each in the fit's heavier direction with its weight; pairs the fit gives no
+        weight are left out. ``"fit"``: the
         K heaviest directed weights of the fit alone. ``"shrunk_partial_correlation"``: the K pairs with the largest
         Ledoit–Wolf shrunk partial correlation (:func:`cape.causal.shrunk_partial_correlations`), each in the fit's
         heavier direction with its weight. Either way the cycles left are broken afterwards.

@@ -12,6 +12,12 @@ high; the fit still orients every kept pair and gives it its weight.
 covariance of the standardised genes shrunk towards the identity by the Ledoit–Wolf rule, then inverted): the same
 quantity the budget's tests count, estimated with less variance where genes are nearly collinear, as dropouts and
 cell mixtures make them. The fit then only orients and weights the kept pairs.
+
+``"auto"`` (the default) picks between the two by what the data hold: the consensus where some cells carry
+intervention labels, the shrunk partial correlations where every cell is observational. Without interventions the
+fit's weights add to the partial correlations' ranking only the noise of a linear model fitted to nonlinear counts;
+with them the fit ranked better than the partial correlations on Sachs' labelled cells
+(docs/benchmarks/count_panel.md).
 """
 
 from __future__ import annotations
@@ -21,14 +27,26 @@ import scipy.sparse as sp
 from scipy.stats import rankdata
 from sklearn.covariance import LedoitWolf
 
-#: How ``tau="budget"`` ranks the gene pairs: ``"consensus"`` (the fit and the partial correlations together),
-#: ``"fit"`` (the fit's weights alone, the K heaviest directed weights) or ``"shrunk_partial_correlation"`` (the
-#: Ledoit–Wolf shrunk partial correlations alone, the fit orienting).
-PAIR_RANKINGS = ("consensus", "fit", "shrunk_partial_correlation")
-PAIR_RANKING = "consensus"
+#: How ``tau="budget"`` ranks the gene pairs: ``"auto"`` (:func:`pair_ranking_for`), ``"consensus"`` (the fit and
+#: the partial correlations together), ``"fit"`` (the fit's weights alone, the K heaviest directed weights) or
+#: ``"shrunk_partial_correlation"`` (the Ledoit–Wolf shrunk partial correlations alone, the fit orienting).
+PAIR_RANKINGS = ("auto", "consensus", "fit", "shrunk_partial_correlation")
+PAIR_RANKING = "auto"
 #: How each ranking chose the kept pairs, in words (reports and logs); the fit's own ranking needs none.
 PAIR_RANKING_WORDS = {"consensus": "the pairs ranked by the fit and the partial correlations together",
                       "shrunk_partial_correlation": "the pairs ranked by their shrunk partial correlation"}
+
+
+def pair_ranking_for(ranking: str, intervened=None) -> str:
+    """The ranking ``ranking`` stands for on data whose cells × genes intervention mask is ``intervened``: ``"auto"``
+    is ``"consensus"`` where some cell is labelled as intervened on and ``"shrunk_partial_correlation"`` where none
+    is (``intervened`` ``None`` or all False); any other ranking stands for itself."""
+    if ranking not in PAIR_RANKINGS:
+        raise ValueError(f"unknown pair ranking {ranking!r}")
+    if ranking != "auto":
+        return ranking
+    labelled = intervened is not None and bool((intervened != 0).sum())
+    return "consensus" if labelled else "shrunk_partial_correlation"
 
 
 def fit_pair_weights(A: np.ndarray, pairs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -70,9 +88,10 @@ def shrunk_partial_correlations(X) -> np.ndarray:
 def ranked_pairs(ranking: str, A: np.ndarray, tests: tuple | None, X) -> tuple[tuple, np.ndarray] | None:
     """The gene pairs ``(i, j)`` (i < j) and their scores (higher first) by which ``tau="budget"`` keeps pairs under
     ``ranking`` (:data:`PAIR_RANKINGS`); ``None`` where the fit's weights alone decide: ``"fit"``, or no partial
-    correlation ``tests`` ((pairs, p) on every cell, as the budget needs them)."""
-    if ranking not in PAIR_RANKINGS:
-        raise ValueError(f"unknown pair ranking {ranking!r}")
+    correlation ``tests`` ((pairs, p) on every cell, as the budget needs them). ``"auto"`` must be resolved first
+    (:func:`pair_ranking_for`)."""
+    if ranking not in PAIR_RANKINGS or ranking == "auto":
+        raise ValueError(f"unknown or unresolved pair ranking {ranking!r}")
     if ranking == "fit" or tests is None:
         return None
     pairs, p = tests

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -39,7 +39,7 @@ from .intervention_orientation import (
     orient_by_shifts,
     shift_tests,
 )
-from .pair_ranking import PAIR_RANKING_WORDS, pair_score_matrix, ranked_pairs, top_pairs_oriented
+from .pair_ranking import PAIR_RANKING_WORDS, pair_ranking_for, pair_score_matrix, ranked_pairs, top_pairs_oriented
 from .parents_mlp import fit_parents_mlp
 from .postprocess import (
     AUTO_TAU_FLOOR,
@@ -308,7 +308,7 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
                 "genes) by tau: %s", graph.n_edges, n_positioned, n_genes, at, tau_rule, graph.max_weight,
                 _format_scan(graph.scan))
     if tau_rule == "budget":
-        kept = (f"highest-scoring pairs ({PAIR_RANKING_WORDS[config.pair_ranking]})"
+        kept = (f"highest-scoring pairs ({PAIR_RANKING_WORDS.get(config.pair_ranking, 'as ranked')})"
                 if chosen_pairs is not None else "heaviest edges of the DAG")
         logger.info("tau='budget': %d gene pairs have a significant partial correlation (%s, BH %g): kept the "
                     "%d %s (lightest weight %.3g)", budget, BUDGET_TEST_NAMES[config.budget_test],
@@ -477,6 +477,7 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     seed = seed_everything(seed)
     fitted = fit(config, X, resolve_device(device), seed, intervened, candidates)
     budget, budget_record = edge_budget_for(X, tests, config, seed) if config.tau == "budget" else (None, None)
+    config = replace(config, pair_ranking=pair_ranking_for(config.pair_ranking, intervened))
     ranked = None
     if budget is not None and config.pair_ranking != "fit":
         if tests is None and X.shape[1] <= BUDGET_MAX_GENES:  # the screen was off: the same tests, on every cell

@@ -66,8 +66,10 @@ def register(commands) -> None:
                              "cell types switch genes on and off (keeps more edges); 'robust': a sandwich test that "
                              "allows each cell its own variance, on pairs of genes detected in at least 10 cells")
     parser.add_argument("--pair-ranking", choices=PAIR_RANKINGS, default=CausalConfig.pair_ranking,
-                        help="which gene pairs the budget rule keeps: 'consensus' (default): those ranked highest by "
-                             "the fit's weights and their partial correlations together; 'fit': the fit's heaviest "
+                        help="which gene pairs the budget rule keeps: 'auto' (default): 'consensus' where "
+                             "--interventions names intervened cells, else 'shrunk_partial_correlation'; 'consensus': "
+                             "those ranked highest by the fit's weights and their partial correlations together; "
+                             "'fit': the fit's heaviest "
                              "weights alone; 'shrunk_partial_correlation': those with the largest Ledoit-Wolf shrunk "
                              "partial correlation, in the fit's direction")
     parser.add_argument("--budget-cells", type=_budget_cells, default=CausalConfig.budget_cells,
