@@ -64,14 +64,18 @@ def test_a_pair_counts_by_both_rankings() -> None:
     assert np.argmax(np.abs(A)) == 1 and np.argmin(p) == 5
 
 
-def test_kept_pairs_point_the_fits_way_with_its_weight_and_unweighted_pairs_are_left_out() -> None:
+def test_kept_pairs_point_the_fits_way_with_its_weight_and_unweighted_pairs_give_way() -> None:
     A = np.zeros((3, 3))
     A[1, 0], A[0, 1] = -0.4, 0.1  # the fit prefers 1 → 0
     A[1, 2] = 0.005  # below the noise floor
+    A[2, 0] = 0.3
     pairs = np.triu_indices(3, 1)
     scores = np.array([0.9, 0.1, 0.8])  # (0,1) (0,2) (1,2)
     chosen = top_pairs_oriented(A, pairs, scores, 2, AUTO_TAU_FLOOR)
-    assert chosen[1, 0] == -0.4 and np.count_nonzero(chosen) == 1  # (1, 2) has no weight above the floor
+    # (1, 2) has no weight above the floor: the next pair, (0, 2), takes its place, as 2 → 0
+    assert chosen[1, 0] == -0.4 and chosen[2, 0] == 0.3 and np.count_nonzero(chosen) == 2
+    assert np.count_nonzero(top_pairs_oriented(A, pairs, scores, 1, AUTO_TAU_FLOOR)) == 1
+    assert np.count_nonzero(top_pairs_oriented(A, pairs, scores, 3, AUTO_TAU_FLOOR)) == 2  # only two are weighted
     assert np.count_nonzero(top_pairs_oriented(A, pairs, scores, 0, AUTO_TAU_FLOOR)) == 0
 
 
@@ -84,8 +88,10 @@ def test_the_budget_graph_is_a_dag_of_at_most_k_pairs_ranked_by_both(m: int, see
     kept = np.triu((graph.dag != 0) | (graph.dag != 0).T, 1)
     assert kept.sum() <= k
     scores = graph.pair_scores[pairs]
-    if kept.sum():  # every kept pair scores at least as high as the k-th best pair
-        assert scores[kept[pairs]].min() >= np.sort(scores)[::-1][min(k, scores.size) - 1]
+    weighted = np.maximum(np.abs(A[pairs]), np.abs(A.T[pairs])) > AUTO_TAU_FLOOR
+    if kept.sum():  # every kept pair scores at least as high as the k-th best pair the fit weights
+        eligible = np.sort(scores[weighted])[::-1]
+        assert scores[kept[pairs]].min() >= eligible[min(k, eligible.size) - 1]
     assert np.all(np.abs(graph.dag[graph.dag != 0]) > AUTO_TAU_FLOOR)
 
 

@@ -105,11 +105,11 @@ class CausalConfig:
         ``"consensus"`` where the intervention labels name some cell as intervened on, ``"shrunk_partial_correlation"``
         where every cell is observational (:func:`cape.causal.pair_ranking_for`; docs/benchmarks/count_panel.md).
         ``"consensus"``: the K pairs ranked highest by the fit's weight and by their partial correlation together
-        (the mean of the two ranks), each in the fit's heavier direction with its weight; pairs the fit gives no
-        weight are left out. ``"fit"``: the
-        K heaviest directed weights of the fit alone. ``"shrunk_partial_correlation"``: the K pairs with the largest
+        (the mean of the two ranks), each in the fit's heavier direction with its weight. ``"fit"``: the K heaviest
+        directed weights of the fit alone. ``"shrunk_partial_correlation"``: the K pairs with the largest
         Ledoit–Wolf shrunk partial correlation (:func:`cape.causal.shrunk_partial_correlations`), each in the fit's
-        heavier direction with its weight. Either way the cycles left are broken afterwards.
+        heavier direction with its weight. Under both rankings a pair the fit gives no weight above the noise floor
+        is passed over for the next one; either way the cycles left are broken afterwards.
     budget_cells
         The most cells ``tau="budget"``'s test counts on: max(``budget_cells``, 10 · genes), drawn at random with
         the fit's seed (:func:`cape.causal.budget_rows`); default 2,000 (:data:`cape.causal.BUDGET_CELLS`, the size

@@ -109,17 +109,19 @@ def pair_score_matrix(n_genes: int, pairs: tuple[np.ndarray, np.ndarray], scores
 
 def top_pairs_oriented(A: np.ndarray, pairs: tuple[np.ndarray, np.ndarray], scores: np.ndarray, k: int,
                        floor: float) -> np.ndarray:
-    """The ``k`` best-scoring pairs as directed edges with the fit's weights (before cycles are broken).
+    """The ``k`` best-scoring pairs that the fit weights above ``floor``, as directed edges with the fit's weights
+    (before cycles are broken).
 
     Each kept pair points the way of its heavier fitted weight (ties: i → j) and keeps that weight. A pair whose
-    heavier weight is at or below ``floor`` is left out: the fit gives it no equation, so it would be an edge
-    without a direction or a weight. Ties in score go to the heavier fitted weight.
+    heavier weight is at or below ``floor`` is passed over and the next-ranked pair takes its place: the fit gives
+    it no equation, so it would be an edge without a direction or a weight, and the budget counts pairs the data
+    support, not ranks. Ties in score go to the heavier fitted weight.
     """
     A = np.asarray(A)
     i, j = pairs
     weight = fit_pair_weights(A, pairs)
-    order = np.lexsort((-weight, -np.asarray(scores)))[:max(int(k), 0)]
-    order = order[weight[order] > floor]
+    order = np.lexsort((-weight, -np.asarray(scores)))
+    order = order[weight[order] > floor][:max(int(k), 0)]
     a, b = i[order], j[order]
     forward = np.abs(A[a, b]) >= np.abs(A[b, a])
     source, target = np.where(forward, a, b), np.where(forward, b, a)
