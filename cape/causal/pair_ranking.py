@@ -14,9 +14,9 @@ quantity the budget's tests count, estimated with less variance where genes are 
 cell mixtures make them. The fit then only orients and weights the kept pairs.
 
 ``"auto"`` (the default) picks between the two by what the data hold: the consensus where some cells carry
-intervention labels, the shrunk partial correlations where every cell is observational. Without interventions the
-fit's weights add to the partial correlations' ranking only the noise of a linear model fitted to nonlinear counts;
-with them the fit ranked better than the partial correlations on Sachs' labelled cells
+intervention labels, the shrunk partial correlations where every cell is observational. On observational count
+simulators the shrunk partial correlations ranked at least as well as the consensus; on Sachs' cells, pooled over
+interventions, the consensus ranked better, with the labels and also without them, which the rule cannot tell
 (docs/benchmarks/count_panel.md).
 """
 
