@@ -7,7 +7,15 @@ import pytest
 import scipy.sparse as sp
 
 from cape import CapeInputError
-from cape.causal import SOLID_CONFIDENCE, CausalConfig, cell_states, edge_confidence, edge_tests, learn_causal_graph
+from cape.causal import (
+    SOLID_CONFIDENCE,
+    CausalConfig,
+    cell_states,
+    edge_confidence,
+    edge_order,
+    edge_tests,
+    learn_causal_graph,
+)
 
 
 def _mixture(n: int = 800, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +68,7 @@ def test_the_t_statistic_is_the_partial_correlations_given_states_and_other_pare
     X = rng.normal(size=(n, 4))
     X[:, 3] += 0.4 * X[:, 0] - 0.3 * X[:, 1]
     states = rng.integers(0, 3, n)
-    t, p = edge_tests(X, _dag(4, [(0, 3), (1, 3), (2, 3)]), states)
+    t, p, partial = edge_tests(X, _dag(4, [(0, 3), (1, 3), (2, 3)]), states)
     covariates = np.column_stack([np.ones(n), states == 1, states == 2, X[:, 1], X[:, 2]]).astype(float)
 
     def residual(v):
@@ -70,17 +78,19 @@ def test_the_t_statistic_is_the_partial_correlations_given_states_and_other_pare
     r = e0 @ e3 / np.sqrt((e0 @ e0) * (e3 @ e3))
     df = n - covariates.shape[1] - 1
     assert t[0, 3] == pytest.approx(r * np.sqrt(df / (1 - r * r)), rel=1e-8)
+    assert partial[0, 3] == pytest.approx(r, rel=1e-8)  # the stored size is that partial correlation itself
+    assert np.all(np.abs(partial) <= 1) and partial[0, 1] == 0
     assert 0 <= p[2, 3] <= 1 and p[0, 3] < 1e-6
 
 
 def test_rescaling_a_parent_leaves_its_test_alone_and_a_sign_flip_flips_t() -> None:
     X, types = _mixture(300, seed=3)
     dag = _dag(X.shape[1], [(0, 2), (1, 2)])
-    t, _ = edge_tests(X, dag, types)
+    t, _, _ = edge_tests(X, dag, types)
     scaled = X.copy()
     scaled[:, 0] *= -7.5
     scaled[:, 0] += 3.0
-    t2, _ = edge_tests(scaled, dag, types)
+    t2, _, _ = edge_tests(scaled, dag, types)
     assert t2[0, 2] == pytest.approx(-t[0, 2], rel=1e-8)
     assert t2[1, 2] == pytest.approx(t[1, 2], rel=1e-8)
 
@@ -92,8 +102,8 @@ def test_a_childs_intervened_cells_are_left_out_of_its_test() -> None:
     intervened[:100, 2] = True
     X_set = X.copy()
     X_set[:100, 2] = 0.0  # a knock-out sets the child from outside: those cells say nothing about a → c
-    with_mask, _ = edge_tests(X_set, dag, types, sp.csr_matrix(intervened))
-    kept_only, _ = edge_tests(X_set[100:], dag, types[100:])
+    with_mask, _, _ = edge_tests(X_set, dag, types, sp.csr_matrix(intervened))
+    kept_only, _, _ = edge_tests(X_set[100:], dag, types[100:])
     assert with_mask[0, 2] == pytest.approx(kept_only[0, 2], rel=1e-10)
 
 
@@ -128,9 +138,13 @@ def test_the_pipeline_and_tl_store_the_confidence_beside_the_graph() -> None:
     stored = adata.varp["cape_dag_confidence"]
     assert (stored != 0).nnz <= adata.varp["cape_dag"].nnz
     np.testing.assert_array_equal(np.sort(stored.indices), np.sort(adata.varp["cape_dag"].indices))
+    partial = adata.varp["cape_dag_partial_correlation"]
+    np.testing.assert_array_equal(np.sort(partial.indices), np.sort(adata.varp["cape_dag"].indices))
+    np.testing.assert_allclose(partial.toarray(), result.partial_correlation, atol=1e-6)
     assert "edge_confidence" in adata.uns["cape"]["causal_graph"]
     cape.tl.causal_graph(adata, config, edge_confidence=False)
     assert "cape_dag_confidence" not in adata.varp and "edge_confidence" not in adata.uns["cape"]["causal_graph"]
+    assert "cape_dag_partial_correlation" not in adata.varp
 
 
 def test_drop_guesses_removes_exactly_the_edges_below_solid() -> None:
@@ -143,6 +157,7 @@ def test_drop_guesses_removes_exactly_the_edges_below_solid() -> None:
     dropped = learn_causal_graph(X, genes, CausalConfig(epochs=5, min_positioned=0, tau=0.05, drop_guesses=True),
                                  seed=0)
     np.testing.assert_array_equal(dropped.dag, np.where(guesses, 0.0, kept.dag))
+    assert np.all(dropped.partial_correlation[dropped.dag == 0] == 0)
     assert dropped.record["edge_confidence"]["n_dropped_guesses"] == int(guesses.sum())
     assert dropped.record["n_edges"] == int(np.count_nonzero(dropped.dag))
     with pytest.raises(CapeInputError, match="drop_guesses needs edge_confidence"):
@@ -162,7 +177,7 @@ def test_within_state_centring_gives_the_full_regressions_t() -> None:
     intervened[states == 2, 3] = True  # child 3 loses state 2 entirely
     intervened[:30, 4] = True
     dag = _dag(5, [(0, 3), (1, 3), (2, 3), (3, 4), (0, 4)])
-    t, _ = edge_tests(X, dag, states, intervened)
+    t, _, _ = edge_tests(X, dag, states, intervened)
     for j, parents in ((3, [0, 1, 2]), (4, [0, 3])):
         keep = ~intervened[:, j]
         levels = np.unique(states[keep])
@@ -172,3 +187,27 @@ def test_within_state_centring_gives_the_full_regressions_t() -> None:
         df = keep.sum() - design.shape[1]
         se = np.sqrt(np.diag(np.linalg.inv(design.T @ design)) * (residual @ residual) / df)
         np.testing.assert_allclose(t[parents, j], (beta / se)[-len(parents):], rtol=1e-9)
+
+
+def test_edge_order_ranks_by_confidence_then_by_the_partial_correlations_size() -> None:
+    confidence = np.array([1.0, 1.0, 0.97, 0.2, 1.0])
+    partial = np.array([0.3, -0.6, 0.9, 0.95, 0.3])
+    rank = edge_order(confidence, partial)
+    assert rank[1] > rank[0] == rank[4] > rank[2] > rank[3]  # a confidence outranks any size; equal pairs tie
+    grid = edge_order(confidence.reshape(5, 1), partial.reshape(5, 1))
+    np.testing.assert_array_equal(grid.ravel(), rank)
+    with pytest.raises(CapeInputError, match="partial correlations"):
+        edge_order(confidence, partial[:3])
+
+
+def test_the_confidence_ties_that_the_partial_correlation_orders() -> None:
+    """Many cells drive strong edges' q below float precision: their confidences tie at 1, their sizes do not."""
+    rng = np.random.default_rng(8)
+    n = 3000
+    X = rng.normal(size=(n, 4))
+    X[:, 3] += 0.9 * X[:, 0] + 0.5 * X[:, 1]
+    result = edge_confidence(X, _dag(4, [(0, 3), (1, 3), (2, 3)]), states=np.zeros(n))
+    assert result.confidence[0, 3] == result.confidence[1, 3] == 1.0
+    assert abs(result.partial_correlation[0, 3]) > abs(result.partial_correlation[1, 3]) > 0.3
+    rank = edge_order(result.confidence, result.partial_correlation)
+    assert rank[0, 3] > rank[1, 3] > rank[2, 3]

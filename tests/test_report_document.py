@@ -99,7 +99,15 @@ def test_report_lists_the_strongest_edges_with_their_confidence(trained_adata, t
     table = text.split("## Strongest edges")[1]
     assert f"| {genes[0]} | {genes[1]} | +0.9 | 1.000 | solid |" in table
     assert f"| {genes[1]} | {genes[4]} | +0.2 | 0.400 | guess |" in table
-    assert table.index(genes[3]) < table.index(genes[4])  # heaviest first
-    del adata.varp["cape_dag_confidence"]
+    assert table.index(genes[3]) < table.index(genes[4])  # the more confident first
+    assert "| partial r |" not in table
+    # equal confidences are ordered by the partial correlation's size, not by weight
+    adata.varp["cape_dag_partial_correlation"] = sp.csr_matrix(np.where(dag == -0.5, -0.6, np.where(dag != 0, 0.3, 0)))
+    table = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text().split(
+        "## Strongest edges")[1]
+    assert f"| {genes[2]} | {genes[3]} | -0.5 | -0.60 | 1.000 | solid |" in table
+    assert table.index(f"| {genes[2]} | {genes[3]} |") < table.index(f"| {genes[0]} | {genes[1]} |")
+    assert table.index(f"| {genes[0]} | {genes[1]} |") < table.index(f"| {genes[1]} | {genes[4]} |")
+    del adata.varp["cape_dag_confidence"], adata.varp["cape_dag_partial_correlation"]
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert "(no confidence stored)" in text

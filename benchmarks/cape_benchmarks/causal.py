@@ -76,6 +76,7 @@ from cape.causal import (
     CausalConfig,
     descendant_evidence,
     edge_confidence,
+    edge_order,
     fit_parents_mlp,
     fit_variational_notears,
     is_dag,
@@ -445,23 +446,44 @@ def _run_cape(method: str, X: np.ndarray, seed: int, intervened=None) -> tuple[n
 
 
 #: Scores of Step I's edge confidence among a cape graph's kept edges (skeleton truth: an edge is right when its
-#: pair is linked either way): the kept edges' precision (a random ranking's AUPRC), the confidence's AUPRC, and
-#: the share of the gap from the first to 1 that it closes.
-CONFIDENCE_METRICS = ("kept_precision", "confidence_auprc", "confidence_gap_closed")
+#: pair is linked either way): the kept edges' precision (a random ranking's AUPRC), the confidence's AUPRC and the
+#: share of the gap from the first to 1 that it closes; ``ordered_*``: the same for the order of
+#: :func:`cape.causal.edge_order` (the confidence, its ties broken by the partial correlation's size).
+CONFIDENCE_METRICS = ("kept_precision", "confidence_auprc", "confidence_gap_closed", "ordered_confidence_auprc",
+                      "ordered_confidence_gap_closed")
+
+
+def kept_edge_scores(truth: np.ndarray, dag: np.ndarray, confidence: np.ndarray | None,
+                     partial_correlation: np.ndarray | None = None) -> dict[str, float]:
+    """:data:`CONFIDENCE_METRICS` of ``confidence`` (M×M) on the edges of ``dag``: ``kept_precision`` alone without
+    a confidence or where every kept edge is right or wrong (nothing to rank), ``{}`` without edges; the ``ordered_``
+    pair with ``partial_correlation``."""
+    rows, cols = np.nonzero(dag)
+    if not rows.size:
+        return {}
+    right = ((truth != 0) | (truth != 0).T)[rows, cols]
+    precision = float(right.mean())
+    out = {"kept_precision": precision}
+    if confidence is None or right.all() or not right.any():
+        return out
+    rankings = {"confidence": confidence[rows, cols]}
+    if partial_correlation is not None:
+        rankings["ordered_confidence"] = edge_order(confidence[rows, cols], partial_correlation[rows, cols])
+    for name, score in rankings.items():
+        auprc = float(average_precision_score(right, score))
+        out |= {f"{name}_auprc": auprc, f"{name}_gap_closed": (auprc - precision) / (1.0 - precision)}
+    return out
 
 
 def confidence_scores(truth: np.ndarray, W: np.ndarray, X: np.ndarray, intervened, seed: int) -> dict[str, float]:
     """:data:`CONFIDENCE_METRICS` of :func:`cape.causal.edge_confidence` on the graph ``W`` (empty without edges or
     without both right and wrong edges)."""
-    rows, cols = np.nonzero(W)
     linked = (truth != 0) | (truth != 0).T
-    right = linked[rows, cols]
+    right = linked[np.nonzero(W)]
     if right.all() or not right.any():
         return {}
-    confidence = edge_confidence(X, W, intervened=intervened, seed=seed).confidence[rows, cols]
-    precision, auprc = float(right.mean()), float(average_precision_score(right, confidence))
-    return {"kept_precision": precision, "confidence_auprc": auprc,
-            "confidence_gap_closed": (auprc - precision) / (1.0 - precision)}
+    result = edge_confidence(X, W, intervened=intervened, seed=seed)
+    return kept_edge_scores(truth, W, result.confidence, result.partial_correlation)
 
 
 def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
@@ -590,7 +612,7 @@ def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,
 def _median_table(records: list[dict],
                   metrics: tuple[str, ...] = ("shd", "f1", "skeleton_f1", "auprc", "epr", "f1_labels_ceiling", "nnz",
                                              "kept_precision", "confidence_auprc", "confidence_gap_closed",
-                                             "seconds")) -> str:
+                                             "ordered_confidence_gap_closed", "seconds")) -> str:
     """Markdown table of the median over seeds of ``metrics`` per setting, input and method (finished runs)."""
 
     frame = pd.DataFrame([r for r in records if r["metric"] in metrics and r.get("status", "ok") == "ok"])

@@ -51,7 +51,7 @@ from cape.data.perturbation_data import random_dag
 from cape.pp import preprocess
 
 from .boolode import simulate_boolode
-from .causal import _budget, _run_undirected, _thresholded, _top_directed, _top_pairs, skeleton_f1
+from .causal import _budget, _run_undirected, _thresholded, _top_directed, _top_pairs, kept_edge_scores, skeleton_f1
 from .peers import run_peer
 from .sergio import simulate_sergio
 
@@ -83,7 +83,8 @@ EXTRA_METHODS = ("dagma_linear", "cape_state_budget")
 #: Step I's options of each cape method (``cape_state_budget``: the edge budget counted within cell states).
 CAPE_METHODS = {"cape_default": {}, "cape_state_budget": {"budget_test": "state"}}
 METRICS = ("skeleton_f1", "f1", "skeleton_auprc", "auprc", "kept", "true_edges", "kept_precision",
-           "confidence_auprc", "confidence_gap_closed", "seconds")
+           "confidence_auprc", "confidence_gap_closed", "ordered_confidence_auprc", "ordered_confidence_gap_closed",
+           "seconds")
 
 
 def panel_settings(members: tuple[str, ...] = MEMBERS) -> dict[str, dict]:
@@ -176,17 +177,6 @@ def skeleton_auprc(truth: np.ndarray, scores: np.ndarray) -> float:
     return float(average_precision_score(labels, np.maximum(S, S.T)[upper])) if labels.any() else float("nan")
 
 
-def _confidence_scores(truth: np.ndarray, dag: np.ndarray, confidence: np.ndarray | None) -> dict[str, float]:
-    rows, cols = np.nonzero(dag)
-    right = ((truth != 0) | (truth != 0).T)[rows, cols]
-    out = {"kept_precision": float(right.mean())} if rows.size else {}
-    if confidence is not None and rows.size and 0 < right.sum() < rows.size:
-        auprc = float(average_precision_score(right, confidence[rows, cols]))
-        out |= {"confidence_auprc": auprc,
-                "confidence_gap_closed": (auprc - out["kept_precision"]) / (1.0 - out["kept_precision"])}
-    return out
-
-
 def _run_method(method: str, X: np.ndarray, truth: np.ndarray, seed: int, budget: float,
                 epochs: int | None) -> tuple[np.ndarray | None, np.ndarray | None, float, str, dict]:
     """One method on X: (graph, every pair's score or None, seconds, status, extra scores). For Step I the score is
@@ -198,7 +188,8 @@ def _run_method(method: str, X: np.ndarray, truth: np.ndarray, seed: int, budget
         config = CausalConfig(**CAPE_METHODS[method], **({} if epochs is None else {"epochs": epochs}))
         genes = np.array([f"g{i}" for i in range(X.shape[1])])
         graph = learn_causal_graph(X.astype(np.float32), genes, config, device="cpu", seed=seed)
-        extra = {**_confidence_scores(truth, graph.dag, graph.confidence), "weights": graph.fit.adjacency}
+        extra = {**kept_edge_scores(truth, graph.dag, graph.confidence, graph.partial_correlation),
+                 "weights": graph.fit.adjacency}
         A = np.abs(graph.fit.adjacency)
         scores = np.maximum(A, A.T) if graph.pair_scores is None else graph.pair_scores
         return graph.dag, np.where(A >= A.T, scores, 0.0), time.perf_counter() - start, "ok", extra
@@ -295,7 +286,8 @@ def write_panel_outputs(records: list[dict], out: str | Path, quick: bool = Fals
     save_figure(panel_figure(records, by="member"), out / "count_panel_members.png")
 
 
-TABLE_METRICS = ("skeleton_f1", "f1", "skeleton_auprc", "kept", "true_edges", "confidence_gap_closed", "seconds")
+TABLE_METRICS = ("skeleton_f1", "f1", "skeleton_auprc", "kept", "true_edges", "confidence_gap_closed",
+                 "ordered_confidence_gap_closed", "seconds")
 
 
 def _median_rows(frame: pd.DataFrame, key: str) -> list[list[str]]:
@@ -319,7 +311,9 @@ def panel_report(records: list[dict], quick: bool, size: dict) -> str:
             f"{size['n_cells']} cells, {size['n_genes']} genes ({size['n_edges']} true edges; bn_counts: its network); "
             f"seeds per setting: {seeds}. `kept`: gene pairs kept (either direction); "
             "`skeleton_auprc`: every unordered pair ranked by the method's score; `confidence_gap_closed`: (AUPRC "
-            "of Step I's edge confidence among its kept edges − their precision) / (1 − their precision).\n\n"
+            "of Step I's edge confidence among its kept edges − their precision) / (1 − their precision); "
+            "`ordered_confidence_gap_closed`: the same for the confidence's ties broken by the size of the partial "
+            "correlation (`cape.causal.edge_order`).\n\n"
             "## Median per member\n\n" + markdown_table(header, _median_rows(frame, "member")) +
             "\n\n## Median per setting\n\n" + markdown_table(setting_header, _median_rows(frame, "setting")) +
             "\n\n## Settings\n\n" + "\n".join(f"- `{s}`: {p}" for s, p in params.items()) + "\n"

@@ -560,4 +560,24 @@ def test_confidence_scores_rank_a_regulation_above_a_shared_cell_type():
     scores = confidence_scores(truth, W, X, None, seed=0)
     assert scores["kept_precision"] == 0.5
     assert scores["confidence_auprc"] == 1.0 and scores["confidence_gap_closed"] == 1.0
+    assert scores["ordered_confidence_gap_closed"] == 1.0
     assert confidence_scores(truth, truth, X, None, seed=0) == {}  # every kept edge right: nothing to rank
+
+
+def test_kept_edge_scores_break_the_confidences_ties_by_the_partial_correlation():
+    import numpy as np
+
+    from cape_benchmarks.causal import kept_edge_scores
+
+    truth, dag = np.zeros((4, 4)), np.zeros((4, 4))
+    truth[0, 1] = truth[2, 3] = 1.0
+    dag[0, 1] = dag[1, 2] = dag[3, 2] = 1.0  # two right (0–1, 3–2 reversed), one wrong
+    confidence = np.where(dag != 0, 1.0, 0.0)  # all tied: the confidence ranks like chance
+    partial = np.zeros((4, 4))
+    partial[0, 1], partial[3, 2], partial[1, 2] = 0.5, -0.4, 0.1
+    scores = kept_edge_scores(truth, dag, confidence, partial)
+    assert scores["kept_precision"] == np.float64(2 / 3) and scores["confidence_gap_closed"] == 0.0
+    assert scores["ordered_confidence_auprc"] == 1.0 and scores["ordered_confidence_gap_closed"] == 1.0
+    assert set(kept_edge_scores(truth, dag, confidence)) == {"kept_precision", "confidence_auprc",
+                                                             "confidence_gap_closed"}
+    assert kept_edge_scores(truth, np.zeros((4, 4)), confidence) == {}

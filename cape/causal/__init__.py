@@ -17,7 +17,7 @@ from .acyclicity_penalty import (
     trace_expm,
 )
 from .causal_config import CausalConfig, NotearsConfig
-from .confidence import SOLID_CONFIDENCE, EdgeConfidence, cell_states, edge_confidence, edge_tests
+from .confidence import SOLID_CONFIDENCE, EdgeConfidence, cell_states, edge_confidence, edge_order, edge_tests
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
 from .intervention_orientation import Orientation, descendant_evidence, orient_by_shifts, shift_tests
 from .model import ElementwiseMLP, VariationalNotears
@@ -100,6 +100,7 @@ __all__ = [
     "descendants",
     "edge_budget",
     "edge_confidence",
+    "edge_order",
     "edge_tests",
     "equivalence_class_effects",
     "fit_parents_mlp",

@@ -10,6 +10,10 @@ coefficient gives a two-sided p-value, Benjamini–Hochberg turns the kept edges
 confidence is 1 − q. An edge at confidence ≥ :data:`SOLID_CONFIDENCE` is *solid*; the rest are guesses that the
 data, once cell states are accounted for, do not support at that rate.
 
+With thousands of cells many edges reach q below float precision and share confidence 1: significance no longer tells
+them apart. The same regression gives each edge's size, the partial correlation of x_i and x_j given j's other parents
+and the cell state (t / √(t² + df)), which orders the edges the confidence ties (:func:`edge_order`).
+
 What it does not catch: a dependence that the cell states do not explain but that another gene does (a parent the
 graph missed, whose child and sibling then look linked). The test is linear, so a regulation that saturates loses
 some power.
@@ -28,7 +32,8 @@ from sklearn.neighbors import kneighbors_graph
 
 from .._errors import CapeInputError
 
-__all__ = ["SOLID_CONFIDENCE", "STATE_RESOLUTION", "EdgeConfidence", "cell_states", "edge_confidence", "edge_tests"]
+__all__ = ["SOLID_CONFIDENCE", "STATE_RESOLUTION", "EdgeConfidence", "cell_states", "edge_confidence", "edge_order",
+           "edge_tests"]
 
 #: Leiden resolution of the cell states: coarse, so that states are cell types rather than sub-states that the
 #: regulation itself draws (finer clusters of one population split along the genes' own variation and remove the
@@ -54,6 +59,9 @@ class EdgeConfidence:
         M × M two-sided p-values of the edges' tests (NaN off the edges and where a test had no degrees of freedom).
     t
         M × M t statistics of the edges' tests (0 off the edges).
+    partial_correlation
+        M × M partial correlations of the edges' cause and child given the child's other parents and the cell state,
+        in [−1, 1] (0 off the edges): the size of the dependence whose significance the confidence states.
     states
         The cell state of every cell (integers from 0).
     record
@@ -63,6 +71,7 @@ class EdgeConfidence:
     confidence: np.ndarray
     p_value: np.ndarray
     t: np.ndarray
+    partial_correlation: np.ndarray
     states: np.ndarray
     record: dict = field(default_factory=dict)
 
@@ -88,15 +97,17 @@ def cell_states(X, *, resolution: float = STATE_RESOLUTION, n_pcs: int = STATE_P
 
 
 def edge_tests(X, dag: np.ndarray, states: np.ndarray | None = None, intervened=None
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """t statistics and two-sided p-values of every edge i → j of ``dag`` in the regression of x_j on its parents.
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """t statistics, two-sided p-values and partial correlations of every edge i → j of ``dag`` in the regression of
+    x_j on its parents.
 
     The regression has an intercept, one indicator per state of ``states`` (``None``: one state) and every parent of
     j in ``dag``; it runs on the cells where j is not ``intervened`` on (a cells × genes boolean matrix, dense or
     sparse, or ``None``). The intercept and indicators are absorbed by centring x_j and its parents within each state
     (Frisch–Waugh–Lovell: the parents' coefficients, the residuals and their covariance are those of the full
-    regression), so each child costs one least-squares fit on its parents alone. Returns two M × M arrays: t (0 off
-    the edges) and p (NaN off the edges, and where the cells leave no degrees of freedom).
+    regression), so each child costs one least-squares fit on its parents alone. Returns three M × M arrays: t (0 off
+    the edges), p (NaN off the edges, and where the cells leave no degrees of freedom) and the partial correlation
+    of x_i and x_j given the rest of the regression, t / √(t² + df) (0 off the edges and without degrees of freedom).
     """
     X = X.tocsc() if sp.issparse(X) else np.asarray(X)
     n, m = X.shape
@@ -104,7 +115,7 @@ def edge_tests(X, dag: np.ndarray, states: np.ndarray | None = None, intervened=
     if dag.shape != (m, m):
         raise CapeInputError(f"the graph is {dag.shape[0]} × {dag.shape[1]} but X has {m} genes")
     mask = None if intervened is None else sp.csc_matrix(intervened, dtype=bool)
-    t, p = np.zeros((m, m)), np.full((m, m), np.nan)
+    t, p, r = np.zeros((m, m)), np.full((m, m), np.nan), np.zeros((m, m))
     states = np.zeros(n, dtype=np.int64) if states is None else np.asarray(states)
     for j in np.flatnonzero((dag != 0).any(axis=0)):
         parents = np.flatnonzero(dag[:, j])
@@ -112,8 +123,8 @@ def edge_tests(X, dag: np.ndarray, states: np.ndarray | None = None, intervened=
         columns = X[:, np.r_[parents, j]]
         columns = np.asarray(columns.toarray() if sp.issparse(columns) else columns, dtype=np.float64)[cells]
         centred, n_states = _within_state(columns, states[cells])
-        t[parents, j], p[parents, j] = _coefficient_tests(centred[:, :-1], centred[:, -1], n_states)
-    return t, p
+        t[parents, j], p[parents, j], r[parents, j] = _coefficient_tests(centred[:, :-1], centred[:, -1], n_states)
+    return t, p, r
 
 
 def _within_state(columns: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, int]:
@@ -124,19 +135,20 @@ def _within_state(columns: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, 
     return columns - means[index] / counts[index, None], int(counts.size)
 
 
-def _coefficient_tests(design: np.ndarray, y: np.ndarray, absorbed: int) -> tuple[np.ndarray, np.ndarray]:
-    """t and two-sided p of every coefficient of the least-squares fit of y on ``design`` (both centred within
-    states), ``absorbed`` degrees of freedom already spent on the states."""
+def _coefficient_tests(design: np.ndarray, y: np.ndarray, absorbed: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """t, two-sided p and partial correlation of every coefficient of the least-squares fit of y on ``design`` (both
+    centred within states), ``absorbed`` degrees of freedom already spent on the states."""
     n_tested = design.shape[1]
     beta, _, rank, _ = np.linalg.lstsq(design, y, rcond=None)
     df = design.shape[0] - absorbed - rank
     if df < 1:
-        return np.zeros(n_tested), np.full(n_tested, np.nan)
+        return np.zeros(n_tested), np.full(n_tested, np.nan), np.zeros(n_tested)
     residual = y - design @ beta
     variance = np.diag(np.linalg.pinv(design.T @ design)) * (residual @ residual) / df
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(variance > 0, beta / np.sqrt(variance), 0.0)
-    return t, 2.0 * stats.t.sf(np.abs(t), df)
+    return t, 2.0 * stats.t.sf(np.abs(t), df), t / np.sqrt(t ** 2 + df)
 
 
 def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, intervened=None,
@@ -168,7 +180,7 @@ def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, int
         states = np.unique(np.asarray(states).astype(str), return_inverse=True)[1].ravel()
         if states.size != n:
             raise CapeInputError(f"{states.size} cell states for {n} cells")
-    t, p = edge_tests(X, dag, states, intervened)
+    t, p, r = edge_tests(X, dag, states, intervened)
     q = stats.false_discovery_control(np.nan_to_num(p[rows, cols], nan=1.0)) if rows.size else np.zeros(0)
     confidence = np.zeros(np.shape(dag))
     confidence[rows, cols] = 1.0 - q
@@ -177,5 +189,19 @@ def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, int
               "state_resolution": float(resolution), "solid_confidence": SOLID_CONFIDENCE, "n_solid": solid,
               "solid_fraction": float(solid / rows.size) if rows.size else float("nan"),
               "median_confidence": float(np.median(confidence[rows, cols])) if rows.size else float("nan")}
-    return EdgeConfidence(confidence, p, t, states, record)
+    return EdgeConfidence(confidence, p, t, r, states, record)
+
+
+def edge_order(confidence: np.ndarray, partial_correlation: np.ndarray) -> np.ndarray:
+    """Rank of each entry (0: least trusted, ties at the same rank): by confidence, ties by |partial correlation|.
+
+    Takes arrays of any shape (e.g. one value per edge) and returns float ranks of that shape, so that a higher rank
+    is a more trusted edge; the order in which :func:`cape.report.edge_table` lists edges of equal confidence.
+    """
+    confidence, size = np.asarray(confidence, dtype=np.float64), np.abs(np.asarray(partial_correlation, np.float64))
+    if confidence.shape != size.shape:
+        raise CapeInputError(f"{confidence.shape} confidences but {size.shape} partial correlations")
+    keys = np.column_stack([confidence.ravel(), size.ravel()])
+    _, dense = np.unique(keys, axis=0, return_inverse=True)
+    return dense.ravel().astype(np.float64).reshape(confidence.shape)
 

@@ -364,6 +364,7 @@ def drop_guesses(graph: Graph, confidence: EdgeConfidence) -> None:
     guesses = (graph.dag != 0) & (confidence.confidence < SOLID_CONFIDENCE)
     graph.dag = np.where(guesses, 0.0, graph.dag)
     confidence.confidence = np.where(guesses, 0.0, confidence.confidence)
+    confidence.partial_correlation = np.where(guesses, 0.0, confidence.partial_correlation)
     graph.n_positioned = int(((graph.dag != 0).any(axis=0) | (graph.dag != 0).any(axis=1)).sum())
     confidence.record["n_dropped_guesses"] = int(guesses.sum())
     logger.info("drop_guesses: %d edge(s) below confidence %g removed, %d kept", int(guesses.sum()),
@@ -414,6 +415,9 @@ class CausalGraph:
     confidence
         Each edge's confidence (M×M, 1 − q of its test given the child's other parents and the cells' state, 0 off
         the edges; :func:`cape.causal.edge_confidence`), or ``None`` with ``edge_confidence=False``.
+    partial_correlation
+        Each edge's partial correlation of cause and child given the child's other parents and the cells' state (M×M,
+        0 off the edges; the size of the dependence the confidence tests), or ``None`` with ``edge_confidence=False``.
     pair_scores
         Under the budget's pair rankings other than the fit's (``pair_ranking="consensus"`` or
         ``"shrunk_partial_correlation"``), the symmetric M×M scores of :func:`cape.causal.ranked_pairs` by which the
@@ -428,6 +432,7 @@ class CausalGraph:
     candidates: np.ndarray | None = None
     confidence: np.ndarray | None = None
     pair_scores: np.ndarray | None = None
+    partial_correlation: np.ndarray | None = None
 
     @property
     def n_edges(self) -> int:
@@ -498,4 +503,5 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     record.update({k: v for k, v in extra.items() if v is not None})
     logger.debug("Step I pipeline: %.1f s", time.perf_counter() - start)
     return CausalGraph(graph.dag, genes, fitted, record, candidates,
-                       None if confidence is None else confidence.confidence, graph.pair_scores)
+                       None if confidence is None else confidence.confidence, graph.pair_scores,
+                       None if confidence is None else confidence.partial_correlation)

@@ -7,11 +7,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._tables import markdown_table
-from ..causal import SOLID_CONFIDENCE
+from ..causal import SOLID_CONFIDENCE, edge_order
 
 __all__ = ["N_EDGES_SHOWN", "edge_table", "solid_sentence"]
 
-#: Edges listed, heaviest first.
+#: Edges listed: the most trusted first (the heaviest without a confidence).
 N_EDGES_SHOWN = 15
 
 
@@ -24,8 +24,11 @@ def solid_sentence(record: dict, n_edges: int) -> str | None:
 
 
 def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN) -> str | None:
-    """Markdown: the ``n`` heaviest edges of ``varp[key]`` with weight and, where stored, confidence; ``None``
-    when the graph is absent or empty."""
+    """Markdown: ``n`` edges of ``varp[key]`` with weight and, where stored, partial correlation and confidence;
+    ``None`` when the graph is absent or empty.
+
+    With a confidence the most trusted edges are listed (:func:`cape.causal.edge_order`: by confidence, ties by
+    |partial correlation|), else the heaviest."""
     if key not in adata.varp:
         return None
     A = sp.coo_matrix(adata.varp[key])
@@ -33,21 +36,37 @@ def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN)
     rows, cols, weights = A.row[keep], A.col[keep], A.data[keep]
     if not weights.size:
         return None
-    order = np.argsort(-np.abs(weights), kind="stable")[:n]
-    confidence = None
-    if f"{key}_confidence" in adata.varp:
-        stored = sp.csr_matrix(adata.varp[f"{key}_confidence"])
-        confidence = np.asarray(stored[rows[order], cols[order]]).ravel()
+    confidence = _stored(adata, f"{key}_confidence", rows, cols)
+    partial = _stored(adata, f"{key}_partial_correlation", rows, cols)
+    if confidence is not None:
+        rank = edge_order(confidence, np.zeros_like(confidence) if partial is None else partial)
+        order = np.lexsort((-np.abs(weights), -rank))[:n]
+    else:
+        order = np.argsort(-np.abs(weights), kind="stable")[:n]
     genes = np.asarray(adata.var_names)
-    header = ["cause", "effect", "weight"] + (["confidence", ""] if confidence is not None else [])
+    header = (["cause", "effect", "weight"] + (["partial r"] if partial is not None else [])
+              + (["confidence", ""] if confidence is not None else []))
     table = []
-    for k, e in enumerate(order):
+    for e in order:
         row = [genes[rows[e]], genes[cols[e]], f"{weights[e]:+.3g}"]
+        row += [f"{partial[e]:+.2f}"] if partial is not None else []
         if confidence is not None:
-            row += [f"{confidence[k]:.3f}", "solid" if confidence[k] >= SOLID_CONFIDENCE else "guess"]
+            row += [f"{confidence[e]:.3f}", "solid" if confidence[e] >= SOLID_CONFIDENCE else "guess"]
         table.append(row)
-    note = (f"The {len(order)} heaviest of {weights.size} edges. A *guess* (confidence below {SOLID_CONFIDENCE:g}) is "
-            "an edge whose dependence the child's other parents and the cells' state (Leiden clusters) explain; a "
-            "*solid* edge can still be indirect, through a gene the graph missed."
-            if confidence is not None else f"The {len(order)} heaviest of {weights.size} edges (no confidence stored).")
+    if confidence is None:
+        return (f"## Strongest edges\n\nThe {len(order)} heaviest of {weights.size} edges (no confidence stored).\n\n"
+                + markdown_table(header, table))
+    then = ("the size of the partial correlation (*partial r*: cause and effect given the effect's other parents and "
+            "the cells' state)" if partial is not None else "weight")
+    note = (f"The {len(order)} most trusted of {weights.size} edges: by confidence, then by {then}. A *guess* "
+            f"(confidence below {SOLID_CONFIDENCE:g}) is an edge whose dependence the child's other parents and the "
+            "cells' state (Leiden clusters) explain; a *solid* edge can still be indirect, through a gene the graph "
+            "missed.")
     return "## Strongest edges\n\n" + note + "\n\n" + markdown_table(header, table)
+
+
+def _stored(adata: ad.AnnData, name: str, rows: np.ndarray, cols: np.ndarray) -> np.ndarray | None:
+    """``varp[name]`` at the edges (``rows``, ``cols``), or ``None`` when not stored."""
+    if name not in adata.varp:
+        return None
+    return np.asarray(sp.csr_matrix(adata.varp[name])[rows, cols]).ravel()
