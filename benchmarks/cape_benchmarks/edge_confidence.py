@@ -7,7 +7,8 @@ then cape's preprocessing (normalise, log1p, every gene kept). Step I runs with 
 (:func:`cape.causal.learn_causal_graph`, which also computes :func:`cape.causal.edge_confidence`).
 
 Per graph, among the kept edges (an edge is right when its pair is linked either way in the truth): the kept
-edges' precision (what a random ranking's AUPRC comes to), the AUPRC of the confidence and of Step I's own |weight|,
+edges' precision (what a random ranking's AUPRC comes to), the AUPRC of the confidence (as stored, and with its ties
+broken by the partial correlation's size: :func:`cape.causal.edge_order`) and of Step I's own |weight|,
 the share of the gap from the precision to 1 each closes, the precision of the edges called solid and of those
 called guesses, and the skeleton F1 of the graph as kept and of its solid edges alone (a graph without its guesses).
 """
@@ -23,12 +24,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
-from sklearn.metrics import average_precision_score
 
 from cape._io import save_figure, write_json, write_text
 from cape._tables import markdown_table
 from cape.causal import SOLID_CONFIDENCE, CausalConfig, learn_causal_graph
 from cape.pp import preprocess
+
+from .causal import kept_edge_scores
 
 __all__ = ["run_edge_confidence", "simulate_mixture_counts"]
 
@@ -74,16 +76,15 @@ def simulate_mixture_counts(seed: int, n_cells: int = 3000, n_genes: int = 120, 
     return X[:, keep].astype(np.float64), W[np.ix_(keep, keep)]
 
 
-def _scores(truth: np.ndarray, dag: np.ndarray, confidence: np.ndarray) -> dict[str, float]:
+def _scores(truth: np.ndarray, dag: np.ndarray, confidence: np.ndarray,
+            partial_correlation: np.ndarray | None = None) -> dict[str, float]:
     rows, cols = np.nonzero(dag)
     right = ((truth != 0) | (truth != 0).T)[rows, cols]
-    out = {"kept": float(rows.size), "true_edges": float(np.count_nonzero(truth)),
-           "kept_precision": float(right.mean()) if rows.size else float("nan")}
-    if rows.size and 0 < right.sum() < rows.size:
-        for name, score in (("confidence", confidence[rows, cols]), ("weight", np.abs(dag[rows, cols]))):
-            auprc = float(average_precision_score(right, score))
-            out[f"{name}_auprc"] = auprc
-            out[f"{name}_gap_closed"] = (auprc - out["kept_precision"]) / (1.0 - out["kept_precision"])
+    out = {"kept": float(rows.size), "true_edges": float(np.count_nonzero(truth)), "kept_precision": float("nan"),
+           **kept_edge_scores(truth, dag, confidence, partial_correlation)}
+    by_weight = kept_edge_scores(truth, dag, np.abs(dag))
+    out |= {f"weight_{k}": by_weight[f"confidence_{k}"] for k in ("auprc", "gap_closed")
+            if f"confidence_{k}" in by_weight}
     solid = confidence[rows, cols] >= SOLID_CONFIDENCE
     out["solid"] = float(solid.sum())
     # the graph as kept, and without its guesses: would dropping them size the graph better on mixtures?
@@ -111,7 +112,7 @@ def run_edge_confidence(out: str | Path = "results/bench", quick: bool = False, 
                                        device="cpu", seed=seed)
             base = {"n_types": n_types, "seed": seed, "states": graph.record["edge_confidence"]["n_states"],
                     "seconds": time.perf_counter() - start}
-            scores = _scores(truth, graph.dag, graph.confidence)
+            scores = _scores(truth, graph.dag, graph.confidence, graph.partial_correlation)
             records.extend({**base, "metric": k, "value": v} for k, v in scores.items())
             logger.info("edge confidence: %d type(s) seed %d: %s", n_types, seed,
                         ", ".join(f"{k} {v:.3g}" for k, v in scores.items()))
@@ -122,8 +123,9 @@ def run_edge_confidence(out: str | Path = "results/bench", quick: bool = False, 
     return records
 
 
-METRICS = ("kept", "kept_precision", "confidence_auprc", "confidence_gap_closed", "weight_auprc", "weight_gap_closed",
-           "solid", "solid_precision", "guess_precision", "skeleton_f1", "skeleton_f1_solid")
+METRICS = ("kept", "kept_precision", "confidence_auprc", "confidence_gap_closed", "ordered_confidence_gap_closed",
+           "weight_auprc", "weight_gap_closed", "solid", "solid_precision", "guess_precision", "skeleton_f1",
+           "skeleton_f1_solid")
 
 
 def _report(records: list[dict], quick: bool) -> str:
