@@ -196,7 +196,7 @@ def edge_order(confidence: np.ndarray, partial_correlation: np.ndarray) -> np.nd
     """Rank of each entry (0: least trusted, ties at the same rank): by confidence, ties by |partial correlation|.
 
     Takes arrays of any shape (e.g. one value per edge) and returns float ranks of that shape, so that a higher rank
-    is a more trusted edge; the order in which :func:`cape.report.edge_table` lists edges of equal confidence.
+    is a more trusted edge: the order of the report's table of Step I's edges.
     """
     confidence, size = np.asarray(confidence, dtype=np.float64), np.abs(np.asarray(partial_correlation, np.float64))
     if confidence.shape != size.shape:
