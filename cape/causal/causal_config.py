@@ -140,7 +140,8 @@ class CausalConfig:
         Benjamini–Hochberg at 5 %; :func:`cape.causal.orient_by_shifts`). Default ``True``.
     edge_confidence
         Test every kept edge again given the child's other parents and the cells' state (Leiden clusters) and give it
-        a confidence, 1 − its q-value (:func:`cape.causal.edge_confidence`). Default ``True``.
+        a confidence, 1 − its q-value, and a size, its partial correlation (:func:`cape.causal.edge_confidence`).
+        Default ``True``.
     drop_guesses
         Remove the edges whose confidence stays below :data:`~cape.causal.SOLID_CONFIDENCE` (needs
         ``edge_confidence``): on mixtures of cell types they are mostly pairs that only differ between the types.

@@ -104,7 +104,7 @@ def register(commands) -> None:
                         default=CausalConfig.edge_confidence,
                         help="test each kept edge again given the child's other parents and the cells' state "
                              "(Leiden clusters) and store its confidence, 1 − q, in varp['cape_dag_confidence'] "
-                             "(default)")
+                             "and its partial correlation in varp['cape_dag_partial_correlation'] (default)")
     parser.add_argument("--drop-guesses", action=argparse.BooleanOptionalAction, default=CausalConfig.drop_guesses,
                         help="remove the edges whose confidence stays below 0.95 (with --edge-confidence; on "
                              "mixtures of cell types mostly pairs that only differ between the types)")
