@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+from itertools import combinations
 
 import anndata as ad
 import networkx as nx
@@ -88,6 +89,20 @@ def test_random_dag_edge_count_and_bounds():
     assert np.all((np.abs(w[w != 0]) >= 0.5) & (np.abs(w[w != 0]) <= 2.0))
     with pytest.raises(CapeInputError, match="n_edges must be in"):
         random_dag(6, 16, rng=np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("n_genes, n_edges, seed", [(2, 1, 0), (7, 9, 1), (40, 60, 2), (40, 0, 3)])
+def test_random_dag_draws_the_pairs_of_listing_every_ordered_pair(n_genes, n_edges, seed):
+    """The pairs are found by index arithmetic, not by listing the n(n − 1)/2 candidates: the same DAG as the
+    listing, draw for draw."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n_genes)
+    upper = np.array(list(combinations(range(n_genes), 2)), dtype=int).reshape(-1, 2)
+    chosen = upper[rng.choice(len(upper), size=n_edges, replace=False)]
+    weights = rng.uniform(0.5, 2.0, size=n_edges) * rng.choice([-1.0, 1.0], size=n_edges)
+    expected = np.zeros((n_genes, n_genes))
+    expected[order[chosen[:, 0]], order[chosen[:, 1]]] = weights
+    np.testing.assert_array_equal(random_dag(n_genes, n_edges, rng=np.random.default_rng(seed)), expected)
 
 
 def test_simulation_rejects_impossible_requests():

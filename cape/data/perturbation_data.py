@@ -23,6 +23,14 @@ logger = logging.getLogger("cape")
 CONTROL = "ctrl"
 
 
+def _upper_pairs(n: int, index: np.ndarray) -> np.ndarray:
+    """The pairs (a, b), a < b, at ``index`` in the row-major list of an n × n upper triangle (the order of
+    ``itertools.combinations(range(n), 2)``), found without listing its n(n − 1)/2 pairs."""
+    starts = np.arange(n) * (n - 1) - np.arange(n) * (np.arange(n) - 1) // 2  # first index of each row a
+    a = np.searchsorted(starts, index, side="right") - 1
+    return np.stack([a, index - starts[a] + a + 1], axis=1).reshape(-1, 2)
+
+
 def random_dag(n_genes: int, n_edges: int, *, weight_range: tuple[float, float] = (0.5, 2.0),
                rng: np.random.Generator) -> np.ndarray:
     """Erdős–Rényi DAG with exactly ``n_edges`` edges and signed weights; ``W[i, j] != 0`` means i → j.
@@ -34,8 +42,7 @@ def random_dag(n_genes: int, n_edges: int, *, weight_range: tuple[float, float] 
     if not 0 <= n_edges <= max_edges:
         raise CapeInputError(f"n_edges must be in [0, {max_edges}] for {n_genes} genes, got {n_edges}")
     order = rng.permutation(n_genes)
-    upper = np.array(list(combinations(range(n_genes), 2)), dtype=int).reshape(-1, 2)
-    chosen = upper[rng.choice(len(upper), size=n_edges, replace=False)]
+    chosen = _upper_pairs(n_genes, rng.choice(max_edges, size=n_edges, replace=False))
     weights = rng.uniform(*weight_range, size=n_edges) * rng.choice([-1.0, 1.0], size=n_edges)
     w = np.zeros((n_genes, n_genes))
     # Pair (a, b) with a < b in the causal order becomes the edge order[a] → order[b].
@@ -63,12 +70,13 @@ def sem_sample(w: np.ndarray, basal: np.ndarray, topo: list[int], n_cells: int, 
     # h(x) of the genes set so far (h(0) = 0 for the others): each column is computed once, when its gene is set
     regulation = np.zeros_like(eps)
     knocked = set(knocked)
+    by_child = sp.csc_matrix(w)  # column j: gene j's parents (sorted) and their weights
     for j in topo:
         if j in knocked:
             continue  # do(x_j = 0): the gene's own mechanism is cut; its children see 0
         # Only the gene's parents enter its drive: O(cells × parents), not O(cells × genes), per gene.
-        parents = np.flatnonzero(w[:, j])
-        drive = basal[..., j] + regulation[:, parents] @ w[parents, j] + eps[:, j]
+        span = slice(by_child.indptr[j], by_child.indptr[j + 1])
+        drive = basal[..., j] + regulation[:, by_child.indices[span]] @ by_child.data[span] + eps[:, j]
         x[:, j] = np.logaddexp(0.0, drive)
         powered = x[:, j] ** n
         regulation[:, j] = powered / (half**n + powered)
