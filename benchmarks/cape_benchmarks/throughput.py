@@ -2,10 +2,11 @@
 and fine-tuning cells/s, the share of a profiled stretch in which the GPU is busy, and the model FLOPs utilisation
 of the scGPT-sized model.
 
-Data: ``simulate_grn_cells(**GRN_SIMULATIONS[size])`` (``"scale"``: 2,000 genes, 10,000 control cells; ``--quick``:
-``"quick"``), ``cape.pp.preprocess(min_genes=20)`` with every gene kept as highly variable, control cells, genes that
-vary. Every stage runs on each device
-asked for, one after the other in one process; each record names its device. Run ``cape-bench throughput``.
+Data: ``simulate_grn_cells(**GRN_SIMULATIONS[design])`` (``"scale"``: 2,000 genes, 10,000 control cells; ``--quick``:
+``"quick"``; ``--design transcriptome``: 10,000 genes, 50,000 control cells, Step I and Step II only, CUDA only unless
+devices are named), ``cape.pp.preprocess(min_genes=20)`` with every gene kept as highly variable, control cells, genes
+that vary. Every stage runs on each device asked for, one after the other in one process; each record names its device,
+and on CUDA Step I's records carry the peak GPU memory. Run ``cape-bench throughput``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 import cape
+from cape._errors import CapeInputError
 from cape.causal import CausalConfig, fit_variational_notears
 from cape.causal import pipeline as step1
 from cape.causal.structure_recovery import dag_metrics
@@ -82,10 +84,19 @@ def busy_share(fn: Callable[[], object]) -> tuple[float, float]:
     return wall, busy * 1e-6 / max(wall, 1e-9)
 
 
+#: The designs ``cape-bench throughput`` runs on (keys of GRN_SIMULATIONS) and the stages each runs by default.
+DESIGN_STAGES = {"quick": ("step1", "step2", "pretrain", "finetune", "scgpt"),
+                 "scale": ("step1", "step2", "pretrain", "finetune", "scgpt"),
+                 "transcriptome": ("step1", "step2")}
+
+
 def step1_record(adata: ad.AnnData, truth: np.ndarray, device: str, seed: int) -> dict:
-    """Step I's default fit (``cape.tl.causal_graph``): seconds, edges, directed and skeleton F1."""
+    """Step I's default fit (``cape.tl.causal_graph``): seconds, edges, directed and skeleton F1, and on CUDA the peak
+    GPU memory (GB)."""
     b = adata.copy()
     _sync(device)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
     start = time.perf_counter()
     cape.tl.causal_graph(b, device=device, seed=seed)
     _sync(device)
@@ -93,8 +104,9 @@ def step1_record(adata: ad.AnnData, truth: np.ndarray, device: str, seed: int) -
     A = b.varp["cape_dag"]
     A = np.asarray(A.toarray() if hasattr(A, "toarray") else A)
     metrics = dag_metrics(truth, A)
+    peak = torch.cuda.max_memory_allocated(torch.device(device)) / 1e9 if device.startswith("cuda") else None
     return {"stage": "step1", "device": device, "seconds": seconds, "edges": int(np.count_nonzero(A)),
-            "directed_f1": metrics["f1"], "skeleton_f1": skeleton_f1(truth, A), "adata": b}
+            "directed_f1": metrics["f1"], "skeleton_f1": skeleton_f1(truth, A), "gpu_peak_gb": peak, "adata": b}
 
 
 def step1_loop_busy(adata: ad.AnnData, device: str, seed: int, epochs: int = 3) -> dict:
@@ -186,7 +198,7 @@ def _sync(device: str) -> None:
 
 def _table(records: list[dict]) -> str:
     columns = ["stage", "device", "batch", "epoch", "seconds", "cells/s", "edges", "directed F1", "skeleton F1",
-               "GPU busy", "MFU"]
+               "GPU busy", "MFU", "GPU peak GB"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
     def cell(r, key, fmt):
@@ -197,7 +209,7 @@ def _table(records: list[dict]) -> str:
                                         cell(r, "seconds", "{:.2f}"), cell(r, "cells_per_s", "{:,.0f}"),
                                         cell(r, "edges", "{:,}"), cell(r, "directed_f1", "{:.3f}"),
                                         cell(r, "skeleton_f1", "{:.3f}"), cell(r, "gpu_busy", "{:.0%}"),
-                                        cell(r, "mfu", "{:.1%}")]) + " |")
+                                        cell(r, "mfu", "{:.1%}"), cell(r, "gpu_peak_gb", "{:.1f}")]) + " |")
     return "\n".join(lines)
 
 
@@ -224,16 +236,36 @@ def _training_stages(ready: ad.AnnData, device: str, seed: int, n_cells: int, st
     return records
 
 
+def throughput_devices(design: str, devices: list[str] | None) -> list[str]:
+    """The devices asked for, else CPU and CUDA (where present); the whole-transcriptome design only on CUDA unless
+    the CPU is named (on a CPU its Step I takes hours)."""
+    if devices:
+        return devices
+    cuda = torch.cuda.is_available()
+    if design == "transcriptome":
+        if not cuda:
+            raise CapeInputError("--design transcriptome runs on CUDA and no GPU is visible: name --devices cpu to run "
+                                 "its Step I on the CPU anyway (hours)")
+        return ["cuda"]
+    return ["cpu", "cuda"] if cuda else ["cpu"]
+
+
 def run_throughput(out: str | Path = "results/bench", *, devices: list[str] | None = None, quick: bool = False,
-                   stages: list[str] | None = None, seed: int = 0, pretrain_cells: int = 4000) -> list[dict]:
-    """Every stage on every device; writes ``throughput.json`` and ``throughput.md`` under ``out``."""
-    devices = devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
-    stages = stages or ["step1", "step2", "pretrain", "finetune", "scgpt"]
+                   stages: list[str] | None = None, seed: int = 0, pretrain_cells: int = 4000,
+                   design: str = "scale") -> list[dict]:
+    """Every stage on every device; writes ``throughput.json`` and ``throughput.md`` under ``out``.
+
+    ``design`` names the simulation (:data:`DESIGN_STAGES`); ``quick=True`` is the ``"quick"`` design."""
+    design = "quick" if quick else design
+    if design not in DESIGN_STAGES:
+        raise CapeInputError(f"design must be one of {', '.join(DESIGN_STAGES)}, got {design!r}")
+    devices = throughput_devices(design, devices)
+    stages = stages or list(DESIGN_STAGES[design])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    adata, truth = scale_cells("quick" if quick else "scale", seed)
+    adata, truth = scale_cells(design, seed)
     X = adata.X
-    header = {"cells": adata.n_obs, "genes": adata.n_vars, "true_edges": int(np.count_nonzero(truth)),
+    header = {"design": design, "cells": adata.n_obs, "genes": adata.n_vars, "true_edges": int(np.count_nonzero(truth)),
               "x_sum": float(X.sum()), "x_nnz": int(X.nnz if hasattr(X, "nnz") else np.count_nonzero(X)),
               "torch": torch.__version__, "hardware": {d: hardware(d) for d in devices}}
     print(json.dumps(header), flush=True)
@@ -255,16 +287,20 @@ def run_throughput(out: str | Path = "results/bench", *, devices: list[str] | No
             keep([rec])
             if device.startswith("cuda"):
                 keep([step1_loop_busy(adata, device, seed)])
-                keep(step1_fit_records(adata, device, seed))
+                if design != "transcriptome":  # a second and third whole fit, kernel by kernel: too long at that size
+                    keep(step1_fit_records(adata, device, seed))
     if graph is None:
         graph = adata.copy()
         cape.tl.causal_graph(graph, device=devices[0], seed=seed)
-    ready = graph.copy()
-    cape.tl.hyperbolic_embedding(ready, device=devices[0], seed=seed)
-    cape.tl.rotary_encoding(ready)
+    ready = None
+    if {"pretrain", "finetune", "scgpt"} & set(stages):
+        ready = graph.copy()
+        cape.tl.hyperbolic_embedding(ready, device=devices[0], seed=seed)
+        cape.tl.rotary_encoding(ready)
     for device in devices:
         if "step2" in stages:
             keep([step2_record(graph, device, seed)])
-        keep(_training_stages(ready, device, seed, n_cells, stages))
+        if ready is not None:
+            keep(_training_stages(ready, device, seed, n_cells, stages))
     print(_table(records))
     return records

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from cape._errors import CapeInputError
 from cape_benchmarks import throughput
 
 
@@ -24,6 +25,26 @@ def test_every_stage_runs_and_is_recorded(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "throughput.json").read_text())
     assert saved["data"]["genes"] <= 30 and len(saved["records"]) == len(records)
     assert (tmp_path / "throughput.md").read_text().count("| cpu |") == len(records)
+
+
+def test_the_transcriptome_design_runs_step1_and_step2_only(tmp_path, monkeypatch):
+    tiny = dict(n_genes=30, n_edges=40, n_control=200, n_cell_types=2, n_programs=2, n_single=0, n_double=0,
+                n_cells_per_perturbation=30, seed=0)
+    monkeypatch.setitem(throughput.GRN_SIMULATIONS, "transcriptome", tiny)
+    records = throughput.run_throughput(tmp_path, devices=["cpu"], design="transcriptome")
+    assert [r["stage"] for r in records] == ["step1", "step2"]
+    assert records[0]["gpu_peak_gb"] is None and records[0]["edges"] > 0
+    assert json.loads((tmp_path / "throughput.json").read_text())["data"]["design"] == "transcriptome"
+
+
+def test_the_transcriptome_design_wants_cuda_or_a_named_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(CapeInputError, match="--devices cpu"):
+        throughput.throughput_devices("transcriptome", None)
+    assert throughput.throughput_devices("transcriptome", ["cpu"]) == ["cpu"]
+    assert throughput.throughput_devices("scale", None) == ["cpu"]
+    with pytest.raises(CapeInputError, match="design must be one of"):
+        throughput.run_throughput(devices=["cpu"], design="genome")
 
 
 @pytest.mark.gpu

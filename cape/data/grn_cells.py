@@ -32,7 +32,8 @@ __all__ = ["GRN_SIMULATIONS", "CountNoise", "simulate_grn_cells"]
 
 #: The oracle experiment's data (``--dataset simulated_grn``): ``"quick"`` for the powered quick runs, ``"full"``
 #: for the full-size tables; ``"scale"``: the quick design at 2,000 genes and 10,000 control cells (Step I at scale,
-#: ``cape-bench causal`` setting ``grn_control_2000``).
+#: ``cape-bench causal`` setting ``grn_control_2000``); ``"transcriptome"``: 10,000 genes and 50,000 control cells, no
+#: knock-outs (Step I at whole-transcriptome scale, ``cape-bench throughput --design transcriptome``).
 GRN_SIMULATIONS = {
     "quick": dict(n_genes=200, n_edges=300, n_control=2000, n_cell_types=5, n_programs=4, n_single=30, n_double=30,
                   n_cells_per_perturbation=30, seed=0),
@@ -40,6 +41,8 @@ GRN_SIMULATIONS = {
                  n_cells_per_perturbation=60, seed=0),
     "scale": dict(n_genes=2000, n_edges=3000, n_control=10000, n_cell_types=5, n_programs=4, n_single=30, n_double=30,
                   n_cells_per_perturbation=30, seed=0),
+    "transcriptome": dict(n_genes=10000, n_edges=15000, n_control=50000, n_cell_types=5, n_programs=4, n_single=0,
+                          n_double=0, n_cells_per_perturbation=30, seed=0),
 }
 
 
