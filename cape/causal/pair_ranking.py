@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.linalg import pinvh
 from scipy.stats import rankdata
-from sklearn.covariance import LedoitWolf
+from sklearn.covariance import ledoit_wolf
 
 #: How ``tau="budget"`` ranks the gene pairs: ``"auto"`` (:func:`pair_ranking_for`), ``"consensus"`` (the fit and
 #: the partial correlations together), ``"fit"`` (the fit's weights alone, the K heaviest directed weights) or
@@ -72,11 +73,15 @@ def consensus_scores(A: np.ndarray, pairs: tuple[np.ndarray, np.ndarray], p: np.
 
 def shrunk_partial_correlations(X) -> np.ndarray:
     """M×M partial correlations of the columns of X (zero diagonal) from the Ledoit–Wolf shrunk covariance of the
-    standardised columns (:class:`sklearn.covariance.LedoitWolf`); constant columns get 0 everywhere."""
+    standardised columns (:func:`sklearn.covariance.ledoit_wolf`); constant columns get 0 everywhere."""
     X = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float64)
     sd = X.std(axis=0)
     Z = (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
-    precision = LedoitWolf().fit(Z).precision_
+    shrunk, shrinkage = ledoit_wolf(Z)
+    try:  # positive definite once shrunk: a plain inverse, several times faster than LedoitWolf's eigh-based pinvh
+        precision = np.linalg.inv(shrunk) if shrinkage > 0 else pinvh(shrunk)
+    except np.linalg.LinAlgError:
+        precision = pinvh(shrunk)
     d = np.sqrt(np.clip(np.diag(precision), 1e-300, None))
     R = -precision / np.outer(d, d)
     R[:, sd == 0] = 0.0
