@@ -8,6 +8,7 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sklearn.covariance import ledoit_wolf
 
 from cape import CapeInputError
 from cape.causal import (
@@ -22,6 +23,7 @@ from cape.causal import (
     shrunk_partial_correlations,
     top_pairs_oriented,
 )
+from cape.causal.pair_ranking import SHRINKAGE_GRID, likelihood_shrinkage
 from cape.causal.pipeline import threshold
 from cape.causal.postprocess import AUTO_TAU_FLOOR, tau_for_edges
 
@@ -179,6 +181,32 @@ def test_shrunk_partial_correlations_tend_to_the_partial_correlations_with_many_
     X[:, 4] = 3.0
     R = shrunk_partial_correlations(X)
     assert np.all(R[4] == 0) and np.all(R[:, 4] == 0) and np.all(np.isfinite(R))
+
+
+def test_shrinkage_zero_is_the_partial_correlations_and_bad_intensities_are_refused() -> None:
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(400, 6)) @ rng.normal(size=(6, 6))
+    np.testing.assert_allclose(shrunk_partial_correlations(X, shrinkage=0.0), partial_correlations(X), atol=1e-6)
+    # full shrinkage's limit: the partial correlations fade towards 0 as s grows
+    assert np.abs(shrunk_partial_correlations(X, shrinkage=0.9)).max() < np.abs(partial_correlations(X)).max()
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="shrinkage must be in"):
+            shrunk_partial_correlations(X, shrinkage=bad)
+
+
+def test_likelihood_shrinkage_follows_what_held_out_cells_support() -> None:
+    rng = np.random.default_rng(4)
+    # independent genes, few cells for their number: the sample correlations are noise, shrink hard
+    assert likelihood_shrinkage(rng.normal(size=(60, 30))) == max(SHRINKAGE_GRID)
+    # a strong chain on many cells: the sample correlations hold, shrink little
+    X = rng.normal(size=(20_000, 4))
+    X[:, 1] += 2 * X[:, 0]
+    X[:, 2] += 2 * X[:, 1]
+    Z = (X - X.mean(0)) / X.std(0)
+    assert likelihood_shrinkage(Z) <= 0.01
+    # seeded folds; with fewer than two cells per fold, Ledoit-Wolf's intensity
+    assert likelihood_shrinkage(Z[:500], seed=1) == likelihood_shrinkage(Z[:500], seed=1)
+    assert likelihood_shrinkage(Z[:7]) == pytest.approx(ledoit_wolf(Z[:7])[1])
 
 
 def test_ranked_pairs_per_ranking() -> None:

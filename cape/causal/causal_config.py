@@ -107,7 +107,8 @@ class CausalConfig:
         ``"consensus"``: the K pairs ranked highest by the fit's weight and by their partial correlation together
         (the mean of the two ranks), each in the fit's heavier direction with its weight. ``"fit"``: the K heaviest
         directed weights of the fit alone. ``"shrunk_partial_correlation"``: the K pairs with the largest
-        Ledoit–Wolf shrunk partial correlation (:func:`cape.causal.shrunk_partial_correlations`), each in the fit's
+        shrunk partial correlation (:func:`cape.causal.shrunk_partial_correlations`: the genes' correlation matrix
+        shrunk towards the identity as far as held-out cells support, then inverted), each in the fit's
         heavier direction with its weight. Under both rankings a pair the fit gives no weight above the noise floor
         is passed over for the next one; either way the cycles left are broken afterwards.
     budget_cells

@@ -8,10 +8,11 @@ networks pushed through counts) and worse than the partial correlations they wer
 the rule of the DREAM5 community networks, Marbach et al. 2012), so that a pair is kept when both methods rank it
 high; the fit still orients every kept pair and gives it its weight.
 
-``"shrunk_partial_correlation"`` ranks the pairs by their Ledoit–Wolf shrunk partial correlation alone (the
-covariance of the standardised genes shrunk towards the identity by the Ledoit–Wolf rule, then inverted): the same
-quantity the budget's tests count, estimated with less variance where genes are nearly collinear, as dropouts and
-cell mixtures make them. The fit then only orients and weights the kept pairs.
+``"shrunk_partial_correlation"`` ranks the pairs by their shrunk partial correlation alone (the correlation matrix of
+the genes shrunk towards the identity, then inverted; the intensity is the one under which held-out cells are most
+likely): the same quantity the budget's tests count, estimated with less variance where genes are nearly collinear,
+as dropouts and cell mixtures make them, and moved towards the pairs' plain correlations as far as the cells support.
+The fit then only orients and weights the kept pairs.
 
 ``"auto"`` (the default) picks between the two by what the data hold: the consensus where some cells carry
 intervention labels, the shrunk partial correlations where every cell is observational. On observational count
@@ -30,7 +31,7 @@ from sklearn.covariance import ledoit_wolf
 
 #: How ``tau="budget"`` ranks the gene pairs: ``"auto"`` (:func:`pair_ranking_for`), ``"consensus"`` (the fit and
 #: the partial correlations together), ``"fit"`` (the fit's weights alone, the K heaviest directed weights) or
-#: ``"shrunk_partial_correlation"`` (the Ledoit–Wolf shrunk partial correlations alone, the fit orienting).
+#: ``"shrunk_partial_correlation"`` (the shrunk partial correlations alone, the fit orienting).
 PAIR_RANKINGS = ("auto", "consensus", "fit", "shrunk_partial_correlation")
 PAIR_RANKING = "auto"
 #: How each ranking chose the kept pairs, in words (reports and logs); the fit's own ranking needs none.
@@ -71,15 +72,72 @@ def consensus_scores(A: np.ndarray, pairs: tuple[np.ndarray, np.ndarray], p: np.
     return 0.5 * (rankdata(weight) + rankdata(-p)) / weight.size
 
 
-def shrunk_partial_correlations(X) -> np.ndarray:
-    """M×M partial correlations of the columns of X (zero diagonal) from the Ledoit–Wolf shrunk covariance of the
-    standardised columns (:func:`sklearn.covariance.ledoit_wolf`); constant columns get 0 everywhere."""
+#: Shrinkage intensities among which :func:`likelihood_shrinkage` chooses (0: the sample correlation matrix itself).
+SHRINKAGE_GRID = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: Folds of the cells over which it scores each intensity; with fewer than two cells per fold, Ledoit–Wolf's rule.
+SHRINKAGE_FOLDS = 5
+
+
+def shrunk_covariance(S: np.ndarray, shrinkage: float) -> np.ndarray:
+    """(1 − s)·S + s·(tr S / M)·I: S shrunk towards the identity scaled to S's mean variance."""
+    m = S.shape[0]
+    return (1.0 - shrinkage) * S + shrinkage * (np.trace(S) / max(m, 1)) * np.eye(m)
+
+
+def likelihood_shrinkage(Z: np.ndarray, grid=SHRINKAGE_GRID, folds: int = SHRINKAGE_FOLDS, seed: int = 0) -> float:
+    """The shrinkage of :func:`shrunk_covariance` under which held-out cells are most likely (Gaussian likelihood,
+    summed over ``folds`` folds of the cells, split at random with ``seed``; ties go to the smaller intensity).
+
+    Each fold costs one eigendecomposition of its training covariance, after which every intensity in ``grid`` is
+    scored in O(M). Ledoit–Wolf's rule chooses the shrinkage that best estimates the covariance in Frobenius norm;
+    the likelihood asks how well the shrunk matrix's inverse, whose entries are the partial correlations, describes
+    new cells. Columns must vary (the caller drops constant ones). With fewer than ``2 · folds`` cells, Ledoit–Wolf's
+    intensity.
+    """
+    Z = np.asarray(Z, dtype=np.float64)
+    n = Z.shape[0]
+    if n < 2 * folds or Z.shape[1] == 0:
+        return float(ledoit_wolf(Z)[1]) if Z.shape[1] else 0.0
+    grid = np.asarray(grid, dtype=np.float64)
+    parts = np.array_split(np.random.default_rng(seed).permutation(n), folds)
+    # Each fold's cross-products and sums once: a training set's moments are the totals less its fold's.
+    grams = [Z[part].T @ Z[part] for part in parts]
+    sums = [Z[part].sum(axis=0) for part in parts]
+    gram_all, sum_all = sum(grams), sum(sums)
+    score = np.zeros(grid.size)
+    for part, gram, total in zip(parts, grams, sums, strict=True):
+        n_test, n_train = part.size, n - part.size
+        centre = (sum_all - total) / n_train
+        eigenvalues, vectors = np.linalg.eigh((gram_all - gram) / n_train - np.outer(centre, centre))
+        # the held-out cells' second moments about the training centre, T, seen along each eigenvector: diag(Vᵀ T V)
+        held_out = gram / n_test - np.outer(total / n_test, centre) - np.outer(centre, total / n_test)
+        held_out += np.outer(centre, centre)
+        spread = np.einsum("ij,ij->j", vectors, held_out @ vectors)
+        scale = eigenvalues.mean()
+        d = (1.0 - grid[:, None]) * eigenvalues[None, :] + grid[:, None] * scale
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fold = -0.5 * (np.log(d) + spread[None, :] / d).sum(axis=1)
+        score += np.where((d > 0).all(axis=1), fold, -np.inf)
+    return float(grid[int(np.argmax(score))])
+
+
+def shrunk_partial_correlations(X, shrinkage: float | None = None, seed: int = 0) -> np.ndarray:
+    """M×M partial correlations of the columns of X (zero diagonal) from their correlation matrix shrunk towards the
+    identity (:func:`shrunk_covariance`), then inverted; constant columns get 0 everywhere.
+
+    ``shrinkage``: the intensity s in [0, 1] (1: no partial correlation left); ``None`` (default): chosen by the
+    likelihood of held-out cells (:func:`likelihood_shrinkage`, folds drawn with ``seed``).
+    """
     X = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float64)
     sd = X.std(axis=0)
     Z = (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
-    shrunk, shrinkage = ledoit_wolf(Z)
-    try:  # positive definite once shrunk: a plain inverse, several times faster than LedoitWolf's eigh-based pinvh
-        precision = np.linalg.inv(shrunk) if shrinkage > 0 else pinvh(shrunk)
+    if shrinkage is None:
+        shrinkage = likelihood_shrinkage(Z[:, sd > 0], seed=seed)
+    if not 0.0 <= shrinkage <= 1.0:
+        raise ValueError(f"shrinkage must be in [0, 1], got {shrinkage}")
+    shrunk = shrunk_covariance(np.cov(Z, rowvar=False, bias=True).reshape(Z.shape[1], Z.shape[1]), shrinkage)
+    try:  # positive definite once shrunk (s > 0): a plain inverse; at s = 0 a singular matrix takes the pseudo-inverse
+        precision = np.linalg.inv(shrunk)
     except np.linalg.LinAlgError:
         precision = pinvh(shrunk)
     d = np.sqrt(np.clip(np.diag(precision), 1e-300, None))

@@ -70,7 +70,7 @@ def register(commands) -> None:
                              "--interventions names intervened cells, else 'shrunk_partial_correlation'; 'consensus': "
                              "those ranked highest by the fit's weights and their partial correlations together; "
                              "'fit': the fit's heaviest "
-                             "weights alone; 'shrunk_partial_correlation': those with the largest Ledoit-Wolf shrunk "
+                             "weights alone; 'shrunk_partial_correlation': those with the largest shrunk "
                              "partial correlation, in the fit's direction")
     parser.add_argument("--budget-cells", type=_budget_cells, default=CausalConfig.budget_cells,
                         help=f"the most cells the budget rule's test counts on, at least 10 per gene, drawn at "
