@@ -4,12 +4,39 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 
 def dense(x, dtype=np.float64) -> np.ndarray:
     """``x`` (a NumPy array, a SciPy sparse matrix or array-like) as a dense NumPy array of ``dtype`` (``None``:
     keep the input's dtype)."""
     return np.asarray(x.toarray() if sp.issparse(x) else x, dtype=dtype)
+
+
+def float64_on(x, device: torch.device | None):
+    """``x`` as float64 where its linear algebra is to run: a dense NumPy array when ``device`` is ``None``, else a
+    torch tensor on ``device``. Code written with operators, ``.T``, ``.sum(axis=…)`` and ``namespace(device)``'s
+    ``linalg`` then runs unchanged on either."""
+    x = dense(x)
+    return x if device is None else torch.from_numpy(x).to(device)
+
+
+def namespace(device: torch.device | None):
+    """The module whose functions act on :func:`float64_on`'s arrays: ``numpy`` or ``torch``."""
+    return np if device is None else torch
+
+
+def to_numpy(x) -> np.ndarray:
+    """A NumPy array of ``x``, a NumPy array (returned as is) or a torch tensor on any device."""
+    return x if isinstance(x, np.ndarray) else x.detach().cpu().numpy()
+
+
+def add_to_diagonal(a, value: float) -> None:
+    """Add ``value`` to the diagonal of the square ``a`` in place (a NumPy array or a torch tensor)."""
+    if isinstance(a, np.ndarray):
+        a[np.diag_indices_from(a)] += value
+    else:
+        a.diagonal().add_(value)
 
 
 #: A column whose standard deviation is at most this fraction of its largest magnitude is constant: NumPy's

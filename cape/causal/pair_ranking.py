@@ -25,9 +25,13 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 from scipy.linalg import pinvh
 from scipy.stats import rankdata
 from sklearn.covariance import ledoit_wolf
+
+from .._arrays import add_to_diagonal, float64_on, namespace, to_numpy
+from .postprocess import covariance
 
 #: How ``tau="budget"`` ranks the gene pairs: ``"auto"`` (:func:`pair_ranking_for`), ``"consensus"`` (the fit and
 #: the partial correlations together), ``"fit"`` (the fit's weights alone, the K heaviest directed weights) or
@@ -78,13 +82,17 @@ SHRINKAGE_GRID = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
 SHRINKAGE_FOLDS = 5
 
 
-def shrunk_covariance(S: np.ndarray, shrinkage: float) -> np.ndarray:
-    """(1 − s)·S + s·(tr S / M)·I: S shrunk towards the identity scaled to S's mean variance."""
+def shrunk_covariance(S, shrinkage: float):
+    """(1 − s)·S + s·(tr S / M)·I: S shrunk towards the identity scaled to S's mean variance (a NumPy array, or a
+    torch tensor on its device)."""
     m = S.shape[0]
-    return (1.0 - shrinkage) * S + shrinkage * (np.trace(S) / max(m, 1)) * np.eye(m)
+    shrunk = (1.0 - shrinkage) * S
+    add_to_diagonal(shrunk, shrinkage * (float(S.trace()) / max(m, 1)))
+    return shrunk
 
 
-def likelihood_shrinkage(Z: np.ndarray, grid=SHRINKAGE_GRID, folds: int = SHRINKAGE_FOLDS, seed: int = 0) -> float:
+def likelihood_shrinkage(Z: np.ndarray, grid=SHRINKAGE_GRID, folds: int = SHRINKAGE_FOLDS, seed: int = 0,
+                         device=None) -> float:
     """The shrinkage of :func:`shrunk_covariance` under which held-out cells are most likely (Gaussian likelihood,
     summed over ``folds`` folds of the cells, split at random with ``seed``; ties go to the smaller intensity).
 
@@ -92,7 +100,8 @@ def likelihood_shrinkage(Z: np.ndarray, grid=SHRINKAGE_GRID, folds: int = SHRINK
     scored in O(M). Ledoit–Wolf's rule chooses the shrinkage that best estimates the covariance in Frobenius norm;
     the likelihood asks how well the shrunk matrix's inverse, whose entries are the partial correlations, describes
     new cells. Columns must vary (the caller drops constant ones). With fewer than ``2 · folds`` cells, Ledoit–Wolf's
-    intensity.
+    intensity. ``device``: ``None`` for NumPy, or a torch device on which to compute the folds' moments and
+    eigendecompositions (the pipeline's CUDA runs).
     """
     Z = np.asarray(Z, dtype=np.float64)
     n = Z.shape[0]
@@ -100,19 +109,8 @@ def likelihood_shrinkage(Z: np.ndarray, grid=SHRINKAGE_GRID, folds: int = SHRINK
         return float(ledoit_wolf(Z)[1]) if Z.shape[1] else 0.0
     grid = np.asarray(grid, dtype=np.float64)
     parts = np.array_split(np.random.default_rng(seed).permutation(n), folds)
-    # Each fold's cross-products and sums once: a training set's moments are the totals less its fold's.
-    grams = [Z[part].T @ Z[part] for part in parts]
-    sums = [Z[part].sum(axis=0) for part in parts]
-    gram_all, sum_all = sum(grams), sum(sums)
     score = np.zeros(grid.size)
-    for part, gram, total in zip(parts, grams, sums, strict=True):
-        n_test, n_train = part.size, n - part.size
-        centre = (sum_all - total) / n_train
-        eigenvalues, vectors = np.linalg.eigh((gram_all - gram) / n_train - np.outer(centre, centre))
-        # the held-out cells' second moments about the training centre, T, seen along each eigenvector: diag(Vᵀ T V)
-        held_out = gram / n_test - np.outer(total / n_test, centre) - np.outer(centre, total / n_test)
-        held_out += np.outer(centre, centre)
-        spread = np.einsum("ij,ij->j", vectors, held_out @ vectors)
+    for eigenvalues, spread in _fold_spectra(float64_on(Z, device), parts, namespace(device)):
         scale = eigenvalues.mean()
         d = (1.0 - grid[:, None]) * eigenvalues[None, :] + grid[:, None] * scale
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -121,25 +119,45 @@ def likelihood_shrinkage(Z: np.ndarray, grid=SHRINKAGE_GRID, folds: int = SHRINK
     return float(grid[int(np.argmax(score))])
 
 
-def shrunk_partial_correlations(X, shrinkage: float | None = None, seed: int = 0) -> np.ndarray:
+def _fold_spectra(Z, parts: list[np.ndarray], xp):
+    """Per fold, as NumPy arrays: the eigenvalues of the other cells' covariance, and the fold's second moments about
+    the other cells' centre along each of its eigenvectors (Z a NumPy array or a tensor, ``xp`` its module)."""
+    n = Z.shape[0]
+    # Each fold's cross-products and sums once: a training set's moments are the totals less its fold's.
+    grams = [Z[part].T @ Z[part] for part in parts]
+    sums = [Z[part].sum(axis=0) for part in parts]
+    gram_all, sum_all = sum(grams), sum(sums)
+    for part, gram, total in zip(parts, grams, sums, strict=True):
+        n_test, n_train = part.size, n - part.size
+        centre = (sum_all - total) / n_train
+        eigenvalues, vectors = xp.linalg.eigh((gram_all - gram) / n_train - xp.outer(centre, centre))
+        # the held-out cells' second moments about the training centre, T, seen along each eigenvector: diag(Vᵀ T V)
+        held_out = gram / n_test - xp.outer(total / n_test, centre) - xp.outer(centre, total / n_test)
+        held_out += xp.outer(centre, centre)
+        yield to_numpy(eigenvalues), to_numpy(xp.einsum("ij,ij->j", vectors, held_out @ vectors))
+
+
+def shrunk_partial_correlations(X, shrinkage: float | None = None, seed: int = 0, device=None) -> np.ndarray:
     """M×M partial correlations of the columns of X (zero diagonal) from their correlation matrix shrunk towards the
     identity (:func:`shrunk_covariance`), then inverted; constant columns get 0 everywhere.
 
     ``shrinkage``: the intensity s in [0, 1] (1: no partial correlation left); ``None`` (default): chosen by the
-    likelihood of held-out cells (:func:`likelihood_shrinkage`, folds drawn with ``seed``).
+    likelihood of held-out cells (:func:`likelihood_shrinkage`, folds drawn with ``seed``). ``device``: ``None`` for
+    NumPy, or a torch device on which to compute the covariance, its inverse and the shrinkage's folds.
     """
     X = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float64)
     sd = X.std(axis=0)
     Z = (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
     if shrinkage is None:
-        shrinkage = likelihood_shrinkage(Z[:, sd > 0], seed=seed)
+        shrinkage = likelihood_shrinkage(Z[:, sd > 0], seed=seed, device=device)
     if not 0.0 <= shrinkage <= 1.0:
         raise ValueError(f"shrinkage must be in [0, 1], got {shrinkage}")
-    shrunk = shrunk_covariance(np.cov(Z, rowvar=False, bias=True).reshape(Z.shape[1], Z.shape[1]), shrinkage)
+    shrunk = shrunk_covariance(covariance(Z, device, ddof=0).reshape(Z.shape[1], Z.shape[1]), shrinkage)
     try:  # positive definite once shrunk (s > 0): a plain inverse; at s = 0 a singular matrix takes the pseudo-inverse
-        precision = np.linalg.inv(shrunk)
-    except np.linalg.LinAlgError:
-        precision = pinvh(shrunk)
+        precision = namespace(device).linalg.inv(shrunk)
+    except (np.linalg.LinAlgError, torch.linalg.LinAlgError):
+        precision = pinvh(to_numpy(shrunk))
+    precision = to_numpy(precision)
     d = np.sqrt(np.clip(np.diag(precision), 1e-300, None))
     R = -precision / np.outer(d, d)
     R[:, sd == 0] = 0.0
@@ -148,7 +166,8 @@ def shrunk_partial_correlations(X, shrinkage: float | None = None, seed: int = 0
     return R
 
 
-def ranked_pairs(ranking: str, A: np.ndarray, tests: tuple | None, X) -> tuple[tuple, np.ndarray] | None:
+def ranked_pairs(ranking: str, A: np.ndarray, tests: tuple | None, X, device=None
+                 ) -> tuple[tuple, np.ndarray] | None:
     """The gene pairs ``(i, j)`` (i < j) and their scores (higher first) by which ``tau="budget"`` keeps pairs under
     ``ranking`` (:data:`PAIR_RANKINGS`); ``None`` where the fit's weights alone decide: ``"fit"``, or no partial
     correlation ``tests`` ((pairs, p) on every cell, as the budget needs them). ``"auto"`` must be resolved first
@@ -160,7 +179,7 @@ def ranked_pairs(ranking: str, A: np.ndarray, tests: tuple | None, X) -> tuple[t
     pairs, p = tests
     if ranking == "consensus":
         return pairs, consensus_scores(A, pairs, p)
-    return pairs, np.abs(shrunk_partial_correlations(X)[pairs])
+    return pairs, np.abs(shrunk_partial_correlations(X, device=device)[pairs])
 
 
 def pair_score_matrix(n_genes: int, pairs: tuple[np.ndarray, np.ndarray], scores: np.ndarray) -> np.ndarray:

@@ -147,14 +147,14 @@ def check_size(config: CausalConfig, X, genes: np.ndarray) -> None:
         logger.warning("rank %d ≥ number of genes %d: using a dense adjacency instead", config.rank, n_genes)
 
 
-def screen(config: CausalConfig, X) -> tuple[tuple | None, np.ndarray | None, dict | None]:
+def screen(config: CausalConfig, X, linalg_device=None) -> tuple[tuple | None, np.ndarray | None, dict | None]:
     """The partial-correlation tests on every cell (for the screen, and the budget where it tests every cell), the
-    candidate parents and their record."""
+    candidate parents and their record; ``linalg_device``: where the tests' linear algebra runs (``None``: NumPy)."""
     wants_screen = (config.screen == "partial_correlation" and config.model == "variational"
                     and config.rank_for(X.shape[1], screened=True) is None)
     tests = None
     if wants_screen and X.shape[1] <= BUDGET_MAX_GENES:
-        tests = partial_correlation_tests(X)
+        tests = partial_correlation_tests(X, linalg_device)
     if not wants_screen:
         return tests, None, None
     candidates = screen_candidates(X, SCREEN_FDR, tests) if tests is not None else None
@@ -189,9 +189,10 @@ def fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, candi
     return fit
 
 
-def edge_budget_for(X, tests, config: CausalConfig, seed: int) -> tuple[int | None, dict]:
+def edge_budget_for(X, tests, config: CausalConfig, seed: int, linalg_device=None) -> tuple[int | None, dict]:
     """``tau="budget"``'s number of edges (None: fall back on the ``"auto"`` rule) and its record; ``tests``: Fisher's
-    partial-correlation tests on every cell, if the screen already made them.
+    partial-correlation tests on every cell, if the screen already made them; ``linalg_device`` as for
+    :func:`screen`.
 
     The count is the pairs significant at ``budget_fdr`` less those the same test calls on a copy of the cells with
     every gene permuted on its own (:func:`~cape.causal.postprocess.decoy_count`, seeded by ``seed``): where the test
@@ -209,9 +210,9 @@ def edge_budget_for(X, tests, config: CausalConfig, seed: int) -> tuple[int | No
                         "(budget_cells=%d, at least 10 per gene)", rows.size, n_cells, config.budget_cells)
         tested = X if rows is None else X[rows]
         # The screen's Fisher tests were made on every cell: reused where the budget tests every cell too.
-        tests = budget_tests(tested, config.budget_test, fisher=tests if rows is None else None)
+        tests = budget_tests(tested, config.budget_test, fisher=tests if rows is None else None, device=linalg_device)
         significant = None if tests is None else edge_budget(tested, fdr, tests)
-        decoy = decoy_count(tested, fdr, config.budget_test, seed) if significant else 0
+        decoy = decoy_count(tested, fdr, config.budget_test, seed, linalg_device) if significant else 0
         budget = None if significant is None else max(significant - decoy, 0)
         cells = {"test": config.budget_test, "n_cells_tested": n_cells if rows is None else int(rows.size),
                  "cells_tested": "all" if rows is None else f"random subset (seed {seed})",
@@ -478,16 +479,20 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     if intervened is not None and dropped:
         intervened = sp.csr_matrix(intervened)[:, np.flatnonzero(np.isin(genes_in, genes))]
     check_size(config, X, genes)
-    tests, candidates, screen_record = screen(config, X)
+    dev = resolve_device(device)
+    # On CUDA the genes' covariance algebra (tests, shrinkage) runs on the card too; on the CPU it stays NumPy's.
+    linalg_device = dev if dev.type == "cuda" else None
+    tests, candidates, screen_record = screen(config, X, linalg_device)
     seed = seed_everything(seed)
-    fitted = fit(config, X, resolve_device(device), seed, intervened, candidates)
-    budget, budget_record = edge_budget_for(X, tests, config, seed) if config.tau == "budget" else (None, None)
+    fitted = fit(config, X, dev, seed, intervened, candidates)
+    budget, budget_record = (edge_budget_for(X, tests, config, seed, linalg_device) if config.tau == "budget"
+                             else (None, None))
     config = replace(config, pair_ranking=pair_ranking_for(config.pair_ranking, intervened))
     ranked = None
     if budget is not None and config.pair_ranking != "fit":
         if tests is None and X.shape[1] <= BUDGET_MAX_GENES:  # the screen was off: the same tests, on every cell
-            tests = partial_correlation_tests(X)
-        ranked = ranked_pairs(config.pair_ranking, fitted.adjacency, tests, X)
+            tests = partial_correlation_tests(X, linalg_device)
+        ranked = ranked_pairs(config.pair_ranking, fitted.adjacency, tests, X, linalg_device)
     if budget is not None:
         budget_record["pair_ranking"] = config.pair_ranking if ranked is not None else "fit"
     graph = threshold(fitted.adjacency, config, budget, X.shape[0], ranked)

@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 from scipy.stats import norm
 
-from .._arrays import dense
+from .._arrays import add_to_diagonal, dense, float64_on, namespace, to_numpy
 from .confidence import cell_states
 
 __all__ = [
@@ -190,22 +190,34 @@ def choose_tau(A: np.ndarray, tau: float | str, min_positioned: float, budget: i
     # The largest τ that still positions the requested fraction, but never into the optimiser's noise.
     return max(tau_positioning(A, min_positioned), AUTO_TAU_FLOOR), "auto: positioning"
 
-def partial_correlations(X) -> np.ndarray:
+def covariance(X, device=None, ddof: int = 1):
+    """M×M covariance of the columns of X (cells × genes, dense or sparse), with ``ddof`` degrees of freedom lost.
+
+    ``device``: ``None`` for NumPy's :func:`numpy.cov` (a NumPy array), or a torch device on which to compute it
+    (a float64 tensor there): the pipeline's CUDA runs keep the genes' covariance algebra on the card."""
+    if device is None:
+        return np.atleast_2d(np.cov(dense(X), rowvar=False, ddof=ddof))
+    X = float64_on(X, device)
+    centred = X - X.mean(axis=0)
+    return centred.T @ centred / (X.shape[0] - ddof)
+
+
+def partial_correlations(X, device=None) -> np.ndarray:
     """M×M partial correlations of the columns of X given all other columns (zero diagonal), from the inverse of
-    the covariance (with a ridge of 1e-8 of its mean variance, so that collinear genes do not break it)."""
-    X = X.toarray() if sp.issparse(X) else np.asarray(X)
-    cov = np.cov(np.asarray(X, dtype=np.float64), rowvar=False)
-    cov = np.atleast_2d(cov)
-    cov[np.diag_indices_from(cov)] += 1e-8 * max(float(np.mean(np.diag(cov))), 1e-300)
-    precision = np.linalg.inv(cov)
-    d = np.sqrt(np.clip(np.diag(precision), 1e-300, None))
-    R = -precision / np.outer(d, d)
+    the covariance (with a ridge of 1e-8 of its mean variance, so that collinear genes do not break it).
+    ``device``: as for :func:`covariance`."""
+    cov = covariance(X, device)
+    add_to_diagonal(cov, 1e-8 * max(float(cov.diagonal().mean()), 1e-300))
+    precision = namespace(device).linalg.inv(cov)
+    d = precision.diagonal().clip(1e-300, None) ** 0.5
+    R = to_numpy(-precision / (d[:, None] * d[None, :]))
     np.fill_diagonal(R, 0.0)
     return R
 
 
-def partial_correlation_tests(X) -> tuple[np.ndarray, np.ndarray] | None:
-    """Every gene pair's two-sided p-value for a zero partial correlation (Fisher's z, z = atanh(abs(r))·√(n − M − 1)).
+def partial_correlation_tests(X, device=None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every gene pair's two-sided p-value for a zero partial correlation (Fisher's z, z = atanh(abs(r))·√(n − M − 1));
+    ``device`` as for :func:`covariance`.
 
     Returns ``(pairs, p)``: the upper-triangle index arrays (i < j) and their p-values; ``None`` when X has fewer
     than M + :data:`BUDGET_MIN_EXTRA_CELLS` cells (too few degrees of freedom) or fewer than 2 genes.
@@ -213,7 +225,7 @@ def partial_correlation_tests(X) -> tuple[np.ndarray, np.ndarray] | None:
     n, m = X.shape
     if m < 2 or n < m + BUDGET_MIN_EXTRA_CELLS:
         return None
-    R = partial_correlations(X)
+    R = partial_correlations(X, device)
     pairs = np.triu_indices(m, 1)
     z = np.arctanh(np.clip(np.abs(R[pairs]), 0.0, 1.0 - 1e-12)) * np.sqrt(n - m - 1)
     return pairs, 2.0 * norm.sf(z)
@@ -243,7 +255,8 @@ def state_partial_correlation_tests(X, seed: int = 0) -> tuple[np.ndarray, np.nd
     return pairs, 2.0 * norm.sf(z)
 
 
-def robust_partial_correlation_tests(X, min_detected: int = MIN_DETECTED_CELLS) -> tuple[np.ndarray, np.ndarray] | None:
+def robust_partial_correlation_tests(X, min_detected: int = MIN_DETECTED_CELLS, device=None
+                                     ) -> tuple[np.ndarray, np.ndarray] | None:
     """Every gene pair's two-sided p-value for a zero partial correlation, with a variance that allows each cell its
     own (a heteroscedasticity-robust, sandwich test).
 
@@ -260,26 +273,25 @@ def robust_partial_correlation_tests(X, min_detected: int = MIN_DETECTED_CELLS) 
     Pairs with a gene whose variance rests on fewer than ``min_detected`` cells ((Σ x²)² / Σ x⁴ of its centred
     values: k for a gene detected in k cells) are not tested (p = NaN): with so few cells the sums have no normal
     limit, and the sandwich variance is far too small. Returns ``(pairs, p)`` as :func:`partial_correlation_tests` does,
-    ``None`` under the same conditions.
+    ``None`` under the same conditions. ``device``: as for :func:`covariance`.
     """
-    X = X.toarray() if sp.issparse(X) else np.asarray(X)
     n, m = X.shape
     if m < 2 or n < m + BUDGET_MIN_EXTRA_CELLS:
         return None
-    X = np.asarray(X, dtype=np.float64)
+    X = float64_on(X, device)
     centred = X - X.mean(axis=0)
     cov = centred.T @ centred / (n - 1)
-    cov[np.diag_indices_from(cov)] += 1e-8 * max(float(np.mean(np.diag(cov))), 1e-300)
-    precision = np.linalg.inv(cov)
-    to_residuals = precision / np.clip(np.diag(precision), 1e-300, None)
-    cross = np.zeros((m, m))
-    squares = np.zeros((m, m))
+    add_to_diagonal(cov, 1e-8 * max(float(cov.diagonal().mean()), 1e-300))
+    precision = namespace(device).linalg.inv(cov)
+    to_residuals = precision / precision.diagonal().clip(1e-300, None)
+    cross = squares = 0.0
     for start in range(0, n, _ROBUST_BLOCK_CELLS):  # in blocks of cells: no n × M residual array at once
         residuals = centred[start:start + _ROBUST_BLOCK_CELLS] @ to_residuals
-        cross += residuals.T @ residuals
+        cross = cross + residuals.T @ residuals
         residuals **= 2
-        squares += residuals.T @ residuals
+        squares = squares + residuals.T @ residuals
     pairs = np.triu_indices(m, 1)
+    cross, squares = to_numpy(cross), to_numpy(squares)
     with np.errstate(divide="ignore", invalid="ignore"):
         z = cross[pairs] / np.sqrt(squares[pairs]) * np.sqrt((n - m - 1) / n)
     p = 2.0 * norm.sf(np.abs(z))
@@ -288,33 +300,34 @@ def robust_partial_correlation_tests(X, min_detected: int = MIN_DETECTED_CELLS) 
     return pairs, p
 
 
-def _effective_cells(centred: np.ndarray) -> np.ndarray:
+def _effective_cells(centred) -> np.ndarray:
     """Per gene, the number of cells its variance rests on, (Σ x²)² / Σ x⁴ of its centred values: k for a gene
     detected in k of many cells, n/3 for a Gaussian one; unchanged by shifting or rescaling the gene."""
     squares = centred ** 2
-    total = squares.sum(axis=0)
+    total, fourth = to_numpy(squares.sum(axis=0)), to_numpy((squares ** 2).sum(axis=0))
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(total > 0, total ** 2 / (squares ** 2).sum(axis=0), 0.0)
+        return np.where(total > 0, total ** 2 / fourth, 0.0)
 
 
-def budget_tests(X, test: str = BUDGET_TEST, fisher: tuple | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+def budget_tests(X, test: str = BUDGET_TEST, fisher: tuple | None = None, device=None
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The budget's p-value for every gene pair, by ``test`` (:data:`BUDGET_TESTS`); ``None`` as for the tests.
 
     ``"both"``: the larger of Fisher's and the robust test's p-values, so a pair counts only where both call it
     significant; a pair the robust test leaves out (a gene detected in too few cells) stays untested (NaN). The
     larger p-value is valid wherever either test is. ``fisher``: :func:`partial_correlation_tests` (X) if already
-    made (the screen's), not made again.
+    made (the screen's), not made again. ``device``: as for :func:`covariance` (Fisher's and the robust test).
     """
     if test not in BUDGET_TESTS:
         raise ValueError(f"test must be one of {', '.join(BUDGET_TESTS)}, got {test!r}")
     if test == "fisher":
-        return fisher if fisher is not None else partial_correlation_tests(X)
+        return fisher if fisher is not None else partial_correlation_tests(X, device)
     if test == "state":
         return state_partial_correlation_tests(X)
-    robust = robust_partial_correlation_tests(X)
+    robust = robust_partial_correlation_tests(X, device=device)
     if test == "robust" or robust is None:
         return robust
-    fisher = fisher if fisher is not None else partial_correlation_tests(X)
+    fisher = fisher if fisher is not None else partial_correlation_tests(X, device)
     return robust[0], np.maximum(fisher[1], robust[1])  # NaN (not tested) stays NaN
 
 
@@ -328,7 +341,8 @@ def _bh_count(p: np.ndarray, fdr: float) -> int:
     return int(passed[-1] + 1) if passed.size else 0
 
 
-def edge_budget(X, fdr: float = BUDGET_FDR, tests: tuple | None = None, test: str = BUDGET_TEST) -> int | None:
+def edge_budget(X, fdr: float = BUDGET_FDR, tests: tuple | None = None, test: str = BUDGET_TEST,
+                device=None) -> int | None:
     """How many gene pairs the data support: pairs whose partial correlation is significant at ``fdr``.
 
     Each pair's partial correlation (given every other gene) is tested by ``test`` (:func:`budget_tests`; by default
@@ -336,9 +350,9 @@ def edge_budget(X, fdr: float = BUDGET_FDR, tests: tuple | None = None, test: st
     p-values of the pairs tested are cut by Benjamini–Hochberg. ``None``
     when X has fewer than M + :data:`BUDGET_MIN_EXTRA_CELLS` cells. The count is of gene pairs, the skeleton's
     edges: a graph thresholded to that many directed edges keeps about as many regulations as a
-    partial-correlation network that controls its false discoveries.
+    partial-correlation network that controls its false discoveries. ``device``: as for :func:`covariance`.
     """
-    tests = tests if tests is not None else budget_tests(X, test)
+    tests = tests if tests is not None else budget_tests(X, test, device=device)
     return None if tests is None else _bh_count(tests[1], fdr)
 
 
@@ -353,14 +367,15 @@ def permuted_genes(X, seed: int = 0) -> np.ndarray:
     return out
 
 
-def decoy_count(X, fdr: float = BUDGET_FDR, test: str = BUDGET_TEST, seed: int = 0) -> int:
+def decoy_count(X, fdr: float = BUDGET_FDR, test: str = BUDGET_TEST, seed: int = 0, device=None) -> int:
     """Pairs ``test`` calls significant at ``fdr`` on :func:`permuted_genes` (X): calls where no pair depends.
 
     A test that holds its level calls none or a few (Benjamini–Hochberg: none with probability ≥ 1 − ``fdr``). Many
     calls mean the test's null distribution does not fit these genes: Fisher's z on genes detected in a handful of
-    cells, whose correlations are a few shared cells. 0 when X has too few cells for the test.
+    cells, whose correlations are a few shared cells. 0 when X has too few cells for the test. ``device``: as for
+    :func:`covariance`.
     """
-    return edge_budget(permuted_genes(X, seed), fdr, test=test) or 0
+    return edge_budget(permuted_genes(X, seed), fdr, test=test, device=device) or 0
 
 
 def budget_rows(n_cells: int, n_genes: int, max_cells: int | None = BUDGET_CELLS,
