@@ -91,3 +91,19 @@ def test_cuda_pipeline_counts_the_cpus_budget() -> None:
     cuda = learn_causal_graph(X, genes, config, device="cuda", seed=0).record["edge_budget"]
     for key in ("n_pairs_significant", "n_pairs_permuted", "n_pairs_tested"):
         assert cuda[key] == cpu[key]
+
+
+def test_the_cpu_pipeline_keeps_numpys_algebra(monkeypatch) -> None:
+    # On the CPU the tests and the shrinkage run as NumPy's routines: the results of every earlier release.
+    from cape.causal import pipeline
+
+    seen = []
+    original = pipeline.partial_correlation_tests
+    monkeypatch.setattr(pipeline, "partial_correlation_tests",
+                        lambda X, device=None: seen.append(device) or original(X, device))
+    X = _cells(n=300, m=8, seed=2)[:, :-2]
+    learn_causal_graph(X, np.array([f"g{j}" for j in range(X.shape[1])]), CausalConfig(epochs=2, min_positioned=0),
+                       device="cpu")
+    assert seen == [None]
+    # what the card must hold for it: four cells × genes and ten genes × genes float64 arrays
+    assert pipeline.linalg_bytes(1000, 100) == 8 * (4 * 1000 * 100 + 10 * 100 * 100)

@@ -57,11 +57,11 @@ from .postprocess import (
     tau_positioning,
 )
 from .structural_equations import learned_equations
-from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
+from .trainer import MIN_CELLS, CausalFit, _fits_on_device, fit_variational_notears, gene_moments
 
 __all__ = ["BUDGET_MAX_GENES", "DECOY_WARNING_SHARE", "PARENTS_MLP_MAX_GENES", "SCAN_TAUS", "CausalGraph", "Graph",
-           "budget_pairs", "check_matrix", "check_size", "edge_budget_for", "fit", "learn_causal_graph", "orient",
-           "screen", "threshold"]
+           "budget_pairs", "check_matrix", "check_size", "edge_budget_for", "fit", "learn_causal_graph", "linalg_bytes",
+           "orient", "screen", "threshold"]
 
 logger = logging.getLogger("cape")
 
@@ -145,6 +145,13 @@ def check_size(config: CausalConfig, X, genes: np.ndarray) -> None:
                              "genes (preprocess n_top_genes, use_genes) or model='variational'")
     if config.model != "parents_mlp" and config.rank not in (None, "auto") and config.rank >= n_genes:
         logger.warning("rank %d ≥ number of genes %d: using a dense adjacency instead", config.rank, n_genes)
+
+
+def linalg_bytes(n_cells: int, n_genes: int) -> int:
+    """Device memory that the tests' and the shrinkage's float64 arrays take at most: four cells × genes arrays (the
+    data, centred, squared and its square) and ten genes × genes ones. On CUDA that algebra runs on the card where this
+    fits beside what is there (on the CPU, and where it does not fit, it stays NumPy's)."""
+    return 8 * (4 * n_cells * n_genes + 10 * n_genes * n_genes)
 
 
 def screen(config: CausalConfig, X, linalg_device=None) -> tuple[tuple | None, np.ndarray | None, dict | None]:
@@ -480,8 +487,7 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
         intervened = sp.csr_matrix(intervened)[:, np.flatnonzero(np.isin(genes_in, genes))]
     check_size(config, X, genes)
     dev = resolve_device(device)
-    # On CUDA the genes' covariance algebra (tests, shrinkage) runs on the card too; on the CPU it stays NumPy's.
-    linalg_device = dev if dev.type == "cuda" else None
+    linalg_device = dev if _fits_on_device(dev, linalg_bytes(*X.shape)) else None
     tests, candidates, screen_record = screen(config, X, linalg_device)
     seed = seed_everything(seed)
     fitted = fit(config, X, dev, seed, intervened, candidates)
