@@ -15,7 +15,9 @@ from cape.causal import (
     acyclicity_low_rank,
     acyclicity_power_series,
     acyclicity_weights,
+    blockwise_matrix_exp,
     hadamard_square_factors,
+    support_blocks,
     trace_expm,
 )
 
@@ -185,3 +187,57 @@ def test_fused_low_rank_l1_and_linearised_h_match_the_separate_terms() -> None:
     assert fused[1] == pytest.approx(float(h_ref), rel=1e-9, abs=1e-12)
     torch.testing.assert_close(fused[2], U.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(fused[3], V.grad, rtol=1e-5, atol=1e-6)
+
+
+def _sparse_support(M: int, n_edges: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random symmetric candidate pairs (both directions), as the screen gives them: several components."""
+    rng = np.random.default_rng(seed)
+    i, j = rng.integers(0, M, n_edges), rng.integers(0, M, n_edges)
+    keep = i != j
+    rows, cols = np.r_[i[keep], j[keep]], np.r_[j[keep], i[keep]]
+    pairs = np.unique(np.c_[rows, cols], axis=0)
+    return pairs[:, 0], pairs[:, 1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(M=st.integers(2, 40), density=st.floats(0.0, 1.5), seed=st.integers(0, 10_000))
+def test_blockwise_exponential_is_the_exponential_of_a_sparse_support(M: int, density: float, seed: int) -> None:
+    rows, cols = _sparse_support(M, int(density * M), seed)
+    blocks = support_blocks(rows, cols, M)
+    covered = torch.cat(blocks).numpy() if blocks else np.zeros(0, dtype=int)
+    assert np.unique(covered).size == covered.size and all(b.numel() > 1 for b in blocks)  # disjoint, no singletons
+    gen = torch.Generator().manual_seed(seed)
+    A = torch.zeros(M, M, dtype=torch.float64)
+    A[torch.as_tensor(rows), torch.as_tensor(cols)] = torch.randn(rows.size, generator=gen, dtype=torch.float64) * 0.6
+    # both within the exponential's own round-off (Padé with scaling and squaring: ~1e-12 of its largest entry)
+    full = torch.linalg.matrix_exp(A * A)
+    tol = {"rtol": 1e-9, "atol": 1e-11 * float(full.abs().max())}
+    torch.testing.assert_close(blockwise_matrix_exp(A * A, blocks), full, **tol)
+    h_full, W_full = acyclicity_weights(A)
+    h_blocks, W_blocks = acyclicity_weights(A, blocks=blocks)
+    torch.testing.assert_close(h_blocks, h_full, **tol)
+    torch.testing.assert_close(W_blocks, W_full, **tol)
+    # h through the blocks has h's gradient
+    a, b = A.clone().requires_grad_(True), A.clone().requires_grad_(True)
+    acyclicity_dense(a).backward()
+    acyclicity(b, blocks=blocks).backward()
+    torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-11 * float(a.grad.abs().max() + 1))
+
+
+def test_a_sparse_models_h_goes_through_its_components() -> None:
+    from cape.causal import VariationalNotears
+
+    M = 30
+    rows, cols = _sparse_support(M, 20, 1)
+    candidates = np.zeros((M, M), dtype=bool)
+    candidates[rows, cols] = True
+    model = VariationalNotears(M, candidates=candidates, sparse=True)
+    with torch.no_grad():
+        model.edge_weight.copy_(torch.linspace(-0.5, 0.7, model.edge_weight.numel()))
+    blocks = model.support_blocks()
+    assert sum(b.numel() for b in blocks) == np.unique(np.r_[rows, cols]).size < M
+    assert float(model.acyclicity()) == pytest.approx(float(acyclicity_dense(model.adjacency())), rel=1e-10)
+    linearised = LinearisedAcyclicity(model.acyclicity_matrix(), entries=model.edge_index(), blocks=blocks)
+    dense = LinearisedAcyclicity(model.acyclicity_matrix(), entries=model.edge_index())
+    torch.testing.assert_close(linearised.weights, dense.weights, rtol=1e-6, atol=1e-7)
+    assert VariationalNotears(M, candidates=candidates).support_blocks() is None  # a dense A: one exponential

@@ -13,7 +13,9 @@ from .acyclicity_penalty import (
     acyclicity_low_rank,
     acyclicity_power_series,
     acyclicity_weights,
+    blockwise_matrix_exp,
     hadamard_square_factors,
+    support_blocks,
     trace_expm,
 )
 from .causal_config import CausalConfig, NotearsConfig
@@ -90,6 +92,7 @@ __all__ = [
     "acyclicity_low_rank",
     "acyclicity_power_series",
     "acyclicity_weights",
+    "blockwise_matrix_exp",
     "budget_rows",
     "budget_tests",
     "cell_states",
@@ -127,6 +130,7 @@ __all__ = [
     "shift_tests",
     "shrunk_partial_correlations",
     "state_partial_correlation_tests",
+    "support_blocks",
     "tau_for_edges",
     "tau_positioning",
     "threshold",

@@ -15,11 +15,19 @@ h̃(A) = h(A₀) + Σ_ij W_ij (A_ij² − A₀_ij²) with W = exp(A₀∘A₀)�
 (2W∘A) as h at A₀, and a weighted L2 penalty elsewhere, whose pull on each A_ij is towards 0 and
 vanishes with it. The trainer re-linearises every few steps and evaluates h̃ in between at O(M²) per
 step (see ``h_every`` in :func:`cape.causal.fit_variational_notears`).
+
+A sparse A whose support falls apart into connected components (directions ignored; :func:`support_blocks`) has a
+Hadamard square that is block-diagonal after a permutation, and so is its exponential: ``blocks`` makes h and W one
+exponential per component instead of one M×M one (the screened candidates at 2,000 genes leave a largest component of
+about three quarters of the genes, so the exponential costs about half as much).
 """
 
 from __future__ import annotations
 
+import numpy as np
+import scipy.sparse as sp
 import torch
+from scipy.sparse.csgraph import connected_components
 
 __all__ = [
     "LinearisedAcyclicity",
@@ -28,7 +36,9 @@ __all__ = [
     "acyclicity_low_rank",
     "acyclicity_power_series",
     "acyclicity_weights",
+    "blockwise_matrix_exp",
     "hadamard_square_factors",
+    "support_blocks",
     "trace_expm",
 ]
 
@@ -56,9 +66,40 @@ def trace_expm(C: torch.Tensor) -> torch.Tensor:
     return _TraceExpm.apply(C)
 
 
-def acyclicity_dense(A: torch.Tensor) -> torch.Tensor:
-    """h(A) = tr(exp(A∘A)) − M for a dense M×M matrix (zero iff A is the adjacency of a DAG)."""
-    return trace_expm(A * A) - A.shape[0]
+def support_blocks(rows, cols, n: int) -> list[torch.Tensor]:
+    """The genes of each connected component, of more than one gene, of the graph on ``n`` genes with the edges
+    ``rows[e]`` – ``cols[e]`` (directions ignored), as sorted index tensors: a matrix that is zero off the diagonal
+    except at those edges is block-diagonal over them after a permutation, and so are its powers and exponential."""
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    graph = sp.coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n, n))
+    _, label = connected_components(graph, directed=False)
+    size = np.bincount(label)
+    return [torch.as_tensor(np.flatnonzero(label == c)) for c in np.argsort(-size, kind="stable") if size[c] > 1]
+
+
+def blockwise_matrix_exp(C: torch.Tensor, blocks: list[torch.Tensor]) -> torch.Tensor:
+    """exp(C) in float64 for a square C that is zero off its diagonal outside ``blocks`` (disjoint index tensors on
+    C's device, :func:`support_blocks`): one exponential per block, exp(C_ii) for the genes outside every block."""
+    C = C.double()
+    E = torch.diag(torch.exp(C.diagonal()))
+    for block in blocks:
+        E[block[:, None], block] = torch.linalg.matrix_exp(C[block[:, None], block])
+    return E
+
+
+def acyclicity_dense(A: torch.Tensor, blocks: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """h(A) = tr(exp(A∘A)) − M for a dense M×M matrix (zero iff A is the adjacency of a DAG); with ``blocks``
+    (:func:`support_blocks` of A's support), one exponential per block, the same h."""
+    C = A * A
+    if blocks is None:
+        return trace_expm(C) - A.shape[0]
+    outside = torch.ones(A.shape[0], dtype=torch.bool, device=A.device)
+    for block in blocks:
+        outside[block] = False
+    h = (torch.exp(C.diagonal()[outside].double()) - 1.0).sum()
+    for block in blocks:
+        h = h + trace_expm(C[block[:, None], block]) - block.numel()
+    return h
 
 
 def hadamard_square_factors(U: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,10 +125,11 @@ def acyclicity_low_rank(U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
 
 
 def acyclicity(A: torch.Tensor | None = None, U: torch.Tensor | None = None,
-               V: torch.Tensor | None = None) -> torch.Tensor:
-    """h for a dense ``A`` or for ``A = U @ V.T``, using the cheaper of the M×M and k×k exponentials."""
+               V: torch.Tensor | None = None, blocks: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """h for a dense ``A`` (``blocks``: as for :func:`acyclicity_dense`) or for ``A = U @ V.T``, using the cheaper of
+    the M×M and k×k exponentials."""
     if A is not None:
-        return acyclicity_dense(A)
+        return acyclicity_dense(A, blocks)
     if U is None or V is None:
         raise ValueError("pass either A or both U and V")
     M, r = U.shape
@@ -108,8 +150,10 @@ def acyclicity_power_series(A: torch.Tensor, terms: int = 30) -> torch.Tensor:
 
 
 def acyclicity_weights(A: torch.Tensor | None = None, U: torch.Tensor | None = None,
-                       V: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """h(A) and W = exp(A∘A)ᵀ (M×M), both float64, for a dense ``A`` or for ``A = U @ V.T``.
+                       V: torch.Tensor | None = None, blocks: list[torch.Tensor] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """h(A) and W = exp(A∘A)ᵀ (M×M), both float64, for a dense ``A`` (``blocks``: :func:`support_blocks` of its
+    support, one exponential per block) or for ``A = U @ V.T``.
 
     The gradient of h at A is 2W∘A. W comes from the M×M exponential while M ≤ 2k; for larger M from
     the 2k×2k block exponential exp([[C, I], [0, 0]]) = [[exp(C), φ(C)], [0, I]] with C = QᵀP and
@@ -134,7 +178,7 @@ def acyclicity_weights(A: torch.Tensor | None = None, U: torch.Tensor | None = N
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise ValueError(f"A must be a square matrix, got shape {tuple(A.shape)}")
     A = A.double()
-    E = torch.linalg.matrix_exp(A * A)
+    E = torch.linalg.matrix_exp(A * A) if blocks is None else blockwise_matrix_exp(A * A, blocks)
     return E.diagonal().sum() - A.shape[0], E.T.contiguous()
 
 
@@ -148,13 +192,15 @@ class LinearisedAcyclicity:
     0: unlike a reused gradient, it cannot push a weight through zero. Cost per call O(M²).
 
     ``entries`` = (rows, cols) keeps W and A₀ at those entries only, for an A that is zero elsewhere (a sparse A):
-    calls then take the vector of A's values there, A[rows, cols], and cost O(entries).
+    calls then take the vector of A's values there, A[rows, cols], and cost O(entries); ``blocks``
+    (:func:`support_blocks` of those entries) computes W one block at a time.
     """
 
     def __init__(self, A: torch.Tensor, U: torch.Tensor | None = None, V: torch.Tensor | None = None,
-                 entries: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 entries: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 blocks: list[torch.Tensor] | None = None) -> None:
         with torch.no_grad():
-            self.h0, W = acyclicity_weights(U=U, V=V) if U is not None else acyclicity_weights(A)
+            self.h0, W = acyclicity_weights(U=U, V=V) if U is not None else acyclicity_weights(A, blocks=blocks)
             self.A0 = A.detach().clone()
             self.weights = W.to(A.dtype)
             if entries is not None:

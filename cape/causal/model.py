@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .acyclicity_penalty import acyclicity
+from .acyclicity_penalty import acyclicity, support_blocks
 
 __all__ = ["ElementwiseMLP", "VariationalNotears"]
 
@@ -189,6 +189,11 @@ class VariationalNotears(nn.Module):
             self.register_buffer("edge_parent", parents)
             self.register_buffer("edge_child", children)
             self.edge_weight = nn.Parameter(torch.zeros(parents.numel()))
+            # The support's connected components, concatenated (buffers follow the model's device): h and its
+            # weights take one exponential per component.
+            blocks = support_blocks(parents.numpy(), children.numpy(), n_genes)
+            self.block_sizes = [int(b.numel()) for b in blocks]
+            self.register_buffer("block_genes", torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.long))
         elif rank is None:
             self.weight = nn.Parameter(torch.zeros(n_genes, n_genes))
             off_diagonal = 1.0 - torch.eye(n_genes)
@@ -229,6 +234,10 @@ class VariationalNotears(nn.Module):
         """diag(UVᵀ) in O(M·r) (low rank only): the self-loops masked out of the SEM."""
         return (self.U * self.V).sum(1)
 
+    def support_blocks(self) -> list[torch.Tensor] | None:
+        """The connected components of a sparse A's support (:func:`~cape.causal.support_blocks`), else ``None``."""
+        return list(torch.split(self.block_genes, self.block_sizes)) if self.sparse else None
+
     def acyclicity_matrix(self) -> torch.Tensor:
         """The matrix whose acyclicity is penalised: A (dense) or UVᵀ including its diagonal (low rank)."""
         return self.adjacency() if self.rank is None else self.U @ self.V.T
@@ -236,7 +245,7 @@ class VariationalNotears(nn.Module):
     def acyclicity(self) -> torch.Tensor:
         """h(A) (float64 scalar), through the k×k identity when that is cheaper."""
         if self.rank is None:
-            return acyclicity(self.adjacency())
+            return acyclicity(self.adjacency(), blocks=self.support_blocks())
         return acyclicity(U=self.U, V=self.V)
 
     def l1(self) -> torch.Tensor:

@@ -542,7 +542,8 @@ class _Run:
         if self.h_every > 1 and (self.step % self.h_every == 0 or self.linearised is None):
             with torch.no_grad():
                 fresh = LinearisedAcyclicity(model.acyclicity_matrix(), *(
-                    () if model.rank is None else (model.U, model.V)), entries=model.edge_index())
+                    () if model.rank is None else (model.U, model.V)), entries=model.edge_index(),
+                    blocks=model.support_blocks())
             # A captured step reads the old point's tensors: move them rather than the reference.
             self.linearised = fresh if self.linearised is None else self.linearised.assign_(fresh)
         if self.captured is not None:
