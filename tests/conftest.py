@@ -10,10 +10,15 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
+from hypothesis import settings as hypothesis_settings
 
 from cape._settings import THREAD_ENV_VARS
 from cape.data.perturbation_data import simulate_perturbation
 from cape.tasks.labels import SPLIT_KEY
+
+# The property tests draw the same examples on every run, seeded like everything else: a red run can be repeated.
+hypothesis_settings.register_profile("cape", derandomize=True)
+hypothesis_settings.load_profile("cape")
 
 
 def pytest_configure(config):

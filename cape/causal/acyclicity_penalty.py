@@ -44,46 +44,58 @@ __all__ = [
 
 
 class _TraceExpm(torch.autograd.Function):
-    """tr(exp(C)) with the closed-form gradient exp(C)ᵀ."""
+    """tr(exp(C)) with the closed-form gradient exp(C)ᵀ (summed over a batch of matrices)."""
 
     @staticmethod
     def forward(ctx, C: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         E = torch.linalg.matrix_exp(C.double())
         ctx.save_for_backward(E)
         ctx.in_dtype = C.dtype
-        return E.diagonal().sum()
+        return E.diagonal(dim1=-2, dim2=-1).sum()
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         (E,) = ctx.saved_tensors
-        return (grad_output.double() * E.T).to(ctx.in_dtype)
+        return (grad_output.double() * E.transpose(-2, -1)).to(ctx.in_dtype)
 
 
 def trace_expm(C: torch.Tensor) -> torch.Tensor:
-    """tr(exp(C)) of a square matrix, computed in float64, differentiable (returns a float64 scalar)."""
-    if C.ndim != 2 or C.shape[0] != C.shape[1]:
+    """tr(exp(C)) of a square matrix (or the sum over a batch of them, …×n×n), computed in float64,
+    differentiable (returns a float64 scalar)."""
+    if C.ndim < 2 or C.shape[-1] != C.shape[-2]:
         raise ValueError(f"trace_expm needs a square matrix, got shape {tuple(C.shape)}")
     return _TraceExpm.apply(C)
 
 
 def support_blocks(rows, cols, n: int) -> list[torch.Tensor]:
-    """The genes of each connected component, of more than one gene, of the graph on ``n`` genes with the edges
-    ``rows[e]`` – ``cols[e]`` (directions ignored), as sorted index tensors: a matrix that is zero off the diagonal
-    except at those edges is block-diagonal over them after a permutation, and so are its powers and exponential."""
+    """The connected components, of more than one gene, of the graph on ``n`` genes with the edges ``rows[e]`` –
+    ``cols[e]`` (directions ignored), grouped by size: one G×s index tensor per size s (G components of s genes, each
+    row sorted), the largest size first. A matrix that is zero off the diagonal except at those edges is
+    block-diagonal over the components after a permutation, and so are its powers and its exponential; components of
+    one size share one batched exponential."""
     rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
     graph = sp.coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n, n))
     _, label = connected_components(graph, directed=False)
-    size = np.bincount(label)
-    return [torch.as_tensor(np.flatnonzero(label == c)) for c in np.argsort(-size, kind="stable") if size[c] > 1]
+    order = np.argsort(label, kind="stable")  # genes by component, ascending within each
+    sizes = np.bincount(label)
+    genes = np.split(order, np.cumsum(sizes)[:-1])
+    return [torch.as_tensor(np.stack([g for g in genes if g.size == size]))
+            for size in sorted({int(k) for k in sizes if k > 1}, reverse=True)]
+
+
+def _block_index(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return blocks[:, :, None], blocks[:, None, :]
 
 
 def blockwise_matrix_exp(C: torch.Tensor, blocks: list[torch.Tensor]) -> torch.Tensor:
-    """exp(C) in float64 for a square C that is zero off its diagonal outside ``blocks`` (disjoint index tensors on
-    C's device, :func:`support_blocks`): one exponential per block, exp(C_ii) for the genes outside every block."""
+    """exp(C) in float64 for a square C that is zero off its diagonal outside the components ``blocks``
+    (:func:`support_blocks`, index tensors on C's device): one batched exponential per component size, exp(C_ii)
+    for the genes outside every component."""
     C = C.double()
     E = torch.diag(torch.exp(C.diagonal()))
-    for block in blocks:
-        E[block[:, None], block] = torch.linalg.matrix_exp(C[block[:, None], block])
+    for group in blocks:
+        index = _block_index(group)
+        E[index] = torch.linalg.matrix_exp(C[index])
     return E
 
 
@@ -94,11 +106,11 @@ def acyclicity_dense(A: torch.Tensor, blocks: list[torch.Tensor] | None = None) 
     if blocks is None:
         return trace_expm(C) - A.shape[0]
     outside = torch.ones(A.shape[0], dtype=torch.bool, device=A.device)
-    for block in blocks:
-        outside[block] = False
+    for group in blocks:
+        outside[group.reshape(-1)] = False
     h = (torch.exp(C.diagonal()[outside].double()) - 1.0).sum()
-    for block in blocks:
-        h = h + trace_expm(C[block[:, None], block]) - block.numel()
+    for group in blocks:
+        h = h + trace_expm(C[_block_index(group)]) - group.numel()
     return h
 
 

@@ -192,8 +192,9 @@ class VariationalNotears(nn.Module):
             # The support's connected components, concatenated (buffers follow the model's device): h and its
             # weights take one exponential per component.
             blocks = support_blocks(parents.numpy(), children.numpy(), n_genes)
-            self.block_sizes = [int(b.numel()) for b in blocks]
-            self.register_buffer("block_genes", torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.long))
+            self.block_shapes = [tuple(b.shape) for b in blocks]
+            self.register_buffer("block_genes", torch.cat([b.reshape(-1) for b in blocks]) if blocks else
+                                 torch.zeros(0, dtype=torch.long))
         elif rank is None:
             self.weight = nn.Parameter(torch.zeros(n_genes, n_genes))
             off_diagonal = 1.0 - torch.eye(n_genes)
@@ -236,7 +237,10 @@ class VariationalNotears(nn.Module):
 
     def support_blocks(self) -> list[torch.Tensor] | None:
         """The connected components of a sparse A's support (:func:`~cape.causal.support_blocks`), else ``None``."""
-        return list(torch.split(self.block_genes, self.block_sizes)) if self.sparse else None
+        if not self.sparse:
+            return None
+        parts = torch.split(self.block_genes, [g * k for g, k in self.block_shapes])
+        return [part.reshape(shape) for part, shape in zip(parts, self.block_shapes, strict=True)]
 
     def acyclicity_matrix(self) -> torch.Tensor:
         """The matrix whose acyclicity is penalised: A (dense) or UVᵀ including its diagonal (low rank)."""
