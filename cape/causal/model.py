@@ -194,7 +194,7 @@ class VariationalNotears(nn.Module):
             blocks = support_blocks(parents.numpy(), children.numpy(), n_genes)
             self.block_shapes = [tuple(b.shape) for b in blocks]
             self.register_buffer("block_genes", torch.cat([b.reshape(-1) for b in blocks]) if blocks else
-                                 torch.zeros(0, dtype=torch.long))
+                                 torch.zeros(0, dtype=torch.long), persistent=False)  # derived from the edges
         elif rank is None:
             self.weight = nn.Parameter(torch.zeros(n_genes, n_genes))
             off_diagonal = 1.0 - torch.eye(n_genes)
