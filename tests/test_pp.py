@@ -74,8 +74,9 @@ def test_counts_put_back_after_log1p_are_counts(counts_adata):
     assert cape.pp.detect_scale(binary) == "log"
 
 
-def test_every_gene_used_when_fewer_than_n_top(counts_adata):
-    cape.pp.preprocess(counts_adata, n_top_genes=2000)
+@pytest.mark.parametrize("n_top_genes", [2000, None])
+def test_every_gene_used_when_fewer_than_n_top(counts_adata, n_top_genes):
+    cape.pp.preprocess(counts_adata, n_top_genes=n_top_genes)
     assert counts_adata.var["cape_used"].all()
 
 
@@ -93,7 +94,8 @@ def test_pbmc68k_reduced_default():
         ({"min_genes": 1000}, "min_genes=1000 exceeds the number of genes"),
         ({"min_genes": -1}, "min_genes must be ≥ 0"),
         ({"target_sum": 0}, "target_sum must be > 0"),
-        ({"n_top_genes": 0}, "n_top_genes must be ≥ 1"),
+        ({"n_top_genes": 0}, "n_top_genes must be an integer ≥ 1 or None"),
+        ({"n_top_genes": 2.5}, "n_top_genes must be an integer ≥ 1 or None"),
     ],
 )
 def test_bad_parameters(counts_adata, kwargs, message):

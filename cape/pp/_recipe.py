@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import numbers
 import time
 from typing import Any
 
@@ -42,7 +43,7 @@ def preprocess(
     min_genes: int = 200,
     target_sum: float = 1e4,
     log1p: bool = True,
-    n_top_genes: int = N_TOP_GENES,
+    n_top_genes: int | None = N_TOP_GENES,
     *,
     min_cells: int = 0,
     hvg_flavor: str = "seurat",
@@ -79,7 +80,7 @@ def preprocess(
         Apply ``log1p`` after normalisation.
     n_top_genes
         Number of highly variable genes to use (default 300, as ``cape preprocess`` and the workflow; the paper
-        used 2,000).
+        used 2,000). ``None``: every gene that varies.
     min_cells
         Minimum number of cells a gene must be detected in (0: keep all genes).
     hvg_flavor
@@ -216,16 +217,16 @@ def _normalise(adata: ad.AnnData, target_sum: float, log1p: bool) -> tuple[str, 
     return scale, True
 
 
-def _mark_used_genes(adata: ad.AnnData, n_top_genes: int, hvg_flavor: str) -> None:
+def _mark_used_genes(adata: ad.AnnData, n_top_genes: int | None, hvg_flavor: str) -> None:
     """``var["highly_variable"]`` (scanpy's HVG, or every varying gene) and ``var["cape_used"]``, in place."""
     varying = _varying_genes(adata.X)
     n_varying = int(varying.sum())
     if n_varying == 0:
         raise CapeInputError(f"all {adata.n_vars} genes are constant across the {adata.n_obs} cells after "
                              "normalisation: no gene varies, so there is no graph to learn")
-    if n_top_genes >= n_varying:
+    if n_top_genes is None or n_top_genes >= n_varying:
         # HVG ranking needs variation (scanpy fails on constant genes); every gene that varies is used.
-        logger.info("n_top_genes=%d ≥ %d genes that vary: using all of them", n_top_genes, n_varying)
+        logger.info("n_top_genes=%s ≥ %d genes that vary: using all of them", n_top_genes, n_varying)
         adata.var["highly_variable"] = varying
     else:
         if hvg_flavor in _COUNT_FLAVORS and "counts" not in adata.layers:
@@ -271,7 +272,7 @@ def _varying_genes(x) -> np.ndarray:
     return hi - lo > 1e-6 * np.maximum(1.0, np.abs(hi))
 
 
-def _check_params(adata: ad.AnnData, min_genes: int, target_sum: float, n_top_genes: int, min_cells: int,
+def _check_params(adata: ad.AnnData, min_genes: int, target_sum: float, n_top_genes: int | None, min_cells: int,
                   hvg_flavor: str) -> None:
     if hvg_flavor not in HVG_FLAVORS:
         raise CapeInputError(f"hvg_flavor must be one of {', '.join(HVG_FLAVORS)}, got {hvg_flavor!r}")
@@ -285,7 +286,8 @@ def _check_params(adata: ad.AnnData, min_genes: int, target_sum: float, n_top_ge
         raise CapeInputError(f"min_genes={min_genes} exceeds the number of genes ({adata.n_vars}); lower min_genes")
     if not target_sum > 0:
         raise CapeInputError(f"target_sum must be > 0, got {target_sum}")
-    if n_top_genes < 1:
-        raise CapeInputError(f"n_top_genes must be ≥ 1, got {n_top_genes}")
+    if n_top_genes is not None and (isinstance(n_top_genes, bool) or not isinstance(n_top_genes, numbers.Integral)
+                                    or n_top_genes < 1):
+        raise CapeInputError(f"n_top_genes must be an integer ≥ 1 or None (every varying gene), got {n_top_genes!r}")
     if min_cells < 0:
         raise CapeInputError(f"min_cells must be ≥ 0, got {min_cells}")
