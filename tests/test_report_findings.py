@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import anndata as ad
 import numpy as np
 import pandas as pd
@@ -63,6 +65,13 @@ def test_no_op_graph_is_called_out(trained_adata, tmp_path):
     (remedy,) = positioning_finding(positioning(trained_adata)).remedies
     assert "`causal.tau: 0.05`" in remedy and "5 edges" in remedy and "7 of the 12 genes" in remedy
     assert "τ = 0.2" in remedy
+    # the budget's record is read only where the budget sized the graph
+    assert positioning(trained_adata).budget_pairs is None
+    trained_adata.uns["cape"]["causal_graph"] |= {"tau_rule": "budget", "edge_budget": {"n_pairs": 0}}
+    assert positioning(trained_adata).budget_pairs == 0
+    (remedy,) = positioning_finding(positioning(trained_adata)).remedies
+    assert "only 0 gene pairs were significant" in remedy and "the other 5 edges" in remedy
+    del trained_adata.uns["cape"]["causal_graph"]["tau_rule"], trained_adata.uns["cape"]["causal_graph"]["edge_budget"]
     records = evaluate_run(trained_adata, "cell_type")
     text = write_report(trained_adata, records, tmp_path / "r.md", label_key="cell_type")
     verdict_section = text.read_text().split("## Run")[0]
@@ -174,7 +183,11 @@ def test_a_lower_threshold_is_advised_only_where_the_scan_shows_it_works():
     enough = Positioning(n_used=300, n_positioned=144, n_edges=132, tau=0.05,
                          scan=((0.05, 132, 144), (0.02, 200, 160), (0.01, 260, 170)))
     (remedy,) = positioning_finding(enough).remedies
-    assert "`causal.tau: 0.02`" in remedy and "160 of the 300 genes" in remedy
+    assert "`causal.tau: 0.02`" in remedy and "160 of the 300 genes" in remedy and "significant" not in remedy
+    # sized by the budget: the advice says how far the lower τ goes beyond the pairs the budget found significant
+    budgeted = dataclasses.replace(enough, tau_rule="budget", budget_pairs=132)
+    (remedy,) = positioning_finding(budgeted).remedies
+    assert "only 132 gene pairs were significant" in remedy and "the other 68 edges rest on the fit's weights" in remedy
 
 
 def test_baseline_wins_names_cause_and_remedy(trained_adata, tmp_path):

@@ -88,6 +88,9 @@ class Positioning:
     #: How the edge budget chose its pairs (``edge_budget["pair_ranking"]``): under a pair ranking other than
     #: ``"fit"`` ``tau`` is the lightest kept weight, not a cut of A
     pair_ranking: str | None = None
+    #: Gene pairs the edge budget kept (``edge_budget["n_pairs"]``: those significant at its false discovery rate,
+    #: less the permuted copy's), where the budget sized the graph
+    budget_pairs: int | None = None
 
     @property
     def fraction(self) -> float:
@@ -122,12 +125,15 @@ def positioning(adata: ad.AnnData) -> Positioning | None:
     rows = tuple((float(t), int(e), int(p)) for t, e, p in
                  zip(scan.get("tau", ()), scan.get("n_edges", ()), scan.get("n_positioned", ()), strict=False))
     isolated = adata.uns.get("cape", {}).get("hyperbolic_embedding", {}).get("params", {}).get("isolated")
+    budget = info.get("edge_budget", {})
+    budget_pairs = budget.get("n_pairs") if info.get("tau_rule") == "budget" else None
     return Positioning(n_used=int(used.sum()), n_positioned=int((has_edge & used).sum()), n_edges=n_edges,
                        tau=float(tau) if isinstance(tau, int | float | np.number) else None,
                        n_cells=None if n_cells is None else int(n_cells),
                        tau_rule=info.get("tau_rule"), scan=rows,
                        isolated=None if isolated is None else str(isolated),
-                       pair_ranking=info.get("edge_budget", {}).get("pair_ranking"))
+                       pair_ranking=budget.get("pair_ranking"),
+                       budget_pairs=None if budget_pairs is None else int(budget_pairs))
 
 
 def tau_remedy(pos: Positioning) -> str | None:
@@ -136,7 +142,8 @@ def tau_remedy(pos: Positioning) -> str | None:
     Only thresholds at or above the noise floor :data:`~cape.causal.postprocess.AUTO_TAU_FLOOR` count (smaller
     weights are the optimiser's noise, not edges). With some genes positioned, the threshold must reach
     :data:`MIN_POSITIONED_FRACTION` of the used genes; with none, any gene positioned is a change. The largest such
-    τ is named, as it keeps the fewest weak edges.
+    τ is named, as it keeps the fewest weak edges. Where the edge budget sized the graph, the advice says how many
+    of those edges go beyond the pairs the budget found significant: a fixed τ takes them on the fit's word alone.
     """
     lower = [(t, e, p) for t, e, p in pos.scan
              if t >= AUTO_TAU_FLOOR - 1e-12 and (pos.tau is None or t < pos.tau) and p > pos.n_positioned]
@@ -148,8 +155,13 @@ def tau_remedy(pos: Positioning) -> str | None:
         return None
     t, e, p = max(enough, key=lambda r: r[0])
     now = f"; this run: τ = {pos.tau:.3g}" if pos.tau is not None else ""
+    beyond = ""
+    if pos.budget_pairs is not None and e > pos.budget_pairs:
+        beyond = (f", but only {pos.budget_pairs:,} gene pairs were significant at the edge budget's false discovery "
+                  f"rate: the other {e - pos.budget_pairs:,} edges rest on the fit's weights alone, so their "
+                  "positions are guesses")
     return (f"lower Step I's edge threshold to `causal.tau: {t:.3g}`: Step I's threshold scan keeps {e:,} edges "
-            f"there, positioning {p:,} of the {pos.n_used:,} genes{now}")
+            f"there, positioning {p:,} of the {pos.n_used:,} genes{beyond}{now}")
 
 
 def positions_remedies(pos: Positioning) -> tuple[str, ...]:
