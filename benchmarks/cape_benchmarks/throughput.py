@@ -25,6 +25,7 @@ import torch
 
 import cape
 from cape._errors import CapeInputError
+from cape._settings import resolve_device
 from cape.causal import CausalConfig, fit_variational_notears
 from cape.causal import pipeline as step1
 from cape.causal.structure_recovery import dag_metrics
@@ -238,8 +239,11 @@ def _training_stages(ready: ad.AnnData, device: str, seed: int, n_cells: int, st
 
 def throughput_devices(design: str, devices: list[str] | None) -> list[str]:
     """The devices asked for, else CPU and CUDA (where present); the whole-transcriptome design only on CUDA unless
-    the CPU is named (on a CPU its Step I takes hours)."""
+    the CPU is named (on a CPU its Step I takes hours). A device that is not there is refused before any data are
+    made."""
     if devices:
+        for device in devices:
+            resolve_device(device)  # one line for a CUDA device on a machine without one, or an unknown name
         return devices
     cuda = torch.cuda.is_available()
     if design == "transcriptome":

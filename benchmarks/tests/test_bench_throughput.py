@@ -43,6 +43,12 @@ def test_the_transcriptome_design_wants_cuda_or_a_named_cpu(monkeypatch):
         throughput.throughput_devices("transcriptome", None)
     assert throughput.throughput_devices("transcriptome", ["cpu"]) == ["cpu"]
     assert throughput.throughput_devices("scale", None) == ["cpu"]
+    # a named CUDA device that is not there, or a name that is no device, is refused before any data are made
+    for design in ("scale", "transcriptome"):
+        with pytest.raises(CapeInputError, match="CUDA is not available on this machine"):
+            throughput.throughput_devices(design, ["cpu", "cuda"])
+    with pytest.raises(CapeInputError, match="unknown device 'gpu'"):
+        throughput.throughput_devices("scale", ["gpu"])
     with pytest.raises(CapeInputError, match="design must be one of"):
         throughput.run_throughput(devices=["cpu"], design="genome")
 
