@@ -25,10 +25,11 @@ case "$part" in
     # Only the modules holding gpu tests: collecting the others would import what the image lacks (Snakemake, nbclient).
     python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -l "mark.gpu" tests/*.py benchmarks/tests/*.py) 2>&1 \
       | tail -n 30 > "$out/gpu_tests.log" || true  # a failing gpu test is in the log; the timings still run
-    python3 -m cape_benchmarks throughput --devices cuda --out "$out/scale"
+    timeout 480 python3 -m cape_benchmarks throughput --devices cuda --out "$out/scale" 2>&1 \
+      | tail -n 40 > "$out/scale.log"
     ;;
   transcriptome)
-    # 570 s: the device tool stops a command at 600 s and returns what $OUT holds then.
+    # The device tool stops a command at 600 s (and returns what $OUT holds then): stop first, with the log.
     timeout 570 python3 -m cape_benchmarks throughput --devices cuda --design transcriptome \
       --out "$out/transcriptome" 2>&1 | tail -n 40 > "$out/transcriptome.log"
     ;;
