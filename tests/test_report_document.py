@@ -101,6 +101,20 @@ def test_report_lists_the_strongest_edges_with_their_confidence(trained_adata, t
     assert f"| {genes[1]} | {genes[4]} | +0.2 | 0.400 | guess |" in table
     assert table.index(genes[3]) < table.index(genes[4])  # the more confident first
     assert "| partial r |" not in table
+    # no perturbation oriented an edge: every direction is the fit's, said once, no column for it
+    assert "every direction is the fit's alone" in table and "| direction |" not in table
+    # perturbations backed one direction: a column says whose each direction is
+    adata.uns["cape"]["causal_graph"]["orientation"] = {
+        "fdr": 0.05, "n_tested_pairs": 40, "n_shifted_pairs": 3, "n_removed_cycle_edges": 0,
+        "n_edges_supported": 1, "n_edges_turned": 0, "supported_source": np.array([genes[0]], dtype=object),
+        "supported_target": np.array([genes[1]], dtype=object), "turned_source": np.array([], dtype=object),
+        "turned_target": np.array([], dtype=object)}
+    table = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text().split(
+        "## Strongest edges")[1]
+    assert f"| {genes[0]} | {genes[1]} | +0.9 | 1.000 | solid | perturbations |" in table
+    assert f"| {genes[1]} | {genes[4]} | +0.2 | 0.400 | guess | fit |" in table
+    assert "*perturbations* where the shifts" in table and "every direction is the fit's alone" not in table
+    del adata.uns["cape"]["causal_graph"]["orientation"]
     # equal confidences are ordered by the partial correlation's size, not by weight
     adata.varp["cape_dag_partial_correlation"] = sp.csr_matrix(np.where(dag == -0.5, -0.6, np.where(dag != 0, 0.3, 0)))
     table = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text().split(

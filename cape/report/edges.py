@@ -28,7 +28,9 @@ def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN)
     ``None`` when the graph is absent or empty.
 
     With a confidence the most trusted edges are listed (:func:`cape.causal.edge_order`: by confidence, ties by
-    |partial correlation|), else the heaviest."""
+    |partial correlation|), else the heaviest. Where Step I oriented edges by perturbations (its ``orientation``
+    record), a column says whose each direction is; where it recorded none, a sentence says every direction is the
+    fit's."""
     if key not in adata.varp:
         return None
     A = sp.coo_matrix(adata.varp[key])
@@ -44,25 +46,54 @@ def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN)
     else:
         order = np.argsort(-np.abs(weights), kind="stable")[:n]
     genes = np.asarray(adata.var_names)
+    record = adata.uns.get("cape", {}).get("causal_graph", {})
+    backed = _perturbation_backed(record.get("orientation"))
     header = (["cause", "effect", "weight"] + (["partial r"] if partial is not None else [])
-              + (["confidence", ""] if confidence is not None else []))
+              + (["confidence", ""] if confidence is not None else []) + (["direction"] if backed is not None else []))
     table = []
     for e in order:
         row = [genes[rows[e]], genes[cols[e]], f"{weights[e]:+.3g}"]
         row += [f"{partial[e]:+.2f}"] if partial is not None else []
         if confidence is not None:
             row += [f"{confidence[e]:.3f}", "solid" if confidence[e] >= SOLID_CONFIDENCE else "guess"]
+        if backed is not None:
+            row += ["perturbations" if (str(genes[rows[e]]), str(genes[cols[e]])) in backed else "fit"]
         table.append(row)
+    directions = _direction_note(record, backed)
     if confidence is None:
-        return (f"## Strongest edges\n\nThe {len(order)} heaviest of {weights.size} edges (no confidence stored).\n\n"
-                + markdown_table(header, table))
+        return (f"## Strongest edges\n\nThe {len(order)} heaviest of {weights.size} edges (no confidence stored)."
+                f"{directions}\n\n" + markdown_table(header, table))
     then = ("the size of the partial correlation (*partial r*: cause and effect given the effect's other parents and "
             "the cells' state)" if partial is not None else "weight")
     note = (f"The {len(order)} most trusted of {weights.size} edges: by confidence, then by {then}. A *guess* "
             f"(confidence below {SOLID_CONFIDENCE:g}) is an edge whose dependence the child's other parents and the "
             "cells' state (Leiden clusters) explain; a *solid* edge can still be indirect, through a gene the graph "
-            "missed.")
+            "missed." + directions)
     return "## Strongest edges\n\n" + note + "\n\n" + markdown_table(header, table)
+
+
+def _perturbation_backed(orientation: dict | None) -> set[tuple[str, str]] | None:
+    """The (cause, effect) names whose direction the perturbations' shifts support or turned, from Step I's
+    ``orientation`` record; ``None`` without the record."""
+    if not orientation:
+        return None
+    backed = set()
+    for key in ("supported", "turned"):
+        sources, targets = orientation.get(f"{key}_source", ()), orientation.get(f"{key}_target", ())
+        backed |= {(str(a), str(b)) for a, b in zip(sources, targets, strict=False)}
+    return backed
+
+
+def _direction_note(record: dict, backed: set[tuple[str, str]] | None) -> str:
+    """A sentence on whose the directions are: the fit's alone (no orientation record), or partly the
+    perturbations'; empty where no Step I record is stored (nothing to say either way)."""
+    if not record:
+        return ""
+    if backed is None:
+        return (" No edge was oriented by perturbed cells, so every direction is the fit's alone: read cause → "
+                "effect as a hypothesis (the confidence is about the pair, not its direction).")
+    return (" *direction*: *perturbations* where the shifts that a perturbed gene caused support or set the edge's "
+            "direction, *fit* where they say nothing and the direction is the fit's alone.")
 
 
 def _stored(adata: ad.AnnData, name: str, rows: np.ndarray, cols: np.ndarray) -> np.ndarray | None:
