@@ -125,7 +125,7 @@ def positioning(adata: ad.AnnData) -> Positioning | None:
     rows = tuple((float(t), int(e), int(p)) for t, e, p in
                  zip(scan.get("tau", ()), scan.get("n_edges", ()), scan.get("n_positioned", ()), strict=False))
     isolated = adata.uns.get("cape", {}).get("hyperbolic_embedding", {}).get("params", {}).get("isolated")
-    budget = info.get("edge_budget", {})
+    budget = info.get("edge_budget") or {}
     budget_pairs = budget.get("n_pairs") if info.get("tau_rule") == "budget" else None
     return Positioning(n_used=int(used.sum()), n_positioned=int((has_edge & used).sum()), n_edges=n_edges,
                        tau=float(tau) if isinstance(tau, int | float | np.number) else None,
