@@ -52,10 +52,11 @@ $(SDCD_VENV)/.installed:
 # Wheels for a lent GPU machine (benchmarks/device_checks.sh; docs/benchmarks/throughput.md). Its image (Python 3.12,
 # x86-64) has torch, numpy, scipy, pandas, scikit-learn, matplotlib, h5py, numba and networkx but none of these, which
 # cape and its benchmarks import; their other needs are in the image. Pinned to one set that resolves together.
-DEVICE_WHEELS ?= anndata==0.12.19 array-api-compat==1.16.0 donfig==0.8.1.post1 geoopt==0.5.1 google-crc32c==1.9.0 \
-	igraph==1.0.0 texttable==1.7.2 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
-	rpds-py==2026.9.1 legacy-api-wrap==1.5 msgspec==0.23.0 natsort==8.4.0 numcodecs==0.17.1 platformdirs==4.14.8 \
-	pynndescent==0.7.0 scanpy==1.11.5 scverse-misc==0.1.7 session-info2==0.4.2 umap-learn==0.5.12 zarr==3.4.2
+DEVICE_WHEELS ?= anndata==0.12.19 array-api-compat==1.16.0 donfig==0.8.1.post1 gcastle==1.0.4 geoopt==0.5.1 \
+	google-crc32c==1.9.0 igraph==1.0.0 texttable==1.7.2 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
+	referencing==0.37.0 rpds-py==2026.9.1 legacy-api-wrap==1.5 msgspec==0.23.0 natsort==8.4.0 numcodecs==0.17.1 \
+	platformdirs==4.14.8 pynndescent==0.7.0 scanpy==1.11.5 scverse-misc==0.1.7 session-info2==0.4.2 umap-learn==0.5.12 \
+	zarr==3.4.2
 DEVICE_PLATFORMS := $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1,\
 	--platform $(p)_x86_64)
 device-wheels: | $(PY)
