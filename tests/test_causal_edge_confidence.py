@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, settings
 
 from cape import CapeInputError
 from cape.causal import (
@@ -15,6 +17,7 @@ from cape.causal import (
     edge_order,
     edge_tests,
     learn_causal_graph,
+    shrunk_partial_correlations,
 )
 
 
@@ -141,10 +144,18 @@ def test_the_pipeline_and_tl_store_the_confidence_beside_the_graph() -> None:
     partial = adata.varp["cape_dag_partial_correlation"]
     np.testing.assert_array_equal(np.sort(partial.indices), np.sort(adata.varp["cape_dag"].indices))
     np.testing.assert_allclose(partial.toarray(), result.partial_correlation, atol=1e-6)
+    # each edge's shrunk partial correlation given every other gene, at the graph's entries only
+    edges = result.dag != 0
+    np.testing.assert_allclose(result.pair_partial_correlation[edges], shrunk_partial_correlations(X)[edges],
+                               rtol=1e-4, atol=1e-6)
+    assert np.all(result.pair_partial_correlation[~edges] == 0)
+    pair = adata.varp["cape_dag_pair_partial_correlation"]
+    np.testing.assert_array_equal(np.sort(pair.indices), np.sort(adata.varp["cape_dag"].indices))
+    np.testing.assert_allclose(pair.toarray(), result.pair_partial_correlation, atol=1e-6)
     assert "edge_confidence" in adata.uns["cape"]["causal_graph"]
     cape.tl.causal_graph(adata, config, edge_confidence=False)
     assert "cape_dag_confidence" not in adata.varp and "edge_confidence" not in adata.uns["cape"]["causal_graph"]
-    assert "cape_dag_partial_correlation" not in adata.varp
+    assert "cape_dag_partial_correlation" not in adata.varp and "cape_dag_pair_partial_correlation" not in adata.varp
 
 
 def test_drop_guesses_removes_exactly_the_edges_below_solid() -> None:
@@ -158,6 +169,7 @@ def test_drop_guesses_removes_exactly_the_edges_below_solid() -> None:
                                  seed=0)
     np.testing.assert_array_equal(dropped.dag, np.where(guesses, 0.0, kept.dag))
     assert np.all(dropped.partial_correlation[dropped.dag == 0] == 0)
+    assert np.all(dropped.pair_partial_correlation[dropped.dag == 0] == 0)
     assert dropped.record["edge_confidence"]["n_dropped_guesses"] == int(guesses.sum())
     assert dropped.record["n_edges"] == int(np.count_nonzero(dropped.dag))
     with pytest.raises(CapeInputError, match="drop_guesses needs edge_confidence"):
@@ -198,6 +210,46 @@ def test_edge_order_ranks_by_confidence_then_by_the_partial_correlations_size() 
     np.testing.assert_array_equal(grid.ravel(), rank)
     with pytest.raises(CapeInputError, match="partial correlations"):
         edge_order(confidence, partial[:3])
+
+
+def test_edge_order_with_pair_partial_correlations_takes_the_weaker_of_the_two_ranks() -> None:
+    confidence = np.array([1.0, 1.0, 1.0, 0.97, 0.2])
+    partial = np.array([0.9, 0.6, 0.5, 0.9, 0.9])
+    local = edge_order(confidence, partial)
+    # pair partial correlations that agree with the local order leave it as it is
+    np.testing.assert_array_equal(edge_order(confidence, partial, local + 0.5), local)
+    # the locally most trusted edge, whose genes are nearly independent given every other gene, drops to the bottom
+    pair = np.array([0.01, 0.5, 0.4, 0.3, 0.2])
+    rank = edge_order(confidence, partial, pair)
+    assert rank[0] == rank.min() and rank[1] > rank[2] > rank[3]
+    # only the pair values' order counts (a monotone map changes nothing), and their sign does not
+    np.testing.assert_array_equal(edge_order(confidence, partial, -np.sqrt(pair)), rank)
+    with pytest.raises(CapeInputError, match="pair partial correlations"):
+        edge_order(confidence, partial, pair[:3])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 30), st.integers(0, 10_000))
+def test_edge_order_never_ranks_an_edge_above_either_of_its_two_orders(n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    confidence = rng.choice([1.0, 0.99, 0.5], n)
+    partial, pair = rng.uniform(-1, 1, n), rng.uniform(-1, 1, n)
+    rank = edge_order(confidence, partial, pair)
+    local, by_pair = edge_order(confidence, partial), np.argsort(np.argsort(np.abs(pair)))
+    for i in range(n):  # an edge below another on both orders is below it together
+        below_both = (local[i] < local) & (by_pair[i] < by_pair)
+        assert np.all(rank[i] < rank[below_both])
+
+
+def test_edge_confidence_keeps_the_pair_partial_correlations_at_the_edges() -> None:
+    X, types = _mixture(300, seed=9)
+    dag = _dag(X.shape[1], [(0, 2), (1, 2)])
+    pair = shrunk_partial_correlations(X)
+    result = edge_confidence(X, dag, states=types, pair_partial_correlation=pair)
+    np.testing.assert_array_equal(result.pair_partial_correlation, np.where(dag != 0, pair, 0.0))
+    assert edge_confidence(X, dag, states=types).pair_partial_correlation is None
+    with pytest.raises(CapeInputError, match="pair partial correlations"):
+        edge_confidence(X, dag, pair_partial_correlation=pair[:3, :3])
 
 
 def test_the_confidence_ties_that_the_partial_correlation_orders() -> None:

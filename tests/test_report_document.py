@@ -122,6 +122,14 @@ def test_report_lists_the_strongest_edges_with_their_confidence(trained_adata, t
     assert f"| {genes[2]} | {genes[3]} | -0.5 | -0.60 | 1.000 | solid |" in table
     assert table.index(f"| {genes[2]} | {genes[3]} |") < table.index(f"| {genes[0]} | {genes[1]} |")
     assert table.index(f"| {genes[0]} | {genes[1]} |") < table.index(f"| {genes[1]} | {genes[4]} |")
+    # with the pairs' partial correlations given every gene, an edge ranks no higher than they rank it
+    pair = np.where(dag == -0.5, -0.05, np.where(dag == 0.9, 0.4, np.where(dag != 0, 0.2, 0)))
+    adata.varp["cape_dag_pair_partial_correlation"] = sp.csr_matrix(pair)
+    table = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text().split(
+        "## Strongest edges")[1]
+    assert f"| {genes[2]} | {genes[3]} | -0.5 | -0.60 | -0.05 | 1.000 | solid |" in table and "r, all genes" in table
+    assert table.index(f"| {genes[0]} | {genes[1]} |") < table.index(f"| {genes[2]} | {genes[3]} |")
+    del adata.varp["cape_dag_pair_partial_correlation"]
     del adata.varp["cape_dag_confidence"], adata.varp["cape_dag_partial_correlation"]
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert "(no confidence stored)" in text

@@ -85,6 +85,7 @@ from cape.causal import (
     pair_ranking_for,
     ranked_pairs,
     shift_tests,
+    shrunk_partial_correlations,
 )
 from cape.causal.causal_config import LOW_RANK
 from cape.causal.pipeline import budget_pairs
@@ -454,10 +455,12 @@ CONFIDENCE_METRICS = ("kept_precision", "confidence_auprc", "confidence_gap_clos
 
 
 def kept_edge_scores(truth: np.ndarray, dag: np.ndarray, confidence: np.ndarray | None,
-                     partial_correlation: np.ndarray | None = None) -> dict[str, float]:
+                     partial_correlation: np.ndarray | None = None,
+                     pair_partial_correlation: np.ndarray | None = None) -> dict[str, float]:
     """:data:`CONFIDENCE_METRICS` of ``confidence`` (M×M) on the edges of ``dag``: ``kept_precision`` alone without
     a confidence or where every kept edge is right or wrong (nothing to rank), ``{}`` without edges; the ``ordered_``
-    pair with ``partial_correlation``."""
+    pair with ``partial_correlation`` (the edges in :func:`cape.causal.edge_order`'s order, with
+    ``pair_partial_correlation`` where given)."""
     rows, cols = np.nonzero(dag)
     if not rows.size:
         return {}
@@ -468,7 +471,8 @@ def kept_edge_scores(truth: np.ndarray, dag: np.ndarray, confidence: np.ndarray 
         return out
     rankings = {"confidence": confidence[rows, cols]}
     if partial_correlation is not None:
-        rankings["ordered_confidence"] = edge_order(confidence[rows, cols], partial_correlation[rows, cols])
+        pair = None if pair_partial_correlation is None else pair_partial_correlation[rows, cols]
+        rankings["ordered_confidence"] = edge_order(confidence[rows, cols], partial_correlation[rows, cols], pair)
     for name, score in rankings.items():
         auprc = float(average_precision_score(right, score))
         out |= {f"{name}_auprc": auprc, f"{name}_gap_closed": (auprc - precision) / (1.0 - precision)}
@@ -482,8 +486,9 @@ def confidence_scores(truth: np.ndarray, W: np.ndarray, X: np.ndarray, intervene
     right = linked[np.nonzero(W)]
     if right.all() or not right.any():
         return {}
-    result = edge_confidence(X, W, intervened=intervened, seed=seed)
-    return kept_edge_scores(truth, W, result.confidence, result.partial_correlation)
+    result = edge_confidence(X, W, intervened=intervened, seed=seed,
+                             pair_partial_correlation=shrunk_partial_correlations(X))
+    return kept_edge_scores(truth, W, result.confidence, result.partial_correlation, result.pair_partial_correlation)
 
 
 def run_causal_benchmark(out: str | Path = "results/bench", quick: bool = False,

@@ -188,7 +188,8 @@ def _run_method(method: str, X: np.ndarray, truth: np.ndarray, seed: int, budget
         config = CausalConfig(**CAPE_METHODS[method], **({} if epochs is None else {"epochs": epochs}))
         genes = np.array([f"g{i}" for i in range(X.shape[1])])
         graph = learn_causal_graph(X.astype(np.float32), genes, config, device="cpu", seed=seed)
-        extra = {**kept_edge_scores(truth, graph.dag, graph.confidence, graph.partial_correlation),
+        extra = {**kept_edge_scores(truth, graph.dag, graph.confidence, graph.partial_correlation,
+                                    graph.pair_partial_correlation),
                  "weights": graph.fit.adjacency}
         A = np.abs(graph.fit.adjacency)
         scores = np.maximum(A, A.T) if graph.pair_scores is None else graph.pair_scores

@@ -77,11 +77,12 @@ def simulate_mixture_counts(seed: int, n_cells: int = 3000, n_genes: int = 120, 
 
 
 def _scores(truth: np.ndarray, dag: np.ndarray, confidence: np.ndarray,
-            partial_correlation: np.ndarray | None = None) -> dict[str, float]:
+            partial_correlation: np.ndarray | None = None,
+            pair_partial_correlation: np.ndarray | None = None) -> dict[str, float]:
     rows, cols = np.nonzero(dag)
     right = ((truth != 0) | (truth != 0).T)[rows, cols]
     out = {"kept": float(rows.size), "true_edges": float(np.count_nonzero(truth)), "kept_precision": float("nan"),
-           **kept_edge_scores(truth, dag, confidence, partial_correlation)}
+           **kept_edge_scores(truth, dag, confidence, partial_correlation, pair_partial_correlation)}
     by_weight = kept_edge_scores(truth, dag, np.abs(dag))
     out |= {f"weight_{k}": by_weight[f"confidence_{k}"] for k in ("auprc", "gap_closed")
             if f"confidence_{k}" in by_weight}
@@ -112,7 +113,8 @@ def run_edge_confidence(out: str | Path = "results/bench", quick: bool = False, 
                                        device="cpu", seed=seed)
             base = {"n_types": n_types, "seed": seed, "states": graph.record["edge_confidence"]["n_states"],
                     "seconds": time.perf_counter() - start}
-            scores = _scores(truth, graph.dag, graph.confidence, graph.partial_correlation)
+            scores = _scores(truth, graph.dag, graph.confidence, graph.partial_correlation,
+                             graph.pair_partial_correlation)
             records.extend({**base, "metric": k, "value": v} for k, v in scores.items())
             logger.info("edge confidence: %d type(s) seed %d: %s", n_types, seed,
                         ", ".join(f"{k} {v:.3g}" for k, v in scores.items()))

@@ -14,9 +14,10 @@ With thousands of cells many edges reach q below float precision and share confi
 them apart. The same regression gives each edge's size, the partial correlation of x_i and x_j given j's other parents
 and the cell state (t / √(t² + df)), which orders the edges the confidence ties (:func:`edge_order`).
 
-What it does not catch: a dependence that the cell states do not explain but that another gene does (a parent the
-graph missed, whose child and sibling then look linked). The test is linear, so a regulation that saturates loses
-some power.
+What the test does not catch: a dependence that the cell states do not explain but that another gene does (a parent
+the graph missed, whose child and sibling then look linked). Where it is given, the pair's partial correlation given
+every other gene (shrunk, as Step I's pair ranking computes it) covers that case, and :func:`edge_order` trusts an
+edge only as far as the weaker of the two allows. The test is linear, so a regulation that saturates loses some power.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 import scanpy as sc
 import scipy.sparse as sp
 from scipy import stats
+from scipy.stats import rankdata
 from sklearn.neighbors import kneighbors_graph
 
 from .._errors import CapeInputError
@@ -66,6 +68,10 @@ class EdgeConfidence:
         The cell state of every cell (integers from 0).
     record
         What :func:`cape.tl.causal_graph` stores under ``uns["cape"]["causal_graph"]["edge_confidence"]``.
+    pair_partial_correlation
+        M × M partial correlations of each edge's two genes given every other gene (0 off the edges), where
+        :func:`edge_confidence` was given them; else ``None``. They order the edges with the confidence
+        (:func:`edge_order`).
     """
 
     confidence: np.ndarray
@@ -74,6 +80,7 @@ class EdgeConfidence:
     partial_correlation: np.ndarray
     states: np.ndarray
     record: dict = field(default_factory=dict)
+    pair_partial_correlation: np.ndarray | None = None
 
 
 def cell_states(X, *, resolution: float = STATE_RESOLUTION, n_pcs: int = STATE_PCS, seed: int = 0) -> np.ndarray:
@@ -152,7 +159,8 @@ def _coefficient_tests(design: np.ndarray, y: np.ndarray, absorbed: int
 
 
 def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, intervened=None,
-                    resolution: float = STATE_RESOLUTION, seed: int = 0) -> EdgeConfidence:
+                    resolution: float = STATE_RESOLUTION, seed: int = 0,
+                    pair_partial_correlation: np.ndarray | None = None) -> EdgeConfidence:
     """Each edge's confidence, 1 − its Benjamini–Hochberg q-value in :func:`edge_tests` given the cell states.
 
     Parameters
@@ -167,6 +175,10 @@ def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, int
     intervened
         Cells × genes boolean matrix of interventions (dense or sparse) or ``None``; a child's intervened cells are
         left out of its test.
+    pair_partial_correlation
+        M × M partial correlations of every gene pair given every other gene (e.g.
+        :func:`cape.causal.shrunk_partial_correlations` of X), or ``None``; the edges' values are kept
+        (:attr:`EdgeConfidence.pair_partial_correlation`) to order the edges with the confidence (:func:`edge_order`).
 
     Returns
     -------
@@ -174,6 +186,13 @@ def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, int
     """
     n = X.shape[0]
     rows, cols = np.nonzero(np.asarray(dag))
+    pair = None
+    if pair_partial_correlation is not None:
+        if np.shape(pair_partial_correlation) != np.shape(dag):
+            raise CapeInputError(f"the pair partial correlations are {np.shape(pair_partial_correlation)} but the "
+                                 f"graph is {np.shape(dag)}")
+        pair = np.zeros(np.shape(dag))
+        pair[rows, cols] = np.asarray(pair_partial_correlation, dtype=np.float64)[rows, cols]
     if states is None:
         states = cell_states(X, resolution=resolution, seed=seed) if rows.size else np.zeros(n, dtype=np.int64)
     else:
@@ -189,19 +208,31 @@ def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, int
               "state_resolution": float(resolution), "solid_confidence": SOLID_CONFIDENCE, "n_solid": solid,
               "solid_fraction": float(solid / rows.size) if rows.size else float("nan"),
               "median_confidence": float(np.median(confidence[rows, cols])) if rows.size else float("nan")}
-    return EdgeConfidence(confidence, p, t, r, states, record)
+    return EdgeConfidence(confidence, p, t, r, states, record, pair)
 
 
-def edge_order(confidence: np.ndarray, partial_correlation: np.ndarray) -> np.ndarray:
-    """Rank of each entry (0: least trusted, ties at the same rank): by confidence, ties by |partial correlation|.
+def edge_order(confidence: np.ndarray, partial_correlation: np.ndarray,
+               pair_partial_correlation: np.ndarray | None = None) -> np.ndarray:
+    """Rank of each entry (0: least trusted, ties at the same rank): by confidence, ties by |partial correlation|;
+    with ``pair_partial_correlation``, by the lower of that rank and the rank of |pair partial correlation|.
 
-    Takes arrays of any shape (e.g. one value per edge) and returns float ranks of that shape, so that a higher rank
-    is a more trusted edge: the order of the report's table of Step I's edges.
+    The second ranking is of each pair's partial correlation given every other gene
+    (:attr:`EdgeConfidence.pair_partial_correlation`): an edge is trusted as far as the weaker of its two showings
+    allows, the test given the child's other parents and the cell state, and the dependence left once every other gene
+    is accounted for (which a gene the graph missed does not explain away). Takes arrays of any shape (e.g. one value
+    per edge) and returns float ranks of that shape, so that a higher rank is a more trusted edge: the order of the
+    report's table of Step I's edges.
     """
     confidence, size = np.asarray(confidence, dtype=np.float64), np.abs(np.asarray(partial_correlation, np.float64))
     if confidence.shape != size.shape:
         raise CapeInputError(f"{confidence.shape} confidences but {size.shape} partial correlations")
     keys = np.column_stack([confidence.ravel(), size.ravel()])
     _, dense = np.unique(keys, axis=0, return_inverse=True)
+    if pair_partial_correlation is not None:
+        pair = np.abs(np.asarray(pair_partial_correlation, dtype=np.float64))
+        if pair.shape != confidence.shape:
+            raise CapeInputError(f"{confidence.shape} confidences but {pair.shape} pair partial correlations")
+        # Average ranks on both sides put the two orders on one scale (1 … n) before the lower is taken.
+        _, dense = np.unique(np.minimum(rankdata(dense.ravel()), rankdata(pair.ravel())), return_inverse=True)
     return dense.ravel().astype(np.float64).reshape(confidence.shape)
 

@@ -166,12 +166,12 @@ def shrunk_partial_correlations(X, shrinkage: float | None = None, seed: int = 0
     return R
 
 
-def ranked_pairs(ranking: str, A: np.ndarray, tests: tuple | None, X, device=None
+def ranked_pairs(ranking: str, A: np.ndarray, tests: tuple | None, X, device=None, shrunk: np.ndarray | None = None
                  ) -> tuple[tuple, np.ndarray] | None:
     """The gene pairs ``(i, j)`` (i < j) and their scores (higher first) by which ``tau="budget"`` keeps pairs under
     ``ranking`` (:data:`PAIR_RANKINGS`); ``None`` where the fit's weights alone decide: ``"fit"``, or no partial
     correlation ``tests`` ((pairs, p) on every cell, as the budget needs them). ``"auto"`` must be resolved first
-    (:func:`pair_ranking_for`)."""
+    (:func:`pair_ranking_for`). ``shrunk``: X's :func:`shrunk_partial_correlations` where already computed."""
     if ranking not in PAIR_RANKINGS or ranking == "auto":
         raise ValueError(f"unknown or unresolved pair ranking {ranking!r}")
     if ranking == "fit" or tests is None:
@@ -179,7 +179,7 @@ def ranked_pairs(ranking: str, A: np.ndarray, tests: tuple | None, X, device=Non
     pairs, p = tests
     if ranking == "consensus":
         return pairs, consensus_scores(A, pairs, p)
-    return pairs, np.abs(shrunk_partial_correlations(X, device=device)[pairs])
+    return pairs, np.abs((shrunk_partial_correlations(X, device=device) if shrunk is None else shrunk)[pairs])
 
 
 def pair_score_matrix(n_genes: int, pairs: tuple[np.ndarray, np.ndarray], scores: np.ndarray) -> np.ndarray:

@@ -39,7 +39,14 @@ from .intervention_orientation import (
     orient_by_shifts,
     shift_tests,
 )
-from .pair_ranking import PAIR_RANKING_WORDS, pair_ranking_for, pair_score_matrix, ranked_pairs, top_pairs_oriented
+from .pair_ranking import (
+    PAIR_RANKING_WORDS,
+    pair_ranking_for,
+    pair_score_matrix,
+    ranked_pairs,
+    shrunk_partial_correlations,
+    top_pairs_oriented,
+)
 from .parents_mlp import fit_parents_mlp
 from .postprocess import (
     AUTO_TAU_FLOOR,
@@ -366,6 +373,16 @@ def orient(config: CausalConfig, graph: Graph, X, intervened, genes: np.ndarray)
     return result.record(ORIENT_FDR, genes)
 
 
+def shrunk_for(config: CausalConfig, budget: int | None, X, linalg_device=None) -> np.ndarray | None:
+    """X's shrunk partial correlations (:func:`~cape.causal.shrunk_partial_correlations`) where Step I uses them: to
+    rank the budget's pairs (``pair_ranking="shrunk_partial_correlation"``) and to order the edges with their
+    confidence; ``None`` where neither applies or beyond :data:`BUDGET_MAX_GENES` genes (an M × M inverse)."""
+    ranks = budget is not None and config.pair_ranking == "shrunk_partial_correlation"
+    if not (ranks or config.edge_confidence) or X.shape[1] > BUDGET_MAX_GENES:
+        return None
+    return shrunk_partial_correlations(X, device=linalg_device)
+
+
 def drop_guesses(graph: Graph, confidence: EdgeConfidence) -> None:
     """Remove ``graph``'s edges below :data:`~cape.causal.SOLID_CONFIDENCE` (in place; the confidence's record
     counts them). Removing edges keeps a DAG a DAG."""
@@ -373,6 +390,8 @@ def drop_guesses(graph: Graph, confidence: EdgeConfidence) -> None:
     graph.dag = np.where(guesses, 0.0, graph.dag)
     confidence.confidence = np.where(guesses, 0.0, confidence.confidence)
     confidence.partial_correlation = np.where(guesses, 0.0, confidence.partial_correlation)
+    if confidence.pair_partial_correlation is not None:
+        confidence.pair_partial_correlation = np.where(guesses, 0.0, confidence.pair_partial_correlation)
     graph.n_positioned = int(((graph.dag != 0).any(axis=0) | (graph.dag != 0).any(axis=1)).sum())
     confidence.record["n_dropped_guesses"] = int(guesses.sum())
     logger.info("drop_guesses: %d edge(s) below confidence %g removed, %d kept", int(guesses.sum()),
@@ -426,6 +445,10 @@ class CausalGraph:
     partial_correlation
         Each edge's partial correlation of cause and child given the child's other parents and the cells' state (M×M,
         0 off the edges; the size of the dependence the confidence tests), or ``None`` with ``edge_confidence=False``.
+    pair_partial_correlation
+        Each edge's partial correlation of its two genes given every other gene (M×M, shrunk; 0 off the edges), which
+        orders the edges with the confidence (:func:`cape.causal.edge_order`); ``None`` without a confidence or beyond
+        :data:`BUDGET_MAX_GENES` genes.
     pair_scores
         Under the budget's pair rankings other than the fit's (``pair_ranking="consensus"`` or
         ``"shrunk_partial_correlation"``), the symmetric M×M scores of :func:`cape.causal.ranked_pairs` by which the
@@ -441,6 +464,7 @@ class CausalGraph:
     confidence: np.ndarray | None = None
     pair_scores: np.ndarray | None = None
     partial_correlation: np.ndarray | None = None
+    pair_partial_correlation: np.ndarray | None = None
 
     @property
     def n_edges(self) -> int:
@@ -494,16 +518,18 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     budget, budget_record = (edge_budget_for(X, tests, config, seed, linalg_device) if config.tau == "budget"
                              else (None, None))
     config = replace(config, pair_ranking=pair_ranking_for(config.pair_ranking, intervened))
+    shrunk = shrunk_for(config, budget, X, linalg_device)
     ranked = None
     if budget is not None and config.pair_ranking != "fit":
         if tests is None and X.shape[1] <= BUDGET_MAX_GENES:  # the screen was off: the same tests, on every cell
             tests = partial_correlation_tests(X, linalg_device)
-        ranked = ranked_pairs(config.pair_ranking, fitted.adjacency, tests, X, linalg_device)
+        ranked = ranked_pairs(config.pair_ranking, fitted.adjacency, tests, X, linalg_device, shrunk)
     if budget is not None:
         budget_record["pair_ranking"] = config.pair_ranking if ranked is not None else "fit"
     graph = threshold(fitted.adjacency, config, budget, X.shape[0], ranked)
     orientation = orient(config, graph, X, intervened, genes)
-    confidence = edge_confidence(X, graph.dag, intervened=intervened, seed=seed) if config.edge_confidence else None
+    confidence = (edge_confidence(X, graph.dag, intervened=intervened, seed=seed, pair_partial_correlation=shrunk)
+                  if config.edge_confidence else None)
     if config.drop_guesses and confidence is not None:
         drop_guesses(graph, confidence)
     record = _record(config, X, dropped, fitted, graph, screened=candidates is not None)
@@ -515,4 +541,5 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     logger.debug("Step I pipeline: %.1f s", time.perf_counter() - start)
     return CausalGraph(graph.dag, genes, fitted, record, candidates,
                        None if confidence is None else confidence.confidence, graph.pair_scores,
-                       None if confidence is None else confidence.partial_correlation)
+                       None if confidence is None else confidence.partial_correlation,
+                       None if confidence is None else confidence.pair_partial_correlation)

@@ -103,8 +103,10 @@ def register(commands) -> None:
     parser.add_argument("--edge-confidence", action=argparse.BooleanOptionalAction,
                         default=CausalConfig.edge_confidence,
                         help="test each kept edge again given the child's other parents and the cells' state "
-                             "(Leiden clusters) and store its confidence, 1 − q, in varp['cape_dag_confidence'] "
-                             "and its partial correlation in varp['cape_dag_partial_correlation'] (default)")
+                             "(Leiden clusters) and store its confidence, 1 − q, in varp['cape_dag_confidence'], "
+                             "its partial correlation in varp['cape_dag_partial_correlation'] and its genes' partial "
+                             "correlation given every other gene in varp['cape_dag_pair_partial_correlation'] "
+                             "(default)")
     parser.add_argument("--drop-guesses", action=argparse.BooleanOptionalAction, default=CausalConfig.drop_guesses,
                         help="remove the edges whose confidence stays below 0.95 (with --edge-confidence; on "
                              "mixtures of cell types mostly pairs that only differ between the types)")

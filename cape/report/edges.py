@@ -28,7 +28,8 @@ def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN)
     ``None`` when the graph is absent or empty.
 
     With a confidence the most trusted edges are listed (:func:`cape.causal.edge_order`: by confidence, ties by
-    |partial correlation|), else the heaviest. Where Step I oriented edges by perturbations (its ``orientation``
+    |partial correlation|, and, where stored, no higher than the pair's partial correlation given every other gene
+    ranks), else the heaviest. Where Step I oriented edges by perturbations (its ``orientation``
     record), a column says whose each direction is; where it recorded none, a sentence says every direction is the
     fit's."""
     if key not in adata.varp:
@@ -40,8 +41,9 @@ def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN)
         return None
     confidence = _stored(adata, f"{key}_confidence", rows, cols)
     partial = _stored(adata, f"{key}_partial_correlation", rows, cols)
+    pair = _stored(adata, f"{key}_pair_partial_correlation", rows, cols)
     if confidence is not None:
-        rank = edge_order(confidence, np.zeros_like(confidence) if partial is None else partial)
+        rank = edge_order(confidence, np.zeros_like(confidence) if partial is None else partial, pair)
         order = np.lexsort((-np.abs(weights), -rank))[:n]
     else:
         order = np.argsort(-np.abs(weights), kind="stable")[:n]
@@ -49,11 +51,13 @@ def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN)
     record = adata.uns.get("cape", {}).get("causal_graph", {})
     backed = _perturbation_backed(record.get("orientation"))
     header = (["cause", "effect", "weight"] + (["partial r"] if partial is not None else [])
+              + (["r, all genes"] if pair is not None else [])
               + (["confidence", ""] if confidence is not None else []) + (["direction"] if backed is not None else []))
     table = []
     for e in order:
         row = [genes[rows[e]], genes[cols[e]], f"{weights[e]:+.3g}"]
         row += [f"{partial[e]:+.2f}"] if partial is not None else []
+        row += [f"{pair[e]:+.2f}"] if pair is not None else []
         if confidence is not None:
             row += [f"{confidence[e]:.3f}", "solid" if confidence[e] >= SOLID_CONFIDENCE else "guess"]
         if backed is not None:
@@ -65,6 +69,9 @@ def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN)
                 f"{directions}\n\n" + markdown_table(header, table))
     then = ("the size of the partial correlation (*partial r*: cause and effect given the effect's other parents and "
             "the cells' state)" if partial is not None else "weight")
+    if pair is not None:
+        then += (", each edge placed no higher than the size of its genes' partial correlation given every other "
+                 "gene (*r, all genes*) ranks it")
     note = (f"The {len(order)} most trusted of {weights.size} edges: by confidence, then by {then}. A *guess* "
             f"(confidence below {SOLID_CONFIDENCE:g}) is an edge whose dependence the child's other parents and the "
             "cells' state (Leiden clusters) explain; a *solid* edge can still be indirect, through a gene the graph "

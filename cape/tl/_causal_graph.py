@@ -173,15 +173,17 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
 
 
 def _write_graph(adata: ad.AnnData, result, key_added: str) -> None:
-    """``varp[key_added]`` and, with a confidence, ``varp[key_added + "_confidence"]`` and
-    ``varp[key_added + "_partial_correlation"]`` at the same entries (an edge at 0 stays an entry); without one, those
-    left from an earlier run, which would describe another graph, are removed."""
+    """``varp[key_added]`` and, with a confidence, ``varp[key_added + "_confidence"]``,
+    ``varp[key_added + "_partial_correlation"]`` and (where computed) ``varp[key_added + "_pair_partial_correlation"]``
+    at the same entries (an edge at 0 stays an entry); without them, those left from an earlier run, which would
+    describe another graph, are removed."""
     rows, cols = np.nonzero(result.dag)
     index = adata.var_names.get_indexer(result.genes)
     shape = (adata.n_vars, adata.n_vars)
     adata.varp[key_added] = sp.csr_matrix((result.dag[rows, cols].astype(np.float32), (index[rows], index[cols])),
                                           shape=shape)
-    for suffix, values in (("_confidence", result.confidence), ("_partial_correlation", result.partial_correlation)):
+    for suffix, values in (("_confidence", result.confidence), ("_partial_correlation", result.partial_correlation),
+                           ("_pair_partial_correlation", result.pair_partial_correlation)):
         if values is not None:
             adata.varp[key_added + suffix] = sp.csr_matrix(
                 (values[rows, cols].astype(np.float32), (index[rows], index[cols])), shape=shape)
@@ -240,6 +242,9 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
       (:func:`cape.causal.edge_confidence`), at the graph's entries; ≥ :data:`~cape.causal.SOLID_CONFIDENCE`: solid;
     - ``varp["cape_dag_partial_correlation"]`` (with the confidence): each edge's partial correlation of cause and
       child given the child's other parents and the cells' state, in [−1, 1], the size of what the confidence tests;
+    - ``varp["cape_dag_pair_partial_correlation"]`` (with the confidence, up to :data:`BUDGET_MAX_GENES` genes): each
+      edge's shrunk partial correlation of its two genes given every other gene, in [−1, 1]; with the two above it
+      orders the edges from most to least trusted (:func:`cape.causal.edge_order`);
     - ``var["cape_used"]``: the genes that took part in the graph;
     - ``uns["cape"]["causal_graph"]`` (see ``key_added``): ``params``; the fit (``history`` per epoch, ``epochs_run``,
       ``converged``, ``collapsed``, ``peak_weight``, ``rank_used``, ``sparse_adjacency``, ``lambda_sparse_used``,
