@@ -242,9 +242,8 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
       (:func:`cape.causal.edge_confidence`), at the graph's entries; ≥ :data:`~cape.causal.SOLID_CONFIDENCE`: solid;
     - ``varp["cape_dag_partial_correlation"]`` (with the confidence): each edge's partial correlation of cause and
       child given the child's other parents and the cells' state, in [−1, 1], the size of what the confidence tests;
-    - ``varp["cape_dag_pair_partial_correlation"]`` (with the confidence, up to :data:`BUDGET_MAX_GENES` genes): each
-      edge's shrunk partial correlation of its two genes given every other gene, in [−1, 1]; with the two above it
-      orders the edges from most to least trusted (:func:`cape.causal.edge_order`);
+    - ``varp["cape_dag_pair_partial_correlation"]`` (with the confidence, ≤ :data:`BUDGET_MAX_GENES` genes): each
+      edge's shrunk partial correlation given every other gene, in [−1, 1]; :func:`~cape.causal.edge_order` uses it;
     - ``var["cape_used"]``: the genes that took part in the graph;
     - ``uns["cape"]["causal_graph"]`` (see ``key_added``): ``params``; the fit (``history`` per epoch, ``epochs_run``,
       ``converged``, ``collapsed``, ``peak_weight``, ``rank_used``, ``sparse_adjacency``, ``lambda_sparse_used``,
