@@ -69,10 +69,11 @@ def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN)
                 f"{directions}\n\n" + markdown_table(header, table))
     then = ("the size of the partial correlation (*partial r*: cause and effect given the effect's other parents and "
             "the cells' state)" if partial is not None else "weight")
-    if pair is not None:
-        then += (", each edge placed no higher than the size of its genes' partial correlation given every other "
-                 "gene (*r, all genes*) ranks it")
-    note = (f"The {len(order)} most trusted of {weights.size} edges: by confidence, then by {then}. A *guess* "
+    ranked = f": by confidence, then by {then}."
+    if pair is not None:  # two rankings: an edge stands at the lower of its two ranks
+        ranked = (f". Each edge is ranked twice, (1) by confidence, then by {then}, and (2) by the size of its genes' "
+                  "partial correlation given every other gene (*r, all genes*); it stands at the lower of the two.")
+    note = (f"The {len(order)} most trusted of {weights.size} edges{ranked} A *guess* "
             f"(confidence below {SOLID_CONFIDENCE:g}) is an edge whose dependence the child's other parents and the "
             "cells' state (Leiden clusters) explain; a *solid* edge can still be indirect, through a gene the graph "
             "missed." + directions)
