@@ -190,6 +190,39 @@ def test_a_lower_threshold_is_advised_only_where_the_scan_shows_it_works():
     assert "only 132 gene pairs were significant" in remedy and "the other 68 edges rest on the fit's weights" in remedy
 
 
+def _graph_with_budget_record(tau_rule: str, budget: dict) -> ad.AnnData:
+    adata = ad.AnnData(np.zeros((5, 4), dtype=np.float32))
+    dag = np.zeros((4, 4))
+    dag[0, 1] = dag[1, 2] = dag[2, 3] = 0.3
+    adata.varp["cape_dag"] = sp.csr_matrix(dag)
+    adata.uns["cape"] = {"causal_graph": {"tau_used": 0.2, "tau_rule": tau_rule, "n_cells": 1500,
+                                          "edge_budget": budget}}
+    return adata
+
+
+def test_a_graph_the_budgets_test_did_not_support_is_a_warning():
+    """The budget tested every pair, found none significant, and Step I fell back on τ 'auto': the verdict says the
+    edges are guesses (a simulated 10x file whose regulated genes were not among the highly variable ones)."""
+    tested = {"n_pairs": 0, "fdr": 0.05, "n_cells_tested": 1500, "n_pairs_tested": 44850, "n_pairs_significant": 0,
+              "n_pairs_permuted": 0, "fallback": "no gene pair has a significant partial correlation (…)"}
+    finding = positioning_finding(positioning(_graph_with_budget_record("auto: paper", tested)))
+    assert finding.level == WARNING and finding.short == "Step I's graph rests on weak evidence"
+    assert ("100% of the genes used (4 of 4) got a position from the causal graph (3 edges at τ = 0.2 (auto: paper)), "
+            "but Step I's edge budget found no gene pair with a significant partial correlation (FDR 0.05, 1,500 "
+            "cells, 44,850 pairs tested)") in finding.text and "guesses" in finding.text
+    assert finding.remedies == ("more cells (this run: 1,500): the test's power grows with them",)
+    assert headline([finding]).startswith("Read with care: Step I's graph rests on weak evidence")
+    # significant pairs, but no more than on the permuted copy: the same warning, saying so
+    decoy = tested | {"n_pairs_significant": 12, "n_pairs_permuted": 15}
+    text = positioning_finding(positioning(_graph_with_budget_record("auto: paper", decoy))).text
+    assert "12 gene pair(s) with a significant partial correlation, no more than the 15 it found on a copy" in text
+    # the budget sized the graph, or could not test (too few cells: no count recorded): no such warning
+    for rule, record in (("budget", tested | {"n_pairs": 3}), ("auto: paper", {"fallback": "fewer than genes + 10 "
+                                                                                 "cells (…): tau='auto' rule"})):
+        pos = positioning(_graph_with_budget_record(rule, record))
+        assert pos.weak_evidence is None and positioning_finding(pos).level == OK
+
+
 def test_baseline_wins_names_cause_and_remedy(trained_adata, tmp_path):
     """A transformer that predicts one class loses to logistic regression beyond the bootstrap spread."""
     trained_adata.obs["cape_cell_type_prediction"] = pd.Categorical(["T"] * trained_adata.n_obs)

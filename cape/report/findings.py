@@ -91,6 +91,9 @@ class Positioning:
     #: Gene pairs the edge budget kept (``edge_budget["n_pairs"]``: those significant at its false discovery rate,
     #: less the permuted copy's), where the budget sized the graph
     budget_pairs: int | None = None
+    #: Where the edge budget tested the gene pairs and found none significant (beyond its permuted copy's), so that
+    #: Step I fell back on the τ "auto" rule: what the test found, in words; else ``None``
+    weak_evidence: str | None = None
 
     @property
     def fraction(self) -> float:
@@ -127,13 +130,26 @@ def positioning(adata: ad.AnnData) -> Positioning | None:
     isolated = adata.uns.get("cape", {}).get("hyperbolic_embedding", {}).get("params", {}).get("isolated")
     budget = info.get("edge_budget") or {}
     budget_pairs = budget.get("n_pairs") if info.get("tau_rule") == "budget" else None
+    weak = _weak_evidence(budget) if str(info.get("tau_rule", "")).startswith("auto") else None
     return Positioning(n_used=int(used.sum()), n_positioned=int((has_edge & used).sum()), n_edges=n_edges,
                        tau=float(tau) if isinstance(tau, int | float | np.number) else None,
                        n_cells=None if n_cells is None else int(n_cells),
                        tau_rule=info.get("tau_rule"), scan=rows,
                        isolated=None if isolated is None else str(isolated),
                        pair_ranking=budget.get("pair_ranking"),
-                       budget_pairs=None if budget_pairs is None else int(budget_pairs))
+                       budget_pairs=None if budget_pairs is None else int(budget_pairs), weak_evidence=weak)
+
+
+def _weak_evidence(budget: dict) -> str | None:
+    """What the edge budget's test found where it tested the pairs and kept none (``n_pairs`` 0), in words."""
+    if budget.get("n_pairs") != 0 or "n_pairs_significant" not in budget:
+        return None
+    significant, permuted = int(budget["n_pairs_significant"]), int(budget.get("n_pairs_permuted", 0))
+    found = ("no gene pair with a significant partial correlation" if not significant else
+             f"{significant:,} gene pair(s) with a significant partial correlation, no more than the {permuted:,} it "
+             "found on a copy of the cells with every gene permuted")
+    return (f"{found} (FDR {float(budget.get('fdr', 0.05)):g}, {int(budget.get('n_cells_tested', 0)):,} cells, "
+            f"{int(budget.get('n_pairs_tested', 0)):,} pairs tested)")
 
 
 def tau_remedy(pos: Positioning) -> str | None:
@@ -209,6 +225,15 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
     share = f"{pos.fraction:.0%} of the genes used ({pos.n_positioned:,} of {pos.n_used:,})"
     weights = " with weights down to" if pos.pair_ranking in PAIR_RANKING_WORDS else " at τ ="
     at = f"{weights} {pos.tau:.3g}" + (f" ({pos.tau_rule})" if pos.tau_rule else "") if pos.tau is not None else ""
+    if pos.weak_evidence is not None:
+        cells = f" (this run: {pos.n_cells:,})" if pos.n_cells is not None else ""
+        return Finding(WARNING, "positions",
+                       f"{share.capitalize()} got a position from the causal graph ({edges}{at}), but Step I's edge "
+                       f"budget found {pos.weak_evidence}: these edges are the fit's heaviest weights, kept by the "
+                       "τ 'auto' rule without support from the test, so read the graph and the positions as "
+                       "guesses." + ignores,
+                       (f"more cells{cells}: the test's power grows with them",),
+                       short="Step I's graph rests on weak evidence")
     if pos.fraction < MIN_POSITIONED_FRACTION:
         # Not a warning by itself: the transformer still reads every gene (a token with its expression), and the
         # genes without a position are encoded as a model without positions would encode them. It becomes one
