@@ -65,7 +65,7 @@ def test_the_budget_counts_the_difference_and_warns_when_the_copy_calls_many(cap
     config = CausalConfig(budget_test="fisher")
     X = _sparse_independent(rate=0.02)
     with caplog.at_level(logging.WARNING, logger="cape"):
-        budget, record = edge_budget_for(X, None, config, seed=3)
+        budget, record, _ = edge_budget_for(X, None, config, seed=3)
     assert record["n_pairs_significant"] == edge_budget(X, test="fisher")
     assert record["n_pairs_permuted"] == decoy_count(X, test="fisher", seed=3)
     expected = record["n_pairs_significant"] - record["n_pairs_permuted"]
@@ -73,6 +73,6 @@ def test_the_budget_counts_the_difference_and_warns_when_the_copy_calls_many(cap
     assert "permuted on its own" in caplog.text and "min_cells" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="cape"):
-        budget, record = edge_budget_for(_chain(), None, config, seed=3)
+        budget, record, _ = edge_budget_for(_chain(), None, config, seed=3)
     assert budget == record["n_pairs_significant"] and record["n_pairs_permuted"] == 0
     assert "permuted" not in caplog.text

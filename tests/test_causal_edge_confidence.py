@@ -263,3 +263,67 @@ def test_the_confidence_ties_that_the_partial_correlation_orders() -> None:
     assert abs(result.partial_correlation[0, 3]) > abs(result.partial_correlation[1, 3]) > 0.3
     rank = edge_order(result.confidence, result.partial_correlation)
     assert rank[0, 3] > rank[1, 3] > rank[2, 3]
+
+
+def _one_factor(n: int = 500, m: int = 30, seed: int = 0) -> np.ndarray:
+    """Every gene is one shared factor plus its own noise: each pair depends, but through all the others, so no pair's
+    partial correlation given every other gene stands out (a shared factor such as the cells' depth)."""
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 1)) + rng.normal(size=(n, m))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.integers(0, 2**16), st.integers(0, 12))
+def test_cap_unsupported_keeps_supported_edges_and_makes_the_rest_guesses(seed: int, n_supported: int) -> None:
+    from scipy import stats
+
+    from cape.causal import cap_unsupported
+
+    rng = np.random.default_rng(seed)
+    m = 6
+    dag = np.triu(rng.random((m, m)) < 0.6, 1).astype(float)
+    pairs = np.triu_indices(m, 1)
+    p = rng.random(pairs[0].size) ** 3
+    p[rng.random(p.size) < 0.1] = np.nan  # pairs the test could not judge
+    confidence = np.where(dag != 0, rng.uniform(0.5, 1.0, (m, m)), 0.0)
+    result = edge_confidence(rng.normal(size=(60, m)), dag)
+    result.confidence = confidence
+    capped = cap_unsupported(result, dag, (pairs, p), n_supported)
+    tested = np.isfinite(p)
+    q = np.ones(p.size)
+    q[tested] = stats.false_discovery_control(p[tested])
+    order = np.argsort(np.where(tested, p, np.inf), kind="stable")
+    supported = np.zeros(p.size, dtype=bool)
+    supported[order[:n_supported]] = True
+    supported &= tested
+    for k, (i, j) in enumerate(zip(*pairs, strict=True)):
+        if not dag[i, j]:
+            assert capped.confidence[i, j] == 0
+        elif supported[k]:
+            assert capped.confidence[i, j] == confidence[i, j]
+        else:
+            assert capped.confidence[i, j] < SOLID_CONFIDENCE
+            assert capped.confidence[i, j] <= min(confidence[i, j], 1 - q[k])
+    rows, cols = np.nonzero(dag)
+    assert capped.record["n_solid"] == int(np.count_nonzero(capped.confidence[rows, cols] >= SOLID_CONFIDENCE))
+    assert capped.record["n_pairs_supported"] == int(supported.sum())
+    assert result.confidence is confidence  # the input is left as it was
+
+
+def test_an_edge_whose_pair_the_budget_did_not_count_is_a_guess() -> None:
+    """One shared factor: the fit links genes, each edge passes its test given the child's parents (the factor shows
+    in every gene), but the budget's test given every other gene counts no pair; so no edge is solid."""
+    X = _one_factor()
+    genes = np.array([f"g{i}" for i in range(X.shape[1])])
+    base = dict(epochs=20, min_positioned=0)
+    result = learn_causal_graph(X, genes, CausalConfig(**base), seed=0)
+    assert result.record["edge_budget"]["n_pairs"] == 0 and result.n_edges > 0
+    record = result.record["edge_confidence"]
+    assert record["n_pairs_supported"] == 0 and record["n_unsupported"] == result.n_edges
+    assert record["n_solid"] == 0 and np.all(result.confidence[result.dag != 0] < SOLID_CONFIDENCE)
+    # what the test given the parents and states alone says of the same edges: most of them solid
+    alone = edge_confidence(X, result.dag, seed=0)
+    assert alone.record["n_solid"] > result.n_edges // 2
+    # a fixed threshold runs no budget test: the confidence is the test's alone
+    fixed = learn_causal_graph(X, genes, CausalConfig(**base, tau=0.05), seed=0)
+    assert "n_pairs_supported" not in fixed.record["edge_confidence"]

@@ -19,7 +19,15 @@ from .acyclicity_penalty import (
     trace_expm,
 )
 from .causal_config import CausalConfig, NotearsConfig
-from .confidence import SOLID_CONFIDENCE, EdgeConfidence, cell_states, edge_confidence, edge_order, edge_tests
+from .confidence import (
+    SOLID_CONFIDENCE,
+    EdgeConfidence,
+    cap_unsupported,
+    cell_states,
+    edge_confidence,
+    edge_order,
+    edge_tests,
+)
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
 from .intervention_orientation import Orientation, descendant_evidence, orient_by_shifts, shift_tests
 from .model import ElementwiseMLP, VariationalNotears
@@ -95,6 +103,7 @@ __all__ = [
     "blockwise_matrix_exp",
     "budget_rows",
     "budget_tests",
+    "cap_unsupported",
     "cell_states",
     "consensus_scores",
     "cpdag",

@@ -18,11 +18,17 @@ What the test does not catch: a dependence that the cell states do not explain b
 the graph missed, whose child and sibling then look linked). Where it is given, the pair's partial correlation given
 every other gene (shrunk, as Step I's pair ranking computes it) covers that case, and :func:`edge_order` trusts an
 edge only as far as the weaker of the two allows. The test is linear, so a regulation that saturates loses some power.
+
+Where Step I's edge budget tested every gene pair given every other gene (``tau="budget"``), an edge whose pair is not
+among the pairs the budget counted is a guess whatever its own test says (:func:`cap_unsupported`): the graph chose its
+edges on the same cells, so among the kept edges alone a test is easily passed, and a dependence that a factor shared
+by many genes draws (the cells' composition, their depth) survives the child's parents and the cell state but not
+every other gene.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anndata as ad
 import numpy as np
@@ -34,8 +40,8 @@ from sklearn.neighbors import kneighbors_graph
 
 from .._errors import CapeInputError
 
-__all__ = ["SOLID_CONFIDENCE", "STATE_RESOLUTION", "EdgeConfidence", "cell_states", "edge_confidence", "edge_order",
-           "edge_tests"]
+__all__ = ["SOLID_CONFIDENCE", "STATE_RESOLUTION", "EdgeConfidence", "cap_unsupported", "cell_states",
+           "edge_confidence", "edge_order", "edge_tests"]
 
 #: Leiden resolution of the cell states: coarse, so that states are cell types rather than sub-states that the
 #: regulation itself draws (finer clusters of one population split along the genes' own variation and remove the
@@ -203,12 +209,50 @@ def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, int
     q = stats.false_discovery_control(np.nan_to_num(p[rows, cols], nan=1.0)) if rows.size else np.zeros(0)
     confidence = np.zeros(np.shape(dag))
     confidence[rows, cols] = 1.0 - q
-    solid = int(np.count_nonzero(confidence[rows, cols] >= SOLID_CONFIDENCE))
     record = {"method": "regression on parents and cell states", "n_states": int(np.unique(states).size),
-              "state_resolution": float(resolution), "solid_confidence": SOLID_CONFIDENCE, "n_solid": solid,
-              "solid_fraction": float(solid / rows.size) if rows.size else float("nan"),
-              "median_confidence": float(np.median(confidence[rows, cols])) if rows.size else float("nan")}
+              "state_resolution": float(resolution), "solid_confidence": SOLID_CONFIDENCE,
+              **_solid_record(confidence[rows, cols])}
     return EdgeConfidence(confidence, p, t, r, states, record, pair)
+
+
+def cap_unsupported(result: EdgeConfidence, dag: np.ndarray, pair_tests: tuple[tuple[np.ndarray, np.ndarray],
+                    np.ndarray], n_supported: int, test: str = "the edge budget's test") -> EdgeConfidence:
+    """``result`` with the confidence of every edge whose gene pair the edge budget did not count made a guess.
+
+    ``pair_tests`` are the budget's tests of every gene pair given every other gene ((pairs (i < j), p), NaN where a
+    pair was not tested) and ``n_supported`` the number of pairs it counted (its significant pairs less those called on
+    a permuted copy of the cells): the supported pairs are the ``n_supported`` with the smallest p. An edge on any other
+    pair keeps at most 1 − its pair's Benjamini–Hochberg q-value (over every pair tested, 0 where its pair was not
+    tested), and stays below :data:`SOLID_CONFIDENCE`; an edge on a supported pair keeps its confidence. The record
+    counts the edges on unsupported pairs (``n_unsupported``), and its solid figures follow the capped confidence;
+    ``test`` names the test in it.
+    """
+    (first, second), p = pair_tests
+    m = np.shape(dag)[0]
+    tested = np.isfinite(p)
+    q = np.ones(p.shape)
+    if tested.any():
+        q[tested] = stats.false_discovery_control(p[tested])
+    supported = np.zeros(p.shape, dtype=bool)
+    supported[np.argsort(np.where(tested, p, np.inf), kind="stable")[:max(int(n_supported), 0)]] = True
+    supported &= tested
+    ceiling = np.ones((m, m))
+    ceiling[first, second] = ceiling[second, first] = np.where(
+        supported, 1.0, np.minimum(1.0 - q, np.nextafter(SOLID_CONFIDENCE, 0.0)))
+    rows, cols = np.nonzero(np.asarray(dag))
+    confidence = result.confidence.copy()
+    confidence[rows, cols] = np.minimum(confidence[rows, cols], ceiling[rows, cols])
+    record = {**result.record, **_solid_record(confidence[rows, cols]), "pair_test": test,
+              "n_pairs_supported": int(supported.sum()),
+              "n_unsupported": int(np.count_nonzero(ceiling[rows, cols] < 1.0))}
+    return replace(result, confidence=confidence, record=record)
+
+
+def _solid_record(confidence: np.ndarray) -> dict:
+    """The record's solid figures of the kept edges' confidences."""
+    solid = int(np.count_nonzero(confidence >= SOLID_CONFIDENCE))
+    return {"n_solid": solid, "solid_fraction": float(solid / confidence.size) if confidence.size else float("nan"),
+            "median_confidence": float(np.median(confidence)) if confidence.size else float("nan")}
 
 
 def edge_order(confidence: np.ndarray, partial_correlation: np.ndarray,

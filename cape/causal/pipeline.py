@@ -31,7 +31,7 @@ from .._errors import CapeInputError
 from .._settings import resolve_device, seed_everything
 from . import parents_mlp as _parents_mlp
 from .causal_config import CausalConfig
-from .confidence import SOLID_CONFIDENCE, EdgeConfidence, edge_confidence
+from .confidence import SOLID_CONFIDENCE, EdgeConfidence, cap_unsupported, edge_confidence
 from .intervention_orientation import (
     MIN_SHIFT_CELLS,
     ORIENT_FDR,
@@ -203,8 +203,10 @@ def fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, candi
     return fit
 
 
-def edge_budget_for(X, tests, config: CausalConfig, seed: int, linalg_device=None) -> tuple[int | None, dict]:
-    """``tau="budget"``'s number of edges (None: fall back on the ``"auto"`` rule) and its record; ``tests``: Fisher's
+def edge_budget_for(X, tests, config: CausalConfig, seed: int, linalg_device=None
+                    ) -> tuple[int | None, dict, tuple | None]:
+    """``tau="budget"``'s number of edges (None: fall back on the ``"auto"`` rule), its record and the tests it
+    counted ((pairs, p) of every gene pair, or ``None`` where it could not test); ``tests``: Fisher's
     partial-correlation tests on every cell, if the screen already made them; ``linalg_device`` as for
     :func:`screen`.
 
@@ -214,7 +216,7 @@ def edge_budget_for(X, tests, config: CausalConfig, seed: int, linalg_device=Non
     does not take the test's false calls for edges."""
     n_cells, n_genes = X.shape
     fdr = config.budget_fdr
-    budget = None
+    budget = tests = None
     if n_genes > BUDGET_MAX_GENES:
         record = {"fallback": f"more than {BUDGET_MAX_GENES} genes: tau='auto' rule"}
     else:
@@ -256,7 +258,7 @@ def edge_budget_for(X, tests, config: CausalConfig, seed: int, linalg_device=Non
             record = {"n_pairs": int(budget), "fdr": fdr, **cells}
     if budget is None:
         (logger.warning if record.get("n_pairs") == 0 else logger.info)("tau='budget': %s", record["fallback"])
-    return budget, record
+    return budget, record, tests
 
 
 @dataclass
@@ -515,8 +517,8 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     tests, candidates, screen_record = screen(config, X, linalg_device)
     seed = seed_everything(seed)
     fitted = fit(config, X, dev, seed, intervened, candidates)
-    budget, budget_record = (edge_budget_for(X, tests, config, seed, linalg_device) if config.tau == "budget"
-                             else (None, None))
+    budget, budget_record, budget_tested = (edge_budget_for(X, tests, config, seed, linalg_device)
+                                            if config.tau == "budget" else (None, None, None))
     config = replace(config, pair_ranking=pair_ranking_for(config.pair_ranking, intervened))
     shrunk = shrunk_for(config, budget, X, linalg_device)
     ranked = None
@@ -530,6 +532,9 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     orientation = orient(config, graph, X, intervened, genes)
     confidence = (edge_confidence(X, graph.dag, intervened=intervened, seed=seed, pair_partial_correlation=shrunk)
                   if config.edge_confidence else None)
+    if confidence is not None and budget_tested is not None:  # budget None here: it tested and counted no pair
+        confidence = cap_unsupported(confidence, graph.dag, budget_tested, budget or 0,
+                                     BUDGET_TEST_NAMES[config.budget_test])
     if config.drop_guesses and confidence is not None:
         drop_guesses(graph, confidence)
     record = _record(config, X, dropped, fitted, graph, screened=candidates is not None)

@@ -29,9 +29,10 @@ def dag(adata, *, key: str = "cape_dag", n_genes: int = 40, order_by: str = "cap
 
     Edge width is ``|weight|``, colour its sign; with ``varp[key + "_confidence"]`` (Step I's edge confidence), an
     edge below :data:`~cape.causal.SOLID_CONFIDENCE` is dashed: a guess, whose dependence the child's other parents
-    and the cells' state explain. Each connected module is laid out on its own (Kamada–Kawai) and the modules are
-    packed in rows, largest first; the ``n_labels`` most general genes drawn are named, without
-    overlapping labels. Genes without any edge are left out, and a note under the graph counts them.
+    and the cells' state explain, or whose gene pair Step I's edge budget did not count. Each connected module is laid
+    out on its own (Kamada–Kawai) and the modules are packed in rows, largest first; the ``n_labels`` most general
+    genes drawn are named, without overlapping labels. Genes without any edge are left out, and a note under the graph
+    counts them.
 
     Parameters
     ----------

@@ -19,8 +19,11 @@ def solid_sentence(record: dict, n_edges: int) -> str | None:
     """``"N of M edges solid (...)"`` from Step I's ``edge_confidence`` record; ``None`` without one."""
     if not record or not n_edges:
         return None
+    budget = (f", and the pair is among the {int(record['n_pairs_supported'])} the edge budget counted given every "
+              "other gene" if "n_pairs_supported" in record else "")
     return (f"{int(record['n_solid'])} of {n_edges} edges solid (confidence ≥ {float(record['solid_confidence']):g}: "
-            f"the dependence holds given the child's other parents and {int(record['n_states'])} cell state(s))")
+            f"the dependence holds given the child's other parents and {int(record['n_states'])} cell state(s)"
+            f"{budget})")
 
 
 def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN) -> str | None:
@@ -75,7 +78,8 @@ def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN)
                   "partial correlation given every other gene (*r, all genes*); it stands at the lower of the two.")
     note = (f"The {len(order)} most trusted of {weights.size} edges{ranked} A *guess* "
             f"(confidence below {SOLID_CONFIDENCE:g}) is an edge whose dependence the child's other parents and the "
-            "cells' state (Leiden clusters) explain; a *solid* edge can still be indirect, through a gene the graph "
+            "cells' state (Leiden clusters) explain, or whose gene pair Step I's edge budget did not count given every "
+            "other gene; a *solid* edge can still be indirect, through a gene the graph "
             "missed." + directions)
     return "## Strongest edges\n\n" + note + "\n\n" + markdown_table(header, table)
 

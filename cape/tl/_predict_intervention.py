@@ -307,7 +307,8 @@ def _predict(adata: ad.AnnData, record: Mapping, X: np.ndarray, genes: list[str]
     if guesses:
         message = (f"{guesses} of the {travelled} edges the effect of {', '.join(genes[i] for i in do)} travels are "
                    f"guesses (confidence < {SOLID_CONFIDENCE:g} in varp[{(graph or 'cape_dag') + '_confidence'!r}]: "
-                   "the child's other parents and the cells' state explain them); the shifts through them lack support")
+                   "the child's other parents and the cells' state explain them, or Step I's edge budget did not count "
+                   "their gene pairs); the shifts through them lack support")
         warnings.warn(message, UserWarning, stacklevel=3)
     if equations != "equivalence_class":
         predicted, reference = intervene(eq, X, do, mode=mode, n_cells=n_cells, seed=seed)
