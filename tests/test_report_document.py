@@ -96,6 +96,12 @@ def test_report_lists_the_strongest_edges_with_their_confidence(trained_adata, t
     genes = adata.var_names
     assert "3 edges" in text and ("2 of 3 edges solid (confidence ≥ 0.95: the dependence holds given the child's "
                                   "other parents and 4 cell state(s))") in text
+    # where the edge budget tested every pair, the sentence says that a solid edge's pair is among those it counted
+    adata.uns["cape"]["causal_graph"]["edge_confidence"]["n_pairs_supported"] = 7
+    supported = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert ("4 cell state(s), and the pair is among the 7 the edge budget counted given every other gene)"
+            in supported)
+    assert "or whose gene pair Step I's edge budget did not count given every other gene" in supported
     table = text.split("## Strongest edges")[1]
     assert f"| {genes[0]} | {genes[1]} | +0.9 | 1.000 | solid |" in table
     assert f"| {genes[1]} | {genes[4]} | +0.2 | 0.400 | guess |" in table
