@@ -19,6 +19,9 @@ def solid_sentence(record: dict, n_edges: int) -> str | None:
     """``"N of M edges solid (...)"`` from Step I's ``edge_confidence`` record; ``None`` without one."""
     if not record or not n_edges:
         return None
+    if record.get("n_pairs_supported") == 0:
+        return (f"0 of {n_edges} edges solid: the edge budget counted no gene pair given every other gene, so every "
+                "edge is a guess")
     budget = (f", and the pair is among the {int(record['n_pairs_supported'])} the edge budget counted given every "
               "other gene" if "n_pairs_supported" in record else "")
     return (f"{int(record['n_solid'])} of {n_edges} edges solid (confidence ≥ {float(record['solid_confidence']):g}: "
