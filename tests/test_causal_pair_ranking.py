@@ -97,6 +97,24 @@ def test_the_budget_graph_is_a_dag_of_at_most_k_pairs_ranked_by_both(m: int, see
     assert np.all(np.abs(graph.dag[graph.dag != 0]) > AUTO_TAU_FLOOR)
 
 
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(m=st.integers(3, 12), seed=st.integers(0, 10_000), k=st.integers(0, 40))
+def test_the_budget_keeps_only_pairs_its_test_judged(m: int, seed: int, k: int) -> None:
+    """Pairs the budget's test could not judge (a gene detected in a handful of cells) are never kept; the same
+    graph as ranking the judged pairs alone, and every pair's score is still in the score matrix."""
+    A, pairs, p = _problem(m, seed)
+    scores = consensus_scores(A, pairs, p)
+    judged = np.random.default_rng(seed).random(scores.size) < 0.6
+    graph = threshold(A, CausalConfig(min_positioned=0), k, 500, (pairs, scores), judged)
+    kept = np.triu((graph.dag != 0) | (graph.dag != 0).T, 1)[pairs]
+    assert not (kept & ~judged).any()
+    alone = ((pairs[0][judged], pairs[1][judged]), scores[judged])
+    np.testing.assert_array_equal(graph.dag, threshold(A, CausalConfig(min_positioned=0), k, 500, alone).dag)
+    np.testing.assert_allclose(graph.pair_scores[pairs], scores)
+    with pytest.raises(ValueError, match="judged flags"):
+        threshold(A, CausalConfig(min_positioned=0), k, 500, (pairs, scores), judged[:-1])
+
+
 def test_pair_ranking_fit_is_the_k_heaviest_weights() -> None:
     A, pairs, p = _problem(10, 3)
     # a ranking handed in is ignored: "fit" ranks by A alone

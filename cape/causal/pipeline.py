@@ -281,30 +281,38 @@ class Graph:
         return int(np.count_nonzero(self.dag))
 
 
-def budget_pairs(A: np.ndarray, budget: int, ranked: tuple | None) -> tuple[np.ndarray, np.ndarray] | None:
+def budget_pairs(A: np.ndarray, budget: int, ranked: tuple | None, judged: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The budget's edges before the cycles are broken, where a pair ranking decides (:mod:`cape.causal.pair_ranking`):
     the ``budget`` gene pairs scored highest in ``ranked`` ((pairs, scores) of :func:`cape.causal.ranked_pairs`),
-    each in the fit's heavier direction with its weight, and the pairs' score matrix; ``None`` without ``ranked``."""
+    each in the fit's heavier direction with its weight, and the pairs' score matrix; ``None`` without ``ranked``.
+
+    ``judged``: one flag per pair of ``ranked``, the pairs the budget's test could judge (its p-value is not NaN);
+    only those are kept, as only those were counted (a pair with a gene detected in a handful of cells is not). The
+    score matrix keeps every pair's score."""
     if ranked is None:
         return None
     pairs, scores = ranked
-    return (top_pairs_oriented(A, pairs, scores, budget, AUTO_TAU_FLOOR),
+    keep = np.ones(scores.size, dtype=bool) if judged is None else np.asarray(judged, dtype=bool)
+    if keep.size != scores.size:
+        raise ValueError(f"{keep.size} judged flags for {scores.size} ranked pairs")
+    return (top_pairs_oriented(A, (pairs[0][keep], pairs[1][keep]), scores[keep], budget, AUTO_TAU_FLOOR),
             pair_score_matrix(A.shape[0], pairs, scores))
 
 
 def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: int,
-              ranked: tuple | None = None) -> Graph:
+              ranked: tuple | None = None, judged: np.ndarray | None = None) -> Graph:
     """A thresholded at τ (fixed or by rule) and made a DAG; too few genes positioned raises or warns.
 
     Under the budget with a pair ranking other than the fit's (``config.pair_ranking``) and its ``ranked`` pairs
-    ((pairs, scores) of :func:`cape.causal.ranked_pairs`), the kept pairs are :func:`budget_pairs`'; τ is then the
-    lightest kept weight (lighter edges of A are kept where the ranking puts their pair high, heavier ones left out
-    where it does not).
+    ((pairs, scores) of :func:`cape.causal.ranked_pairs`), the kept pairs are :func:`budget_pairs`' (among the pairs
+    ``judged`` by the budget's test, where given); τ is then the lightest kept weight (lighter edges of A are kept
+    where the ranking puts their pair high, heavier ones left out where it does not).
     """
     n_genes = A.shape[0]
     tau_used, tau_rule = choose_tau(A, config.tau, config.min_positioned, budget)
     ranking_decides = tau_rule == "budget" and config.pair_ranking != "fit"
-    chosen_pairs = budget_pairs(A, budget, ranked) if ranking_decides else None
+    chosen_pairs = budget_pairs(A, budget, ranked, judged) if ranking_decides else None
     pair_scores = None
     if chosen_pairs is None:
         dag, removed = make_dag(A, tau_used)
@@ -528,7 +536,8 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
         ranked = ranked_pairs(config.pair_ranking, fitted.adjacency, tests, X, linalg_device, shrunk)
     if budget is not None:
         budget_record["pair_ranking"] = config.pair_ranking if ranked is not None else "fit"
-    graph = threshold(fitted.adjacency, config, budget, X.shape[0], ranked)
+    graph = threshold(fitted.adjacency, config, budget, X.shape[0], ranked,
+                      None if budget_tested is None else np.isfinite(budget_tested[1]))
     orientation = orient(config, graph, X, intervened, genes)
     confidence = (edge_confidence(X, graph.dag, intervened=intervened, seed=seed, pair_partial_correlation=shrunk)
                   if config.edge_confidence else None)
