@@ -97,6 +97,7 @@ from cape.causal.postprocess import (
     BUDGET_TEST,
     BUDGET_TESTS,
     budget_rows,
+    budget_tests,
     choose_tau,
     decoy_count,
     edge_budget,
@@ -262,12 +263,17 @@ def _budget_test(tau: float | str) -> str:
     return str(tau).partition(":")[2] or BUDGET_TEST
 
 
-def _budget(X: np.ndarray, fdr: float, seed: int, test: str = BUDGET_TEST) -> int | None:
-    """cape's edge budget at ``fdr`` as :func:`cape.tl.causal_graph` counts it: by ``test``, on at most the
-    default ``budget_cells`` cells, drawn with the fit's seed, less the pairs the test calls on the same cells with
-    every gene permuted (:func:`cape.causal.decoy_count`, the fit's seed)."""
+def _budget_cells(X: np.ndarray, seed: int) -> np.ndarray:
+    """The cells Step I's budget tests on: at most the default ``budget_cells``, drawn with the fit's seed."""
     rows = budget_rows(*X.shape, BUDGET_CELLS, seed)
-    tested = X if rows is None else X[rows]
+    return X if rows is None else X[rows]
+
+
+def _budget(X: np.ndarray, fdr: float, seed: int, test: str = BUDGET_TEST) -> int | None:
+    """cape's edge budget at ``fdr`` as :func:`cape.tl.causal_graph` counts it: by ``test``, on
+    :func:`_budget_cells`, less the pairs the test calls on the same cells with every gene permuted
+    (:func:`cape.causal.decoy_count`, the fit's seed)."""
+    tested = _budget_cells(X, seed)
     significant = edge_budget(tested, fdr, test=test)
     return None if significant is None else max(significant - decoy_count(tested, fdr, test, seed), 0)
 
@@ -281,7 +287,8 @@ def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int
     budget = _budget(X, fdr, seed, _budget_test(tau)) if fdr is not None else None
     ranking = pair_ranking_for(BUDGET_RANKINGS.get(_ranking_prefix(str(tau)), PAIR_RANKING), intervened)
     if budget is not None and ranking != "fit":
-        chosen = budget_pairs(weights, budget, ranked_pairs(ranking, weights, partial_correlation_tests(X), X))
+        judged = np.isfinite(budget_tests(_budget_cells(X, seed), _budget_test(tau))[1])  # as the pipeline keeps
+        chosen = budget_pairs(weights, budget, ranked_pairs(ranking, weights, partial_correlation_tests(X), X), judged)
         if chosen is not None:
             return make_dag(chosen[0], 0.0)[0]
     rule = "budget" if fdr is not None else tau
