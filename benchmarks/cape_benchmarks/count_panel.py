@@ -55,8 +55,8 @@ from .causal import _budget, _run_undirected, _thresholded, _top_directed, _top_
 from .peers import run_peer
 from .sergio import simulate_sergio
 
-__all__ = ["BASE", "MEMBERS", "PANEL_METHODS", "SERGIO_NOISE", "panel_settings", "run_count_panel",
-           "simulate_member"]
+__all__ = ["BASE", "ISSUE_FIGURES", "MEMBERS", "PANEL_METHODS", "SERGIO_NOISE", "figure_checks", "figures_report",
+           "panel_settings", "run_count_panel", "simulate_member"]
 
 logger = logging.getLogger("cape")
 
@@ -287,6 +287,68 @@ def write_panel_outputs(records: list[dict], out: str | Path, quick: bool = Fals
     save_figure(panel_figure(records, by="member"), out / "count_panel_members.png")
 
 
+#: Issue 54's figures, checked per setting on the medians over its seeds: (name, Step I's metric, the peers whose
+#: best median it is held against, the margin it may fall short by, the fixed bound where no peer is involved).
+ISSUE_FIGURES = (
+    ("kept ≤ 2 × true", "kept / true", (), 0.0, 2.0),
+    ("skeleton F1 ≥ partial correlation 5 %", "skeleton_f1", ("partial_correlation",), 0.0, None),
+    ("skeleton AUPRC ≥ best of partial correlation, GRNBoost2 − 0.02", "skeleton_auprc",
+     ("partial_correlation", "grnboost2"), 0.02, None),
+    ("directed F1 ≥ DAGMA-linear", "f1", ("dagma_linear_counts",), 0.0, None),
+    ("confidence gap closed ≥ 0.5", "ordered_confidence_gap_closed", (), 0.0, 0.5),
+)
+
+
+def figure_checks(records: list[dict], method: str = "cape_default") -> pd.DataFrame:
+    """Issue 54's figures (:data:`ISSUE_FIGURES`) for ``method`` in every setting it ran: one row per setting and
+    figure with Step I's median (``value``), what it is held against (``against``: the best peer's median, or the
+    fixed bound) and ``met`` (True / False; None where no peer of the figure ran in that setting). ``kept / true`` is
+    the median over the seeds of each seed's kept pairs over its true pairs; every other value a median of the
+    metric. The records of several runs may be put together (Step I from one, the peers from another)."""
+    frame = pd.DataFrame([r for r in records if r["status"] == "ok"])
+    if frame.empty:
+        return pd.DataFrame(columns=["setting", "figure", "value", "against", "met"])
+    keys = ["setting", "method", "seed"]
+    ratio = (frame[frame["metric"] == "kept"].set_index(keys)["value"]
+             / frame[frame["metric"] == "true_edges"].set_index(keys)["value"]).rename("value").reset_index()
+    frame = pd.concat([frame, ratio.assign(metric="kept / true")])
+    med = frame.groupby(["setting", "method", "metric"])["value"].median()
+    rows = []
+    for setting in dict.fromkeys(frame.loc[frame["method"] == method, "setting"]):
+        for name, metric, peers, margin, bound in ISSUE_FIGURES:
+            value = med.get((setting, method, metric), np.nan)
+            against = (bound if not peers else
+                       max((med[setting, p, metric] for p in peers if (setting, p, metric) in med), default=np.nan))
+            known = np.isfinite(value) and np.isfinite(against)
+            upper = metric == "kept / true"  # a bound from above; every other figure is one from below
+            met = None if not known else bool(value <= against if upper else value >= against - margin)
+            rows.append({"setting": setting, "figure": name, "value": value, "against": against, "met": met})
+    return pd.DataFrame(rows)
+
+
+def figures_report(records: list[dict], method: str = "cape_default") -> str:
+    """:func:`figure_checks` as a markdown table (one row per setting, Step I's median / what it is held against, in
+    bold where the figure is missed, "–" where no peer ran) and one line per figure: met in how many settings."""
+    checks = figure_checks(records, method)
+    if checks.empty:
+        return ""
+    names = [f[0] for f in ISSUE_FIGURES]
+    cells = {}
+    for row in checks.itertuples():
+        text = "–" if row.met is None else f"{row.value:.3g} / {row.against:.3g}"
+        cells[row.setting, row.figure] = f"**{text}**" if row.met is False else text
+    settings = list(dict.fromkeys(checks["setting"]))
+    table = markdown_table(["setting", *names], [[s, *(cells[s, n] for n in names)] for s in settings])
+    summary = []
+    for name in names:
+        known = checks[(checks["figure"] == name) & checks["met"].notna()]
+        summary.append(f"- {name}: met in {int(known['met'].astype(bool).sum())} of {len(known)} settings"
+                       + (f" ({len(settings) - len(known)} without the peer)" if len(known) < len(settings) else ""))
+    return (f"## Against issue 54's figures ({method})\n\nMedian over each setting's seeds: {method}'s / what it "
+            "is held against (the best peer's median, or the fixed bound); **bold**: missed; –: no peer of that figure "
+            "ran.\n\n" + table + "\n\n" + "\n".join(summary) + "\n")
+
+
 TABLE_METRICS = ("skeleton_f1", "f1", "skeleton_auprc", "kept", "true_edges", "confidence_gap_closed",
                  "ordered_confidence_gap_closed", "seconds")
 
@@ -317,6 +379,7 @@ def panel_report(records: list[dict], quick: bool, size: dict) -> str:
             "correlation (`cape.causal.edge_order`).\n\n"
             "## Median per member\n\n" + markdown_table(header, _median_rows(frame, "member")) +
             "\n\n## Median per setting\n\n" + markdown_table(setting_header, _median_rows(frame, "setting")) +
+            ("\n\n" + figures_report(records) if "cape_default" in set(frame["method"]) else "") +
             "\n\n## Settings\n\n" + "\n".join(f"- `{s}`: {p}" for s, p in params.items()) + "\n"
             + ("\n## Runs without a result\n\n" + notes if notes else ""))
 

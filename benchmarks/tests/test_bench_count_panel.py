@@ -104,6 +104,7 @@ def test_the_panel_writes_its_records_table_and_figure(tmp_path) -> None:
     assert all(r["params"]["n_types"] in (1, 3) for r in records)
     text = (tmp_path / "count_panel.md").read_text()
     assert "## Median per member" in text and "| boolode | cape_default |" in text
+    assert "## Against issue 54's figures (cape_default)" in text and "| grn_cells_types1 | " in text
     assert (tmp_path / "count_panel.png").stat().st_size > 0
     assert (tmp_path / "count_panel_members.png").stat().st_size > 0
 
@@ -119,3 +120,34 @@ def test_each_member_runs_quick_with_every_in_process_method(member, tmp_path) -
     records = count_panel.run_count_panel(tmp_path, quick=True, settings=[member])
     assert {r["method"] for r in records} == {"cape_default", "partial_correlation", "partial_correlation_true",
                                               "graphical_lasso"}
+
+
+def _records(rows: list[tuple[str, str, int, str, float]]) -> list[dict]:
+    return [{"setting": s, "member": s.split("_")[0], "method": m, "seed": seed, "metric": k, "value": v,
+             "status": "ok"} for s, m, seed, k, v in rows]
+
+
+def test_figure_checks_hold_step1_against_the_best_peer_and_the_fixed_bounds() -> None:
+    rows = []
+    for seed, (kept, true) in enumerate([(150, 100), (300, 100), (500, 200)]):  # kept / true 1.5, 3.0, 2.5: median 2.5
+        rows += [("a", "cape_default", seed, "kept", kept), ("a", "cape_default", seed, "true_edges", true)]
+    rows += [("a", "cape_default", s, "skeleton_f1", v) for s, v in enumerate([0.40, 0.50, 0.45])]
+    rows += [("a", "partial_correlation", s, "skeleton_f1", v) for s, v in enumerate([0.44, 0.46, 0.47])]
+    rows += [("a", "cape_default", 0, "skeleton_auprc", 0.31), ("a", "partial_correlation", 0, "skeleton_auprc", 0.30),
+             ("a", "grnboost2", 0, "skeleton_auprc", 0.33)]  # 0.31 ≥ 0.33 − 0.02: met at the margin
+    rows += [("a", "cape_default", 0, "f1", 0.2), ("a", "cape_default", 0, "ordered_confidence_gap_closed", 0.5)]
+    rows += [("b", "cape_default", 0, k, v) for k, v in (("kept", 10), ("true_edges", 10), ("skeleton_f1", 0.9))]
+    records = [*_records(rows), {**_records([("a", "grnboost2", 1, "skeleton_auprc", 9.0)])[0], "status": "failed"}]
+    checks = count_panel.figure_checks(records).set_index(["setting", "figure"])
+    names = [f[0] for f in count_panel.ISSUE_FIGURES]
+    assert checks.loc[("a", names[0]), "value"] == pytest.approx(2.5) and checks.loc[("a", names[0]), "met"] is False
+    assert checks.loc[("a", names[1]), "against"] == pytest.approx(0.46) and checks.loc[("a", names[1]), "met"] is False
+    assert checks.loc[("a", names[2]), "against"] == pytest.approx(0.33) and checks.loc[("a", names[2]), "met"] is True
+    assert checks.loc[("a", names[3]), "met"] is None  # DAGMA-linear did not run
+    assert checks.loc[("a", names[4]), "met"] is True  # at the bound
+    assert checks.loc[("b", names[0]), "met"] is True and checks.loc[("b", names[1]), "met"] is None
+    text = count_panel.figures_report(records)
+    assert "| a | **2.5 / 2** | **0.45 / 0.46** | 0.31 / 0.33 | – | 0.5 / 0.5 |" in text
+    assert "- kept ≤ 2 × true: met in 1 of 2 settings" in text
+    assert "- directed F1 ≥ DAGMA-linear: met in 0 of 0 settings (2 without the peer)" in text
+    assert count_panel.figures_report(_records([("a", "partial_correlation", 0, "kept", 1.0)])) == ""
