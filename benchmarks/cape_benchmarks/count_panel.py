@@ -328,7 +328,8 @@ def figure_checks(records: list[dict], method: str = "cape_default") -> pd.DataF
 
 def figures_report(records: list[dict], method: str = "cape_default") -> str:
     """:func:`figure_checks` as a markdown table (one row per setting, Step I's median / what it is held against, in
-    bold where the figure is missed, "–" where no peer ran) and one line per figure: met in how many settings."""
+    bold where the figure is missed, "–" where it could not be checked: no peer of it ran, or Step I has no value) and
+    one line per figure: met in how many settings."""
     checks = figure_checks(records, method)
     if checks.empty:
         return ""
@@ -342,11 +343,12 @@ def figures_report(records: list[dict], method: str = "cape_default") -> str:
     summary = []
     for name in names:
         known = checks[(checks["figure"] == name) & checks["met"].notna()]
+        unchecked = len(settings) - len(known)
         summary.append(f"- {name}: met in {int(known['met'].astype(bool).sum())} of {len(known)} settings"
-                       + (f" ({len(settings) - len(known)} without the peer)" if len(known) < len(settings) else ""))
+                       + (f" ({unchecked} could not be checked)" if unchecked else ""))
     return (f"## Against issue 54's figures ({method})\n\nMedian over each setting's seeds: {method}'s / what it "
-            "is held against (the best peer's median, or the fixed bound); **bold**: missed; –: no peer of that figure "
-            "ran.\n\n" + table + "\n\n" + "\n".join(summary) + "\n")
+            "is held against (the best peer's median, or the fixed bound); **bold**: missed; –: not checked "
+            "(no peer of that figure ran, or no value).\n\n" + table + "\n\n" + "\n".join(summary) + "\n")
 
 
 TABLE_METRICS = ("skeleton_f1", "f1", "skeleton_auprc", "kept", "true_edges", "confidence_gap_closed",
