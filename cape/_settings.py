@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numba
 import numpy as np
 import torch
 
@@ -157,8 +158,29 @@ def set_threads(n: int) -> None:
         logger.debug("threadpoolctl not installed: BLAS threads limited through the environment only")
     else:
         threadpool_limits(limits=n)  # applies now, to every loaded library (not used as a context manager)
-
+    try:  # numba's own parallel loops (scanpy's) at most n wide; this starts its pool too, before torch is set
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except (ValueError, RuntimeError, OSError) as err:  # no threading layer: numba runs its loops serially
+        logger.debug("numba's threads not set: %s", err)
     torch.set_num_threads(n)
+
+
+def start_numba_pool() -> None:
+    """Start numba's thread pool now, and leave torch's thread count as it was.
+
+    When numba's pool starts, at the first parallel numba function of the process (scanpy's ``normalize_total`` on
+    sparse counts is one), its OpenMP threading layer sets OpenMP's thread count to ``NUMBA_NUM_THREADS``, every CPU
+    by default. torch shares that OpenMP runtime, so from then on torch would run on every CPU whatever
+    :attr:`CapeSettings.n_threads`, ``OMP_NUM_THREADS`` or ``torch.set_num_threads`` had said, and several processes
+    on one machine (a Snakemake run, benchmarks side by side) would wait on each other's spinning threads. A pool
+    that has started does not set the count again; cape starts it on import.
+    """
+    threads = torch.get_num_threads()
+    try:
+        numba.get_num_threads()  # starts the pool (once per process)
+    except (ValueError, RuntimeError, OSError) as err:  # no threading layer: then no pool can reset torch's count
+        logger.debug("numba's thread pool not started: %s", err)
+    torch.set_num_threads(threads)
 
 
 def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup",
@@ -241,6 +263,7 @@ def default_threads() -> int:
 
 settings = CapeSettings()
 logger.setLevel(_VERBOSITY_LEVELS[settings.verbosity])
+start_numba_pool()
 
 
 def resolve_device(device: str | None = "auto"):

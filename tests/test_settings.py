@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 
@@ -176,3 +177,25 @@ def test_cli_default_threads(monkeypatch, capsys, cpus, torch_default, expected)
     assert main(["--quiet", "encodings"]) == 0
     assert torch.get_num_threads() == expected and cape.settings.n_threads == expected
     capsys.readouterr()
+
+
+def test_numba_pool_cannot_reset_torch_threads():
+    """numba's OpenMP pool, when it starts, sets OpenMP's thread count to NUMBA_NUM_THREADS, which torch shares:
+    a parallel numba function (scanpy's normalize_total on sparse counts) must leave torch's count as it was set,
+    by the environment or by cape. A fresh process, so that no earlier test has started numba's pool."""
+    code = (
+        "import anndata as ad, numpy as np, scanpy as sc, scipy.sparse as sp, torch\n"
+        "import cape\n"
+        "def normalised():\n"
+        "    sc.pp.normalize_total(ad.AnnData(sp.random(300, 40, density=0.3, format='csr', dtype=np.float32,\n"
+        "                                               random_state=0)))\n"
+        "    return torch.get_num_threads()\n"
+        "print(torch.get_num_threads())\n"  # torch has set up its threads before numba's first parallel function
+        "print(normalised())\n"
+        "cape.settings.n_threads = 2\n"
+        "print(normalised())\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "3"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "1", "2"]
