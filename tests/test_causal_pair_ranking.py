@@ -24,7 +24,7 @@ from cape.causal import (
     top_pairs_oriented,
 )
 from cape.causal.pair_ranking import SHRINKAGE_GRID, likelihood_shrinkage
-from cape.causal.pipeline import threshold
+from cape.causal.pipeline import budget_dag, threshold
 from cape.causal.postprocess import AUTO_TAU_FLOOR, tau_for_edges
 
 
@@ -239,3 +239,24 @@ def test_ranked_pairs_per_ranking() -> None:
     np.testing.assert_allclose(shrunk[1], np.abs(shrunk_partial_correlations(X)[pairs]))
     with pytest.raises(ValueError, match="unknown or unresolved pair ranking 'borda'"):
         ranked_pairs("borda", A, (pairs, p), X)
+
+
+def test_pairs_that_cycles_cost_are_the_rankings_weakest_not_the_fits_lightest() -> None:
+    """Four pairs in the budget; the fit's directions close 0 → 1 → 2 → 0. Breaking that cycle leaves three pairs, and
+    the ranking, not the fit's weights, says which three: its best, the cycle-closing edge turned round."""
+    A = np.zeros((4, 4))
+    A[0, 1], A[1, 2], A[2, 0], A[0, 2], A[2, 3] = 0.5, 0.5, 0.4, 0.2, 0.6
+    pairs = (np.array([0, 1, 0, 2]), np.array([1, 2, 2, 3]))
+    scores = np.array([0.9, 0.8, 0.7, 0.1])  # the pair 2 – 3 ranks last
+    dag, removed, turned, _ = budget_dag(A, 4, (pairs, scores))
+    assert (removed, turned) == (1, 1)
+    expected = np.zeros((4, 4))
+    expected[0, 1], expected[1, 2], expected[0, 2] = 0.5, 0.5, 0.2
+    np.testing.assert_array_equal(dag, expected)
+    graph = threshold(A, CausalConfig(min_positioned=0), 4, 500, (pairs, scores))
+    np.testing.assert_array_equal(graph.dag, expected)
+    assert (graph.removed, graph.turned) == (1, 1)
+    # Without a cycle the budget's pairs are kept as the fit points them.
+    A[2, 0], A[0, 2] = 0.2, 0.4
+    dag, removed, turned, _ = budget_dag(A, 4, (pairs, scores))
+    assert (removed, turned) == (0, 0) and np.count_nonzero(dag) == 4

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cape.causal import is_dag, make_dag, threshold
+from cape.causal import is_dag, make_dag, orient_acyclic, threshold
 
 
 @settings(max_examples=60, deadline=None)
@@ -117,3 +117,49 @@ def test_tau_zero_on_a_dense_300_gene_matrix_is_fast() -> None:
     assert is_dag(out)
     # A complete tournament order keeps exactly one direction of every pair.
     assert (out != 0).sum() == 300 * 299 // 2 and removed == 300 * 299 - 300 * 299 // 2
+
+
+def _one_way(A: np.ndarray) -> np.ndarray:
+    """A with at most one direction per gene pair: the heavier (ties: i → j for i < j)."""
+    keep = (np.abs(A) > np.abs(A.T)) | ((np.abs(A) == np.abs(A.T)) & np.triu(np.ones(A.shape, dtype=bool), 1))
+    return np.where(keep, A, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(M=st.integers(2, 14), seed=st.integers(0, 2**31 - 1), density=st.floats(0.1, 1),
+       floor=st.sampled_from([0.0, 0.3, 0.6]))
+def test_orienting_acyclic_turns_cycle_closing_edges_and_keeps_every_other_pair(M: int, seed: int, density: float,
+                                                                                floor: float) -> None:
+    A = _random_graph(M, seed, density)
+    np.fill_diagonal(A, 0.0)
+    chosen = _one_way(A)
+    out, turned, dropped = orient_acyclic(chosen, A, floor)
+    assert is_dag(out)
+    pairs = lambda B: np.triu((B != 0) | (B != 0).T, 1)  # noqa: E731
+    assert pairs(out).sum() == pairs(chosen).sum() - dropped
+    assert not (pairs(out) & ~pairs(chosen)).any()
+    same, flipped = (out != 0) & (chosen != 0), (out != 0) & (chosen == 0)
+    np.testing.assert_array_equal(out[same], chosen[same])
+    np.testing.assert_array_equal(out[flipped], A[flipped])  # a turned edge carries the fit's weight that way
+    assert flipped.sum() == turned
+    assert np.all(np.abs(out[flipped]) > floor)
+    # A turned edge v → u adds no reachability (v already led to u), so the edges that close a cycle are make_dag's.
+    dag, removed = make_dag(chosen, 0.0)
+    assert turned + dropped == removed
+    kept = (dag != 0)
+    np.testing.assert_array_equal(out[kept], dag[kept])
+
+
+def test_an_edge_closing_a_cycle_is_turned_with_the_fits_weight_or_dropped_without_one() -> None:
+    A = np.zeros((3, 3))
+    A[0, 1], A[1, 2], A[2, 0], A[0, 2] = 0.9, 0.8, 0.3, 0.2  # 2 → 0, the lightest, closes 0 → 1 → 2 → 0
+    chosen = A.copy()
+    chosen[0, 2] = 0.0
+    out, turned, dropped = orient_acyclic(chosen, A, 0.1)
+    assert (turned, dropped) == (1, 0)
+    assert out[0, 2] == 0.2 and out[2, 0] == 0.0 and out[0, 1] == 0.9 and out[1, 2] == 0.8
+    out, turned, dropped = orient_acyclic(chosen, A, 0.25)  # the fit gives 0 → 2 no weight above the floor
+    assert (turned, dropped) == (0, 1)
+    np.testing.assert_array_equal(out, make_dag(chosen, 0.0)[0])
+    with pytest.raises(ValueError, match="A is"):
+        orient_acyclic(chosen, A[:2, :2], 0.1)

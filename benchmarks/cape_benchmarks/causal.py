@@ -88,7 +88,7 @@ from cape.causal import (
     shrunk_partial_correlations,
 )
 from cape.causal.causal_config import LOW_RANK
-from cape.causal.pipeline import budget_pairs
+from cape.causal.pipeline import budget_dag
 from cape.causal.pipeline import screen as step1_screen
 from cape.causal.postprocess import (
     AUTO_TAU_MAX,
@@ -288,9 +288,9 @@ def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int
     ranking = pair_ranking_for(BUDGET_RANKINGS.get(_ranking_prefix(str(tau)), PAIR_RANKING), intervened)
     if budget is not None and ranking != "fit":
         judged = np.isfinite(budget_tests(_budget_cells(X, seed), _budget_test(tau))[1])  # as the pipeline keeps
-        chosen = budget_pairs(weights, budget, ranked_pairs(ranking, weights, partial_correlation_tests(X), X), judged)
+        chosen = budget_dag(weights, budget, ranked_pairs(ranking, weights, partial_correlation_tests(X), X), judged)
         if chosen is not None:
-            return make_dag(chosen[0], 0.0)[0]
+            return chosen[0]
     rule = "budget" if fdr is not None else tau
     return make_dag(weights, choose_tau(weights, rule, AUTO_MIN_POSITIONED, budget)[0])[0]
 

@@ -6,7 +6,8 @@ networks pushed through counts) and worse than the partial correlations they wer
 (Hill kinetics, saturating regulation); neither ranking is better on every count simulator
 (docs/benchmarks/count_panel.md). The consensus ranking averages the two rankings' normalised ranks (a Borda count,
 the rule of the DREAM5 community networks, Marbach et al. 2012), so that a pair is kept when both methods rank it
-high; the fit still orients every kept pair and gives it its weight.
+high; the fit still orients every kept pair (the other way where its heavier direction would close a cycle of heavier
+edges: :func:`cape.causal.orient_acyclic`) and gives it its weight.
 
 ``"shrunk_partial_correlation"`` ranks the pairs by their shrunk partial correlation alone (the correlation matrix of
 the genes shrunk towards the identity, then inverted; the intensity is the one under which held-out cells are most

@@ -8,7 +8,8 @@ The stages, each a small function here over the modules of :mod:`cape.causal`:
 3. the fit (:func:`fit`: :func:`~cape.causal.fit_variational_notears` or :func:`~cape.causal.fit_parents_mlp`),
    with a collapse turned into an error;
 4. the edge budget (:func:`edge_budget_for`, ``tau="budget"``), which pairs it keeps (:func:`budget_pairs`, by the
-   configured pair ranking), the threshold and the cycle breaking (:func:`threshold`);
+   configured pair ranking, made a DAG by :func:`budget_dag`), the threshold and the cycle breaking
+   (:func:`threshold`);
 5. the orientation by the interventions' downstream shifts (:func:`orient`);
 6. the fitted structural equations and the record (:func:`learn_causal_graph` returns them in a
    :class:`CausalGraph`).
@@ -58,6 +59,7 @@ from .postprocess import (
     decoy_count,
     edge_budget,
     make_dag,
+    orient_acyclic,
     partial_correlation_tests,
     positioned_genes,
     screen_candidates,
@@ -67,8 +69,8 @@ from .structural_equations import learned_equations
 from .trainer import MIN_CELLS, CausalFit, _fits_on_device, fit_variational_notears, gene_moments
 
 __all__ = ["BUDGET_MAX_GENES", "DECOY_WARNING_SHARE", "PARENTS_MLP_MAX_GENES", "SCAN_TAUS", "CausalGraph", "Graph",
-           "budget_pairs", "check_matrix", "check_size", "edge_budget_for", "fit", "learn_causal_graph", "linalg_bytes",
-           "orient", "screen", "threshold"]
+           "budget_dag", "budget_pairs", "check_matrix", "check_size", "edge_budget_for", "fit", "learn_causal_graph",
+           "linalg_bytes", "orient", "screen", "threshold"]
 
 logger = logging.getLogger("cape")
 
@@ -275,6 +277,8 @@ class Graph:
     #: Symmetric M×M scores by which a pair ranking chose the pairs (higher first); ``None`` where the fit's weights
     #: alone decided (A's own max(|A_ij|, |A_ji|), not stored a second time)
     pair_scores: np.ndarray | None = None
+    #: Edges kept against the fit's heavier direction, which would have closed a cycle (:func:`budget_dag`)
+    turned: int = 0
 
     @property
     def n_edges(self) -> int:
@@ -300,6 +304,31 @@ def budget_pairs(A: np.ndarray, budget: int, ranked: tuple | None, judged: np.nd
             pair_score_matrix(A.shape[0], pairs, scores))
 
 
+def budget_dag(A: np.ndarray, budget: int, ranked: tuple | None, judged: np.ndarray | None = None
+               ) -> tuple[np.ndarray, int, int, np.ndarray] | None:
+    """The budget's DAG where a pair ranking decides: (DAG, pairs its cycles cost, edges turned, the pairs' score
+    matrix), or ``None`` without ``ranked``.
+
+    The ``budget`` best-ranked pairs (:func:`budget_pairs`), each in the fit's heavier direction, hold cycles where
+    the fit's directions disagree with each other; breaking them (:func:`~cape.causal.make_dag`) keeps n of the pairs
+    and would let the fit's weights choose which. The ranking chooses instead: its n best pairs, made a DAG by
+    turning each edge whose direction would close a cycle of heavier ones (:func:`~cape.causal.orient_acyclic`), or
+    dropping it where the fit gives the other direction no weight. The count of pairs stays the one cycle breaking
+    leaves: keeping all ``budget`` pairs, turned, was worse where the budget counts more pairs than the network has
+    (docs/benchmarks/count_panel.md).
+    """
+    chosen_pairs = budget_pairs(A, budget, ranked, judged)
+    if chosen_pairs is None:
+        return None
+    chosen, scores = chosen_pairs
+    dag, removed = make_dag(chosen, 0.0)
+    if not removed:
+        return dag, 0, 0, scores
+    best = budget_pairs(A, int(np.count_nonzero(dag)), ranked, judged)[0]
+    dag, turned, _ = orient_acyclic(best, A, AUTO_TAU_FLOOR)
+    return dag, int(np.count_nonzero(chosen)) - int(np.count_nonzero(dag)), turned, scores
+
+
 def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: int,
               ranked: tuple | None = None, judged: np.ndarray | None = None) -> Graph:
     """A thresholded at τ (fixed or by rule) and made a DAG; too few genes positioned raises or warns.
@@ -312,29 +341,30 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
     n_genes = A.shape[0]
     tau_used, tau_rule = choose_tau(A, config.tau, config.min_positioned, budget)
     ranking_decides = tau_rule == "budget" and config.pair_ranking != "fit"
-    chosen_pairs = budget_pairs(A, budget, ranked, judged) if ranking_decides else None
-    pair_scores = None
-    if chosen_pairs is None:
+    chosen = budget_dag(A, budget, ranked, judged) if ranking_decides else None
+    pair_scores, turned = None, 0
+    if chosen is None:
         dag, removed = make_dag(A, tau_used)
     else:
-        chosen, pair_scores = chosen_pairs
-        dag, removed = make_dag(chosen, 0.0)
-        kept = np.abs(chosen[chosen != 0])
+        dag, removed, turned, pair_scores = chosen
+        kept = np.abs(dag[dag != 0])
         tau_used = float(kept.min()) if kept.size else tau_used
     if removed:
         logger.info("removed %d edge(s) to break cycles left after thresholding", removed)
+    if turned:
+        logger.info("turned %d edge(s) whose fitted direction would close a cycle of heavier edges", turned)
     n_positioned = int(((dag != 0).any(axis=0) | (dag != 0).any(axis=1)).sum())
     graph = Graph(dag, int(removed), float(tau_used), tau_rule, n_positioned,
                    float(np.abs(A).max()) if A.size else 0.0, _threshold_scan(A, (*SCAN_TAUS, tau_used)),
-                   pair_scores)
+                   pair_scores, int(turned))
     # Under a pair ranking no single τ cuts A into the graph: name the lightest kept weight instead.
-    at = (f"at tau={tau_used:.3g}" if chosen_pairs is None else f"with weights down to {tau_used:.3g}")
+    at = (f"at tau={tau_used:.3g}" if chosen is None else f"with weights down to {tau_used:.3g}")
     logger.info("Step I: %d edges, %d of %d genes positioned %s (%s); largest weight %.3g; A's edges (positioned "
                 "genes) by tau: %s", graph.n_edges, n_positioned, n_genes, at, tau_rule, graph.max_weight,
                 _format_scan(graph.scan))
     if tau_rule == "budget":
         kept = (f"highest-scoring pairs ({PAIR_RANKING_WORDS.get(config.pair_ranking, 'as ranked')})"
-                if chosen_pairs is not None else "heaviest edges of the DAG")
+                if chosen is not None else "heaviest edges of the DAG")
         logger.info("tau='budget': %d gene pairs have a significant partial correlation (%s, BH %g): kept the "
                     "%d %s (lightest weight %.3g)", budget, BUDGET_TEST_NAMES[config.budget_test],
                     config.budget_fdr, graph.n_edges, kept, tau_used)
@@ -418,7 +448,7 @@ def _record(config: CausalConfig, X, dropped: list[str], fit: CausalFit, graph: 
         "n_cells": int(X.shape[0]), "n_genes": int(n_genes), "n_edges": graph.n_edges, "tau_used": graph.tau_used,
         "tau_rule": graph.tau_rule, "max_weight": graph.max_weight, "n_positioned": graph.n_positioned,
         "positioned_fraction": float(graph.n_positioned / n_genes), "threshold_scan": graph.scan,
-        "removed_cycle_edges": graph.removed, "dropped_constant_genes": dropped,
+        "removed_cycle_edges": graph.removed, "turned_cycle_edges": graph.turned, "dropped_constant_genes": dropped,
         "epochs_run": int(fit.epochs_run), "converged": bool(fit.converged), "collapsed": bool(fit.collapsed),
         "peak_weight": float(fit.peak_weight), "h_every": int(fit.h_every),
         "recon_fraction": float(fit.recon_fraction), "compiled_mlp": bool(fit.compiled_mlp),

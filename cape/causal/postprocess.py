@@ -30,6 +30,7 @@ __all__ = [
     "edge_budget",
     "is_dag",
     "make_dag",
+    "orient_acyclic",
     "partial_correlation_tests",
     "partial_correlations",
     "permuted_genes",
@@ -114,32 +115,74 @@ def make_dag(A: np.ndarray, tau: float = 0.0) -> tuple[np.ndarray, int]:
     edges unchanged) and the number of edges removed by cycle breaking (not counting those below τ).
     """
     out = threshold(np.asarray(A), tau)
+    u, _ = _cycle_closing_edges(out)
+    return out, int(u.size)
+
+
+def orient_acyclic(chosen: np.ndarray, A: np.ndarray, floor: float) -> tuple[np.ndarray, int, int]:
+    """The edges of ``chosen`` (at most one direction per gene pair, with its weight) made a DAG by turning edges
+    round rather than dropping them.
+
+    Inside each strongly connected component the edges go in by decreasing |weight| (ties: by index), as in
+    :func:`make_dag`. An edge u → v that would close a cycle of heavier kept edges goes in as v → u with A's weight
+    that way, which never closes one (the kept edges are acyclic and already lead from v to u); where |A[v, u]| is
+    at or below ``floor`` the fit gives that direction no equation, and the edge is dropped instead. Every gene pair
+    of ``chosen`` is kept but those. Returns the DAG, the number of edges turned and the number dropped.
+    """
+    out = threshold(np.asarray(chosen), 0.0)
+    A = np.asarray(A)
+    if A.shape != out.shape:
+        raise ValueError(f"A is {A.shape} but the chosen edges are {out.shape}")
+    u, v = _cycle_closing_edges(out, lambda a, b: np.abs(A[b, a]) > floor)
+    turn = np.abs(A[v, u]) > floor
+    out[v[turn], u[turn]] = A[v[turn], u[turn]]
+    return out, int(turn.sum()), int((~turn).sum())
+
+
+def _cycle_closing_edges(out: np.ndarray, turnable=None) -> tuple[np.ndarray, np.ndarray]:
+    """Remove from ``out`` (in place) the edges that close a cycle of heavier ones, and return them as (tails, heads).
+
+    Edges between strongly connected components never lie on a cycle; inside each component the edges go in by
+    decreasing |weight| (ties: by index). ``turnable(tails, heads)`` (vectorised, or ``None``) says which edges may go
+    in turned round instead, for the reachability of the later ones (the caller puts them in).
+    """
     support = sp.csr_matrix(out != 0)
     n_components, labels = connected_components(support, directed=True, connection="strong")
     sizes = np.bincount(labels, minlength=n_components)
-    removed = 0
+    tails, heads = [], []
     for component in np.flatnonzero(sizes > 1):
         nodes = np.flatnonzero(labels == component)
         sub = out[np.ix_(nodes, nodes)]
         rows, cols = np.nonzero(sub)
         order = np.lexsort((cols, rows, -np.abs(sub[rows, cols])))
-        drop = _greedy_acyclic(nodes.size, rows[order], cols[order])
-        out[nodes[rows[order][drop]], nodes[cols[order][drop]]] = 0
-        removed += int(drop.sum())
-    return out, removed
+        u, v = nodes[rows[order]], nodes[cols[order]]
+        closing = _greedy_acyclic(nodes.size, rows[order], cols[order],
+                                  None if turnable is None else turnable(u, v))
+        tails.append(u[closing])
+        heads.append(v[closing])
+    u = np.concatenate(tails) if tails else np.zeros(0, dtype=np.int64)
+    v = np.concatenate(heads) if heads else np.zeros(0, dtype=np.int64)
+    out[u, v] = 0
+    return u, v
 
 
-def _greedy_acyclic(n: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """Boolean mask of the edges (in the given priority order) that would close a cycle of earlier kept ones."""
+def _greedy_acyclic(n: int, rows: np.ndarray, cols: np.ndarray, turnable: np.ndarray | None = None) -> np.ndarray:
+    """Boolean mask of the edges (in the given priority order) that would close a cycle of earlier kept ones.
+
+    With ``turnable`` (one flag per edge), such an edge that is turnable goes in turned round (v → u) and stays in
+    the mask; the caller turns it. It closes no cycle, since the kept edges already lead from v to u."""
     reach = np.eye(n, dtype=bool)  # reach[x, y]: y is reachable from x through kept edges
-    drop = np.zeros(rows.size, dtype=bool)
+    closing = np.zeros(rows.size, dtype=bool)
     for k, (u, v) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
         if reach[v, u]:
-            drop[k] = True
-        elif not reach[u, v]:
+            closing[k] = True
+            if turnable is None or not turnable[k]:
+                continue
+            u, v = v, u
+        if not reach[u, v]:
             # u → v is new: everything reaching u now reaches all that v reaches.
             reach[reach[:, u]] |= reach[v]
-    return drop
+    return closing
 
 
 def positioned_genes(A: np.ndarray, tau: float = 0.0) -> np.ndarray:

@@ -41,7 +41,9 @@ def _metric_tables(records: list[dict]) -> list[tuple[str, str, list[str], list[
              "comparison": f"The transformer minus its same-run baseline, with the {N_BOOTSTRAP:,}-resample "
                            "bootstrap interval (95 %) over the cells scored.",
              "graph": "Step I's graph: `edges` kept; `edges_removed_for_acyclicity`, edges above the threshold "
-                      "dropped, weakest first, where they would close a cycle (Step II needs a DAG); "
+                      "dropped, weakest first, where they would close a cycle (Step II needs a DAG; under the edge "
+                      "budget, the pair ranking's weakest pairs instead); `edges_turned_for_acyclicity`, budget "
+                      "edges kept against the fit's direction, which would have closed a cycle; "
                       "`genes_with_an_edge`, the genes the graph places; `genes_embedded`, the genes that took "
                       "part in Step II (with `isolated: negatives` also those without an edge, which it spreads "
                       "apart); `fraction_of_genes_at_origin`, the share of the used genes within 1e-3 of the disk's "

@@ -51,6 +51,9 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
         removed = info.get("causal_graph", {}).get("removed_cycle_edges")
         if removed is not None:
             graph["edges_removed_for_acyclicity"] = int(removed)
+        turned = info.get("causal_graph", {}).get("turned_cycle_edges")
+        if turned:
+            graph["edges_turned_for_acyclicity"] = int(turned)
         if "cape_embedded" in adata.var:
             graph["genes_embedded"] = int(adata.var["cape_embedded"].sum())
         if "cape_connected" in adata.var:
