@@ -248,12 +248,11 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     - ``uns["cape"]["causal_graph"]`` (see ``key_added``): ``params``; the fit (``history`` per epoch, ``epochs_run``,
       ``converged``, ``collapsed``, ``peak_weight``, ``rank_used``, ``sparse_adjacency``, ``lambda_sparse_used``,
       ``rho_max``, timings); the graph (``n_edges``, ``tau_used``, ``tau_rule``, ``max_weight``, ``n_positioned``,
-      ``positioned_fraction``, ``removed_cycle_edges``, ``turned_cycle_edges`` (under the budget: edges kept
-      against the fit's direction, which would have closed a cycle), ``dropped_constant_genes``, ``threshold_scan`` at
-      :data:`SCAN_TAUS`); ``edge_budget`` (``n_pairs``: ``n_pairs_significant`` less ``n_pairs_permuted``, the
-      pairs the test calls with every gene permuted; ``fdr``, the test, ``pair_ranking``), ``screening``,
-      ``interventions`` and ``orientation`` (tests, shifted pairs, supported and turned edges) where they applied;
-      ``edge_confidence`` (cell states, solid edges); and ``equations``, the fitted structural equations that
+      ``positioned_fraction``, ``removed_cycle_edges``, ``turned_cycle_edges``, ``dropped_constant_genes``,
+      ``threshold_scan`` at :data:`SCAN_TAUS`); ``edge_budget`` (``n_pairs``: ``n_pairs_significant`` less
+      ``n_pairs_permuted``, the pairs the test calls with every gene permuted; ``fdr``, the test, ``pair_ranking``),
+      ``screening``, ``interventions`` and ``orientation`` (tests, shifted pairs, supported and turned edges) where they
+      applied; ``edge_confidence`` (cell states, solid edges); and ``equations``, the fitted structural equations that
       :func:`cape.tl.predict_intervention` evaluates (:class:`cape.causal.StructuralEquations`).
 
     Returns
