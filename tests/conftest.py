@@ -140,7 +140,7 @@ def trained_adata() -> ad.AnnData:
     adata.varp["cape_dag"] = sp.csr_matrix(dag)
     adata.varm["cape_poincare"] = rng.uniform(-0.5, 0.5, size=(m, 2))
     adata.var["cape_generality"] = rng.uniform(size=m)
-    adata.uns["cape"] = {"causal_graph": {"removed_cycle_edges": 1, "wall_time": 1.5}}
+    adata.uns["cape"] = {"causal_graph": {"removed_cycle_edges": 1, "turned_cycle_edges": 2, "wall_time": 1.5}}
     return adata
 
 

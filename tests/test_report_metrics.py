@@ -20,6 +20,7 @@ def test_evaluate_run_scores_test_cells_only(trained_adata):
     assert _value(records, "clustering", "cape", "ARI") > 0.9
     assert _value(records, "graph", "cape", "edges") == 3
     assert _value(records, "graph", "cape", "edges_removed_for_acyclicity") == 1
+    assert _value(records, "graph", "cape", "edges_turned_for_acyclicity") == 2
     assert {r["method"] for r in records if r["task"] == "clustering"} == {"cape", "pca_kmeans"}
     # the report's graph table says what each of its columns counts
     graph = _metrics_table(records).split("### graph\n\n")[1]

@@ -52,7 +52,7 @@ def evaluate_run(adata: ad.AnnData, label_key: str | None, *, dataset: str = "da
         if removed is not None:
             graph["edges_removed_for_acyclicity"] = int(removed)
         turned = info.get("causal_graph", {}).get("turned_cycle_edges")
-        if turned:
+        if turned is not None:  # records of runs from before cape turned edges have no count
             graph["edges_turned_for_acyclicity"] = int(turned)
         if "cape_embedded" in adata.var:
             graph["genes_embedded"] = int(adata.var["cape_embedded"].sum())
