@@ -133,18 +133,19 @@ def orient_acyclic(chosen: np.ndarray, A: np.ndarray, floor: float) -> tuple[np.
     A = np.asarray(A)
     if A.shape != out.shape:
         raise ValueError(f"A is {A.shape} but the chosen edges are {out.shape}")
-    u, v = _cycle_closing_edges(out, lambda a, b: np.abs(A[b, a]) > floor)
+    # A turned edge v → u adds no path (v already led to u), so the edges that close a cycle are make_dag's.
+    u, v = _cycle_closing_edges(out)
     turn = np.abs(A[v, u]) > floor
     out[v[turn], u[turn]] = A[v[turn], u[turn]]
     return out, int(turn.sum()), int((~turn).sum())
 
 
-def _cycle_closing_edges(out: np.ndarray, turnable=None) -> tuple[np.ndarray, np.ndarray]:
+def _cycle_closing_edges(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Remove from ``out`` (in place) the edges that close a cycle of heavier ones, and return them as (tails, heads).
 
     Edges between strongly connected components never lie on a cycle; inside each component the edges go in by
-    decreasing |weight| (ties: by index). ``turnable(tails, heads)`` (vectorised, or ``None``) says which edges may go
-    in turned round instead, for the reachability of the later ones (the caller puts them in).
+    decreasing |weight| (ties: by index), and an edge goes out when the kept ones already lead from its head back to
+    its tail.
     """
     support = sp.csr_matrix(out != 0)
     n_components, labels = connected_components(support, directed=True, connection="strong")
@@ -156,8 +157,7 @@ def _cycle_closing_edges(out: np.ndarray, turnable=None) -> tuple[np.ndarray, np
         rows, cols = np.nonzero(sub)
         order = np.lexsort((cols, rows, -np.abs(sub[rows, cols])))
         u, v = nodes[rows[order]], nodes[cols[order]]
-        closing = _greedy_acyclic(nodes.size, rows[order], cols[order],
-                                  None if turnable is None else turnable(u, v))
+        closing = _greedy_acyclic(nodes.size, rows[order], cols[order])
         tails.append(u[closing])
         heads.append(v[closing])
     u = np.concatenate(tails) if tails else np.zeros(0, dtype=np.int64)
@@ -166,23 +166,17 @@ def _cycle_closing_edges(out: np.ndarray, turnable=None) -> tuple[np.ndarray, np
     return u, v
 
 
-def _greedy_acyclic(n: int, rows: np.ndarray, cols: np.ndarray, turnable: np.ndarray | None = None) -> np.ndarray:
-    """Boolean mask of the edges (in the given priority order) that would close a cycle of earlier kept ones.
-
-    With ``turnable`` (one flag per edge), such an edge that is turnable goes in turned round (v → u) and stays in
-    the mask; the caller turns it. It closes no cycle, since the kept edges already lead from v to u."""
+def _greedy_acyclic(n: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Boolean mask of the edges (in the given priority order) that would close a cycle of earlier kept ones."""
     reach = np.eye(n, dtype=bool)  # reach[x, y]: y is reachable from x through kept edges
-    closing = np.zeros(rows.size, dtype=bool)
+    drop = np.zeros(rows.size, dtype=bool)
     for k, (u, v) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
         if reach[v, u]:
-            closing[k] = True
-            if turnable is None or not turnable[k]:
-                continue
-            u, v = v, u
-        if not reach[u, v]:
+            drop[k] = True
+        elif not reach[u, v]:
             # u → v is new: everything reaching u now reaches all that v reaches.
             reach[reach[:, u]] |= reach[v]
-    return closing
+    return drop
 
 
 def positioned_genes(A: np.ndarray, tau: float = 0.0) -> np.ndarray:
