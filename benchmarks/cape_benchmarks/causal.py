@@ -81,6 +81,7 @@ from cape.causal import (
     fit_variational_notears,
     is_dag,
     make_dag,
+    orient_by_likelihood,
     orient_by_shifts,
     pair_ranking_for,
     ranked_pairs,
@@ -282,17 +283,20 @@ def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int
     """cape's graph at one threshold rule, as Step I's pipeline makes it: a budget rule counts the data's
     significant pairs at its FDR and keeps that many pairs by its pair ranking (Step I's default, resolved by the
     intervention mask the pipeline was given, ``intervened``, or the one its prefix names,
-    :data:`BUDGET_RANKINGS`)."""
+    :data:`BUDGET_RANKINGS`); without a mask, the edges turned where the likelihood says so."""
     fdr = _budget_fdr(tau)
     budget = _budget(X, fdr, seed, _budget_test(tau)) if fdr is not None else None
     ranking = pair_ranking_for(BUDGET_RANKINGS.get(_ranking_prefix(str(tau)), PAIR_RANKING), intervened)
+    dag = None
     if budget is not None and ranking != "fit":
         judged = np.isfinite(budget_tests(_budget_cells(X, seed), _budget_test(tau))[1])  # as the pipeline keeps
         chosen = budget_dag(weights, budget, ranked_pairs(ranking, weights, partial_correlation_tests(X), X), judged)
-        if chosen is not None:
-            return chosen[0]
-    rule = "budget" if fdr is not None else tau
-    return make_dag(weights, choose_tau(weights, rule, AUTO_MIN_POSITIONED, budget)[0])[0]
+        dag = None if chosen is None else chosen[0]
+    if dag is None:
+        rule = "budget" if fdr is not None else tau
+        dag = make_dag(weights, choose_tau(weights, rule, AUTO_MIN_POSITIONED, budget)[0])[0]
+    # without labels the pipeline then turns the edges the likelihood supports (CausalConfig.orient_by_likelihood)
+    return dag if intervened is not None else orient_by_likelihood(X, dag)[0]
 
 
 def _top_pairs(scores: np.ndarray, k: int) -> np.ndarray:

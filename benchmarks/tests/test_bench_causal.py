@@ -11,9 +11,11 @@ import scipy.sparse as sp
 import torch
 
 from cape._errors import CapeInputError
+from cape.causal import CausalConfig, learn_causal_graph
 from cape.data.simulate import simulate_sem
 from cape_benchmarks import causal as bench_causal
 from cape_benchmarks import causal_scale
+from cape_benchmarks.count_panel import log_normalised, panel_settings, simulate_member
 from cape_benchmarks.peers import PeerResult, run_peer
 
 matplotlib.use("Agg")
@@ -581,3 +583,14 @@ def test_kept_edge_scores_break_the_confidences_ties_by_the_partial_correlation(
     assert set(kept_edge_scores(truth, dag, confidence)) == {"kept_precision", "confidence_auprc",
                                                              "confidence_gap_closed"}
     assert kept_edge_scores(truth, np.zeros((4, 4)), confidence) == {}
+
+
+def test_the_benchmarks_budget_graph_is_the_pipelines_likelihood_turns_included():
+    counts, truth, _ = simulate_member(panel_settings()["grn_cells"], 0, 600, 30, 45)
+    X, _ = log_normalised(counts, truth)
+    X = X.astype(np.float32)
+    graph = learn_causal_graph(X, np.array([f"g{i}" for i in range(X.shape[1])]), CausalConfig(epochs=5),
+                               device="cpu", seed=0)
+    assert graph.record["likelihood_orientation"]["n_edges_turned"] > 0  # the search changed this graph
+    rebuilt = bench_causal._thresholded(graph.fit.adjacency, X.astype(np.float64), "budget", 0)
+    np.testing.assert_array_equal(rebuilt != 0, graph.dag != 0)

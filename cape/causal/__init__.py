@@ -30,6 +30,7 @@ from .confidence import (
 )
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
 from .intervention_orientation import Orientation, descendant_evidence, orient_by_shifts, shift_tests
+from .likelihood_orientation import LIKELIHOOD_ORIENT_LEVEL, family_log_variance, orient_by_likelihood
 from .model import ElementwiseMLP, VariationalNotears
 from .pair_ranking import (
     PAIR_RANKING,
@@ -80,6 +81,7 @@ __all__ = [
     "BUDGET_FDR",
     "BUDGET_TEST",
     "BUDGET_TESTS",
+    "LIKELIHOOD_ORIENT_LEVEL",
     "MIN_CELLS",
     "PAIR_RANKING",
     "PAIR_RANKINGS",
@@ -116,6 +118,7 @@ __all__ = [
     "edge_order",
     "edge_tests",
     "equivalence_class_effects",
+    "family_log_variance",
     "fit_parents_mlp",
     "fit_variational_notears",
     "gene_moments",
@@ -129,6 +132,7 @@ __all__ = [
     "local_parent_sets",
     "make_dag",
     "orient_acyclic",
+    "orient_by_likelihood",
     "orient_by_shifts",
     "pair_ranking_for",
     "partial_correlation_tests",

@@ -139,6 +139,11 @@ class CausalConfig:
         With intervention labels: after thresholding, turn each kept edge i → j where i's level shifted in the cells
         intervened on j and j's did not shift in those intervened on i (a t-test against the control cells,
         Benjamini–Hochberg at 5 %; :func:`cape.causal.orient_by_shifts`). Default ``True``.
+    orient_by_likelihood
+        Without intervention labels: after thresholding, turn kept edges round where the Gaussian likelihood of the
+        standardised genes rises by more than a likelihood-ratio test at 5 % allows by chance, one turn at a time,
+        the graph kept acyclic and its gene pairs unchanged (:func:`cape.causal.orient_by_likelihood`). Default
+        ``True``.
     edge_confidence
         Test every kept edge again given the child's other parents and the cells' state (Leiden clusters) and give it
         a confidence, 1 − its q-value, and a size, its partial correlation (:func:`cape.causal.edge_confidence`).
@@ -165,6 +170,7 @@ class CausalConfig:
     screen: str = "partial_correlation"
     leave_out_targets: bool = True
     orient_by_shifts: bool = True
+    orient_by_likelihood: bool = True
     edge_confidence: bool = True
     drop_guesses: bool = False
 
@@ -197,7 +203,8 @@ class CausalConfig:
             raise CapeInputError(f"h_every must be a positive integer or None (automatic), got {self.h_every!r}")
         if self.screen not in SCREENS:
             raise CapeInputError(f"screen must be one of {', '.join(SCREENS)}, got {self.screen!r}")
-        for name in ("leave_out_targets", "orient_by_shifts", "edge_confidence", "drop_guesses"):
+        for name in ("leave_out_targets", "orient_by_shifts", "orient_by_likelihood", "edge_confidence",
+                     "drop_guesses"):
             if not isinstance(getattr(self, name), bool):
                 raise CapeInputError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.drop_guesses and not self.edge_confidence:

@@ -10,7 +10,8 @@ The stages, each a small function here over the modules of :mod:`cape.causal`:
 4. the edge budget (:func:`edge_budget_for`, ``tau="budget"``), which pairs it keeps (:func:`budget_pairs`, by the
    configured pair ranking, made a DAG by :func:`budget_dag`), the threshold and the cycle breaking
    (:func:`threshold`);
-5. the orientation by the interventions' downstream shifts (:func:`orient`);
+5. the orientation: by the interventions' downstream shifts with labels (:func:`orient`), by the likelihood without
+   (:func:`orient_without_labels`);
 6. the fitted structural equations and the record (:func:`learn_causal_graph` returns them in a
    :class:`CausalGraph`).
 
@@ -40,6 +41,7 @@ from .intervention_orientation import (
     orient_by_shifts,
     shift_tests,
 )
+from .likelihood_orientation import LIKELIHOOD_ORIENT_LEVEL, orient_by_likelihood
 from .pair_ranking import (
     PAIR_RANKING_WORDS,
     pair_ranking_for,
@@ -413,6 +415,17 @@ def orient(config: CausalConfig, graph: Graph, X, intervened, genes: np.ndarray)
     return result.record(ORIENT_FDR, genes)
 
 
+def orient_without_labels(config: CausalConfig, graph: Graph, X) -> dict | None:
+    """Turn ``graph``'s edges where the Gaussian likelihood says so (:func:`~cape.causal.orient_by_likelihood`); its
+    record (``None`` with ``orient_by_likelihood`` off)."""
+    if not config.orient_by_likelihood:
+        return None
+    graph.dag, turned = orient_by_likelihood(X, graph.dag, LIKELIHOOD_ORIENT_LEVEL)
+    logger.info("orient_by_likelihood: %d of %d edge(s) turned (likelihood-ratio test at %g per turn)", turned,
+                graph.n_edges, LIKELIHOOD_ORIENT_LEVEL)
+    return {"level": LIKELIHOOD_ORIENT_LEVEL, "n_edges_turned": turned}
+
+
 def shrunk_for(config: CausalConfig, budget: int | None, X, linalg_device=None) -> np.ndarray | None:
     """X's shrunk partial correlations (:func:`~cape.causal.shrunk_partial_correlations`) where Step I uses them: to
     rank the budget's pairs (``pair_ranking="shrunk_partial_correlation"``) and to order the edges with their
@@ -475,8 +488,8 @@ class CausalGraph:
         The fit (:class:`~cape.causal.CausalFit`): the weights before thresholding, the model, its history.
     record
         What :func:`cape.tl.causal_graph` stores in ``uns["cape"]["causal_graph"]`` besides its ``params``: the fit's
-        bookkeeping, the graph's figures, and ``edge_budget``, ``screening``, ``orientation`` and ``equations``
-        where they applied.
+        bookkeeping, the graph's figures, and ``edge_budget``, ``screening``, ``orientation``,
+        ``likelihood_orientation`` and ``equations`` where they applied.
     candidates
         The screened candidate parents (boolean M×M) the fit was restricted to, or ``None``.
     confidence
@@ -569,6 +582,7 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     graph = threshold(fitted.adjacency, config, budget, X.shape[0], ranked,
                       None if budget_tested is None else np.isfinite(budget_tested[1]))
     orientation = orient(config, graph, X, intervened, genes)
+    likelihood_orientation = orient_without_labels(config, graph, X) if intervened is None else None
     confidence = (edge_confidence(X, graph.dag, intervened=intervened, seed=seed, pair_partial_correlation=shrunk)
                   if config.edge_confidence else None)
     if confidence is not None and budget_tested is not None:  # budget None here: it tested and counted no pair
@@ -578,6 +592,7 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
         drop_guesses(graph, confidence)
     record = _record(config, X, dropped, fitted, graph, screened=candidates is not None)
     extra = {"edge_budget": budget_record, "screening": screen_record, "orientation": orientation,
+             "likelihood_orientation": likelihood_orientation,
              "edge_confidence": None if confidence is None else confidence.record,
              # a CausalFit built without its model (e.g. from a stored adjacency) has no equations
              "equations": None if fitted.model is None else equations_record(fitted, X, graph.dag, genes)}

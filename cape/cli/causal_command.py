@@ -100,6 +100,10 @@ def register(commands) -> None:
                         default=CausalConfig.orient_by_shifts,
                         help="with --interventions: turn kept edges i → j where i shifted under j's intervention "
                              "and j did not under i's (t-test against the controls, BH 5 %%; default)")
+    parser.add_argument("--orient-by-likelihood", action=argparse.BooleanOptionalAction,
+                        default=CausalConfig.orient_by_likelihood,
+                        help="without --interventions: turn kept edges round where the Gaussian likelihood of the "
+                             "standardised genes rises beyond a likelihood-ratio test at 5 %% (default)")
     parser.add_argument("--edge-confidence", action=argparse.BooleanOptionalAction,
                         default=CausalConfig.edge_confidence,
                         help="test each kept edge again given the child's other parents and the cells' state "
@@ -127,7 +131,8 @@ def config_from_args(args: argparse.Namespace) -> CausalConfig:
                         min_positioned=args.min_positioned, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
                         batch_size=args.batch_size, lr=args.lr,
                         h_every=args.h_every, screen=args.screen, leave_out_targets=args.leave_out_targets,
-                        orient_by_shifts=args.orient_by_shifts, edge_confidence=args.edge_confidence,
+                        orient_by_shifts=args.orient_by_shifts, orient_by_likelihood=args.orient_by_likelihood,
+                        edge_confidence=args.edge_confidence,
                         drop_guesses=args.drop_guesses)
 
 

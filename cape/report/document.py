@@ -189,6 +189,10 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                     line += (f"; {int(turned['n_edges_turned'])} edge(s) turned by the perturbed genes' shifts "
                              f"({int(turned['n_shifted_pairs'])} of {int(turned['n_tested_pairs'])} tested pairs "
                              f"shifted, FDR {float(turned['fdr']):g})")
+                if "likelihood_orientation" in info[step]:
+                    by_likelihood = info[step]["likelihood_orientation"]
+                    line += (f"; {int(by_likelihood['n_edges_turned'])} edge(s) turned by the likelihood "
+                             f"(a likelihood-ratio test at {float(by_likelihood['level']):g} per turn)")
             at_origin = info[step].get("fraction_at_origin") if step == "hyperbolic_embedding" else None
             if at_origin is not None:  # such genes get no rotation: a rotary encoding cannot tell them apart
                 line += f"; {float(at_origin):.1%} of the genes within 1e-3 of the origin"

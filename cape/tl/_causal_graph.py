@@ -169,6 +169,7 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
             "min_positioned": float(config.min_positioned), "model": config.model,
             "interventions": interventions or "none", "screen": config.screen,
             "leave_out_targets": bool(config.leave_out_targets), "orient_by_shifts": bool(config.orient_by_shifts),
+            "orient_by_likelihood": bool(config.orient_by_likelihood),
             "edge_confidence": bool(config.edge_confidence), "drop_guesses": bool(config.drop_guesses)}
 
 

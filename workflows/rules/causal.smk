@@ -18,7 +18,8 @@ rule causal:
         budget_cells=config["causal"]["budget_cells"] or "all",
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
         confidence=("" if config["causal"].get("edge_confidence", True) else "--no-edge-confidence")
-        + (" --drop-guesses" if config["causal"].get("drop_guesses", False) else ""),
+        + (" --drop-guesses" if config["causal"].get("drop_guesses", False) else "")
+        + ("" if config["causal"].get("orient_by_likelihood", True) else " --no-orient-by-likelihood"),
         interventions=(interventions_flag()
                        + ("" if config["causal"].get("leave_out_targets", True) else " --no-leave-out-targets")
                        + ("" if config["causal"].get("orient_by_shifts", True) else " --no-orient-by-shifts")
