@@ -61,3 +61,23 @@ def zscore_columns(x) -> tuple[np.ndarray, np.ndarray]:
     z = (x - x.mean(axis=0)) / np.where(constant, 1.0, sd)
     z[:, constant] = 0.0
     return z, constant
+
+
+def correlation_matrix(x) -> np.ndarray:
+    """The columns' Pearson correlation matrix in float64, from a dense array or a sparse matrix (not densified); a
+    constant column's row and column are 0."""
+    n = x.shape[0]
+    if sp.issparse(x):
+        x = sp.csr_matrix(x, dtype=np.float64)
+        mean = np.asarray(x.mean(axis=0)).ravel()
+        covariance = (x.T @ x).toarray() / n - np.outer(mean, mean)
+    else:
+        x = np.asarray(x, dtype=np.float64)
+        mean = x.mean(axis=0)
+        covariance = x.T @ x / n - np.outer(mean, mean)
+    std = np.sqrt(np.clip(np.diag(covariance), 0.0, None))
+    safe = np.where(std > 0, std, 1.0)
+    correlation = covariance / safe[:, None] / safe[None, :]
+    correlation[std == 0] = 0.0
+    correlation[:, std == 0] = 0.0
+    return correlation

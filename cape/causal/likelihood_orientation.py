@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import networkx as nx
 import numpy as np
-import scipy.sparse as sp
 from scipy.stats import chi2
+
+from .._arrays import correlation_matrix
 
 __all__ = ["LIKELIHOOD_ORIENT_LEVEL", "family_log_variance", "orient_by_likelihood"]
 
@@ -67,7 +68,8 @@ def orient_by_likelihood(X, dag: np.ndarray, level: float = LIKELIHOOD_ORIENT_LE
         raise ValueError(f"level must be in (0, 1), got {level}")
     dag = np.asarray(dag)
     n = X.shape[0]
-    correlation = _correlation(X)
+    correlation = correlation_matrix(X)
+    np.fill_diagonal(correlation, 1.0)  # a constant gene: no variance to explain, so no gain from any turn
     min_gain = chi2.ppf(1 - level, 1) / (2 * n)
     graph = nx.DiGraph()
     graph.add_nodes_from(range(dag.shape[0]))
@@ -111,21 +113,3 @@ def _other_path(graph: nx.DiGraph, i: int, j: int) -> bool:
     finally:
         graph.add_edge(i, j)
 
-
-def _correlation(X) -> np.ndarray:
-    """The genes' correlation matrix in float64 (a constant gene: 1 on the diagonal, 0 elsewhere); sparse X stays
-    sparse."""
-    n = X.shape[0]
-    if sp.issparse(X):
-        X = sp.csr_matrix(X, dtype=np.float64)
-        mean = np.asarray(X.mean(axis=0)).ravel()
-        covariance = (X.T @ X).toarray() / n - np.outer(mean, mean)
-    else:
-        X = np.asarray(X, dtype=np.float64)
-        centred = X - X.mean(axis=0)
-        covariance = centred.T @ centred / n
-    sd = np.sqrt(np.clip(np.diag(covariance), 0.0, None))
-    sd = np.where(sd > 0, sd, 1.0)
-    correlation = covariance / np.outer(sd, sd)
-    np.fill_diagonal(correlation, 1.0)
-    return correlation

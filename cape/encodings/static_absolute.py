@@ -22,6 +22,7 @@ from scipy.sparse.linalg import LinearOperator, eigsh
 from sklearn.utils.extmath import randomized_svd
 from torch import Tensor
 
+from .._arrays import correlation_matrix
 from .._errors import CapeInputError
 from .base import EncodingContext, GenePositions, PositionalEncoding
 
@@ -102,20 +103,7 @@ def co_expression_vectors(X, dim: int = 64, seed: int = 0) -> np.ndarray:
         raise CapeInputError("co-expression vectors need at least 2 cells")
     if n_genes > CO_EXPRESSION_DENSE_MAX_GENES and dim < n_genes - 1:
         return _implicit_co_expression_vectors(X, dim, seed)
-    if sp.issparse(X):
-        X = sp.csr_matrix(X, dtype=np.float64)
-        mean = np.asarray(X.mean(axis=0)).ravel()
-        cov = (X.T @ X).toarray() / n_cells - np.outer(mean, mean)
-    else:
-        X = np.asarray(X, dtype=np.float64)
-        mean = X.mean(axis=0)
-        cov = X.T @ X / n_cells - np.outer(mean, mean)
-    std = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    safe = np.where(std > 0, std, 1.0)
-    corr = cov / safe[:, None] / safe[None, :]
-    corr[std == 0] = 0.0
-    corr[:, std == 0] = 0.0
-    u, s, _ = randomized_svd(corr, n_components=dim, random_state=seed)
+    u, s, _ = randomized_svd(correlation_matrix(X), n_components=dim, random_state=seed)
     return (u * np.sqrt(s)).astype(np.float32)
 
 
