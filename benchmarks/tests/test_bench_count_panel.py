@@ -109,6 +109,14 @@ def test_the_panel_writes_its_records_table_and_figure(tmp_path) -> None:
     assert (tmp_path / "count_panel_members.png").stat().st_size > 0
 
 
+def test_the_figure_shows_the_metric_each_issue_figure_is_checked_on() -> None:
+    rows = [("a", m, 0, k, v) for m in ("cape_default", "partial_correlation")
+            for k, v in (("kept", 10), ("true_edges", 10), ("skeleton_f1", 0.5), ("skeleton_auprc", 0.4), ("f1", 0.3),
+                         ("ordered_confidence_gap_closed", 0.6))]
+    fig = count_panel.panel_figure(_records(rows))
+    assert [ax.get_xlabel() for ax in fig.axes] == [f"median {f[1]}" for f in count_panel.ISSUE_FIGURES]
+
+
 def test_unknown_panel_settings_are_refused(tmp_path) -> None:
     with pytest.raises(count_panel.CapeInputError, match="nope"):
         count_panel.run_count_panel(tmp_path, quick=True, settings=["nope"])
