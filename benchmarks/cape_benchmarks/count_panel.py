@@ -36,6 +36,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+from scipy import stats
 from sklearn.metrics import average_precision_score
 
 from cape import data
@@ -299,37 +300,70 @@ ISSUE_FIGURES = (
 )
 
 
+#: Two-sided level of the interval over seeds on each figure's lead (Student's t on the paired per-seed leads).
+LEAD_INTERVAL_LEVEL = 0.95
+
+
+def _lead_interval(leads: np.ndarray) -> tuple[float, float, float]:
+    """The mean of per-seed ``leads`` and its :data:`LEAD_INTERVAL_LEVEL` t-interval (NaN bounds from one seed)."""
+    mean = float(np.mean(leads)) if leads.size else np.nan
+    if leads.size < 2:
+        return mean, np.nan, np.nan
+    half = float(stats.t.ppf(0.5 + LEAD_INTERVAL_LEVEL / 2, leads.size - 1) * np.std(leads, ddof=1)
+                 / np.sqrt(leads.size))
+    return mean, mean - half, mean + half
+
+
 def figure_checks(records: list[dict], method: str = "cape_default") -> pd.DataFrame:
     """Issue 54's figures (:data:`ISSUE_FIGURES`) for ``method`` in every setting it ran: one row per setting and
     figure with Step I's median (``value``), what it is held against (``against``: the best peer's median, or the
     fixed bound) and ``met`` (True / False; None where no peer of the figure ran in that setting). ``kept / true`` is
     the median over the seeds of each seed's kept pairs over its true pairs; every other value a median of the
-    metric. The records of several runs may be put together (Step I from one, the peers from another)."""
+    metric. The records of several runs may be put together (Step I from one, the peers from another).
+
+    Beside the medians, each figure's ``lead`` per seed: Step I's value less the same seed's peer (the peer of the
+    best median, less the figure's margin) or less the bound, the other way round for an upper bound, so that a
+    positive lead is on the figure's side. ``lead`` is its mean over the seeds both ran (``seeds``), ``lead_low`` and
+    ``lead_high`` its :data:`LEAD_INTERVAL_LEVEL` t-interval (NaN from one seed), and ``within_noise`` whether that
+    interval holds 0: a figure met or missed by less than the seeds' spread (None without an interval)."""
+    columns = ["setting", "figure", "value", "against", "met", "lead", "lead_low", "lead_high", "seeds",
+               "within_noise"]
     frame = pd.DataFrame([r for r in records if r["status"] == "ok"])
     if frame.empty:
-        return pd.DataFrame(columns=["setting", "figure", "value", "against", "met"])
+        return pd.DataFrame(columns=columns)
     keys = ["setting", "method", "seed"]
     ratio = (frame[frame["metric"] == "kept"].set_index(keys)["value"]
              / frame[frame["metric"] == "true_edges"].set_index(keys)["value"]).rename("value").reset_index()
     frame = pd.concat([frame, ratio.assign(metric="kept / true")])
+    per_seed = frame.groupby(["setting", "method", "metric", "seed"])["value"].median()
     med = frame.groupby(["setting", "method", "metric"])["value"].median()
     rows = []
     for setting in dict.fromkeys(frame.loc[frame["method"] == method, "setting"]):
         for name, metric, peers, margin, bound in ISSUE_FIGURES:
             value = med.get((setting, method, metric), np.nan)
-            against = (bound if not peers else
-                       max((med[setting, p, metric] for p in peers if (setting, p, metric) in med), default=np.nan))
+            ran = [p for p in peers if (setting, p, metric) in med]
+            best = max(ran, key=lambda p: med[setting, p, metric]) if ran else None
+            against = bound if not peers else (med[setting, best, metric] if best is not None else np.nan)
             known = np.isfinite(value) and np.isfinite(against)
             upper = metric == "kept / true"  # a bound from above; every other figure is one from below
             met = None if not known else bool(value <= against if upper else value >= against - margin)
-            rows.append({"setting": setting, "figure": name, "value": value, "against": against, "met": met})
-    return pd.DataFrame(rows)
+            ours = per_seed[setting, method, metric] if (setting, method, metric) in med else pd.Series(dtype=float)
+            theirs = (per_seed[setting, best, metric] - margin if best is not None
+                      else pd.Series(bound if bound is not None else np.nan, index=ours.index))
+            paired = pd.concat([ours, theirs], axis=1, join="inner").dropna().to_numpy()
+            leads = (paired[:, 1] - paired[:, 0]) if upper else (paired[:, 0] - paired[:, 1])
+            lead, low, high = _lead_interval(leads)
+            rows.append({"setting": setting, "figure": name, "value": value, "against": against, "met": met,
+                         "lead": lead, "lead_low": low, "lead_high": high, "seeds": int(leads.size),
+                         "within_noise": None if not np.isfinite(low) else bool(low <= 0 <= high)})
+    return pd.DataFrame(rows, columns=columns)
 
 
 def figures_report(records: list[dict], method: str = "cape_default") -> str:
     """:func:`figure_checks` as a markdown table (one row per setting, Step I's median / what it is held against, in
-    bold where the figure is missed, "–" where it could not be checked: no peer of it ran, or Step I has no value) and
-    one line per figure: met in how many settings."""
+    bold where the figure is missed, "–" where it could not be checked: no peer of it ran, or Step I has no value;
+    "~" after a figure met or missed within the seeds' noise) and one line per figure: met in how many settings, and
+    how many of the misses lie within the seeds' noise."""
     checks = figure_checks(records, method)
     if checks.empty:
         return ""
@@ -337,18 +371,26 @@ def figures_report(records: list[dict], method: str = "cape_default") -> str:
     cells = {}
     for row in checks.itertuples():
         text = "–" if row.met is None else f"{row.value:.3g} / {row.against:.3g}"
-        cells[row.setting, row.figure] = f"**{text}**" if row.met is False else text
+        text = f"**{text}**" if row.met is False else text
+        cells[row.setting, row.figure] = text + (" ~" if row.met is not None and row.within_noise else "")
     settings = list(dict.fromkeys(checks["setting"]))
     table = markdown_table(["setting", *names], [[s, *(cells[s, n] for n in names)] for s in settings])
     summary = []
     for name in names:
         known = checks[(checks["figure"] == name) & checks["met"].notna()]
         unchecked = len(settings) - len(known)
-        summary.append(f"- {name}: met in {int(known['met'].astype(bool).sum())} of {len(known)} settings"
-                       + (f" ({unchecked} could not be checked)" if unchecked else ""))
+        met = known["met"].astype(bool)
+        noisy = known["within_noise"].map(lambda v: v is True)  # None: no interval
+        summary.append(f"- {name}: met in {int(met.sum())} of {len(known)} settings"
+                       + (f" ({unchecked} could not be checked)" if unchecked else "")
+                       + (f"; within the seeds' noise: {int((noisy & met).sum())} of the {int(met.sum())} met, "
+                          f"{int((noisy & ~met).sum())} of the {int((~met).sum())} missed" if len(known) else ""))
+    level = f"{LEAD_INTERVAL_LEVEL:.0%}"
     return (f"## Against issue 54's figures ({method})\n\nMedian over each setting's seeds: {method}'s / what it "
             "is held against (the best peer's median, or the fixed bound); **bold**: missed; –: not checked "
-            "(no peer of that figure ran, or no value).\n\n" + table + "\n\n" + "\n".join(summary) + "\n")
+            f"(no peer of that figure ran, or no value); ~: within the seeds' noise (the {level} t-interval of the "
+            "per-seed lead over the peer or the bound, paired by seed, holds 0).\n\n" + table + "\n\n"
+            + "\n".join(summary) + "\n")
 
 
 TABLE_METRICS = ("skeleton_f1", "f1", "skeleton_auprc", "kept", "true_edges", "confidence_gap_closed",

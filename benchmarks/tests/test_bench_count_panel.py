@@ -154,8 +154,42 @@ def test_figure_checks_hold_step1_against_the_best_peer_and_the_fixed_bounds() -
     assert checks.loc[("a", names[3]), "met"] is None  # DAGMA-linear did not run
     assert checks.loc[("a", names[4]), "met"] is True  # at the bound
     assert checks.loc[("b", names[0]), "met"] is True and checks.loc[("b", names[1]), "met"] is None
+    # the leads, paired by seed: 2 − (1.5, 3, 2.5) and (0.40, 0.50, 0.45) − (0.44, 0.46, 0.47), each mean ± t(2)·SE
+    for figure, leads in ((names[0], [0.5, -1.0, -0.5]), (names[1], [-0.04, 0.04, -0.02])):
+        row = checks.loc[("a", figure)]
+        half = 4.302653 * np.std(leads, ddof=1) / np.sqrt(3)
+        assert row["lead"] == pytest.approx(np.mean(leads)) and row["seeds"] == 3
+        assert (row["lead_low"], row["lead_high"]) == pytest.approx((np.mean(leads) - half, np.mean(leads) + half))
+        assert row["within_noise"] is True
+    # one seed: a lead (0.31 − (0.33 − 0.02)), no interval; the failed grnboost2 seed is not paired
+    row = checks.loc[("a", names[2])]
+    assert row["lead"] == pytest.approx(0.0) and row["seeds"] == 1 and row["within_noise"] is None
+    assert checks.loc[("a", names[3]), "seeds"] == 0 and np.isnan(checks.loc[("a", names[3]), "lead"])
     text = count_panel.figures_report(records)
-    assert "| a | **2.5 / 2** | **0.45 / 0.46** | 0.31 / 0.33 | – | 0.5 / 0.5 |" in text
-    assert "- kept ≤ 2 × true: met in 1 of 2 settings" in text
+    assert "| a | **2.5 / 2** ~ | **0.45 / 0.46** ~ | 0.31 / 0.33 | – | 0.5 / 0.5 |" in text
+    assert ("- kept ≤ 2 × true: met in 1 of 2 settings; within the seeds' noise: 0 of the 1 met, 1 of the 1 missed"
+            in text)
     assert "- directed F1 ≥ DAGMA-linear: met in 0 of 0 settings (2 could not be checked)" in text
     assert count_panel.figures_report(_records([("a", "partial_correlation", 0, "kept", 1.0)])) == ""
+
+
+def test_a_miss_beyond_the_seeds_spread_is_not_within_noise() -> None:
+    """Step I below the peer on every seed, by more than the spread: missed, and the interval excludes 0; the same
+    leads shifted above 0 are met, outside noise too; the lead does not depend on the order of the records."""
+    ours, theirs = [0.40, 0.42, 0.41, 0.43, 0.39], [0.50, 0.51, 0.52, 0.50, 0.53]
+    rows = [("a", "cape_default", s, "skeleton_f1", v) for s, v in enumerate(ours)]
+    rows += [("a", "partial_correlation", s, "skeleton_f1", v) for s, v in enumerate(theirs)]
+    rows += [("b", "cape_default", s, "skeleton_f1", v + 0.2) for s, v in enumerate(ours)]
+    rows += [("b", "partial_correlation", s, "skeleton_f1", v) for s, v in enumerate(theirs)]
+    name = count_panel.ISSUE_FIGURES[1][0]
+    checks = count_panel.figure_checks(_records(rows)).set_index(["setting", "figure"])
+    shuffled = count_panel.figure_checks(_records(rows[::-1])).set_index(["setting", "figure"])
+    a, b = checks.loc[("a", name)], checks.loc[("b", name)]
+    assert a["met"] is False and a["lead_high"] < 0 and a["within_noise"] is False
+    assert b["met"] is True and b["lead_low"] > 0 and b["within_noise"] is False
+    assert a["lead"] == pytest.approx(np.mean(np.subtract(ours, theirs)))
+    assert b["lead"] - a["lead"] == pytest.approx(0.2)
+    assert shuffled.loc[("a", name), "lead"] == pytest.approx(a["lead"])
+    text = count_panel.figures_report(_records(rows))
+    assert "| a | – | **0.41 / 0.51** |" in text
+    assert "within the seeds' noise: 0 of the 1 met, 0 of the 1 missed" in text
