@@ -23,8 +23,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 FAST = ["--causal-epochs", "5", "--pretrain-epochs", "1", "--embed-epochs", "20", "--predictor-epochs", "20",
         "--n-boot", "50", "--d-model", "16", "--embed-dim", "4", "--gears-epochs", "1"]
-PREDICTORS = {"no_change", "train_mean", "additive", "linear", "scm_control", "scm_interventional",
-              "scm_interventional_linear", "transformer"} | ({"gears"} if gears_available() else set())
+BASE_PREDICTORS = {"no_change", "train_mean", "additive", "linear", "scm_control", "scm_interventional",
+                   "scm_interventional_linear", "transformer"}
+
+
+@pytest.fixture(scope="module")
+def predictors() -> set[str]:
+    """Every predictor the run scores: GEARS where it installs. Asked at test time, not at collection: importing
+    GEARS compiles numba code, which a crash would turn into a worker lost before any test ran."""
+    return BASE_PREDICTORS | ({"gears"} if gears_available() else set())
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +50,7 @@ def run(capsys, *args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
-def test_perturb_writes_every_predictor_and_the_split(tmp_path, capsys, screen):
+def test_perturb_writes_every_predictor_and_the_split(tmp_path, capsys, screen, predictors):
     src = tmp_path / "screen.h5ad"
     screen.write_h5ad(src)
     out = tmp_path / "out"
@@ -52,19 +59,19 @@ def test_perturb_writes_every_predictor_and_the_split(tmp_path, capsys, screen):
     assert {p.name for p in out.iterdir()} == set(OUTPUTS)
     records = json.loads((out / "metrics.json").read_text())
     scored = {r["method"] for r in records if r["task"] == "perturbation" and r["metric"] == "mse_overall"}
-    assert scored == PREDICTORS
+    assert scored == predictors
     assert any(r["task"] == "comparison" and r["metric"] == "low" for r in records)
     split = pd.read_csv(out / "split.tsv", sep="\t")
     test = set(split.loc[split["role"] == "test", "condition"])
     assert test and not test & set(split.loc[split["role"] != "test", "condition"])
     assert set(split.loc[split["role"] == "test", "subgroup"]) <= set(cape.tasks.perturbation.SUBGROUPS)
     per = pd.read_csv(out / "per_perturbation.tsv", sep="\t")
-    assert set(per["condition"]) == test and set(per["predictor"]) == PREDICTORS
+    assert set(per["condition"]) == test and set(per["predictor"]) == predictors
     report = (out / "report.md").read_text().splitlines()
     assert report[0].startswith("# cape perturbation run") and "top-20-DE MSE" in report[2]
     if cape.tasks.perturbation_cell_eval.cell_eval_available():  # the extra perturb: its metrics beside cape's
         assert "## cell-eval" in report and "cell_eval_pearson_delta" in per.columns
-        assert {r["method"] for r in records if r["metric"] == "cell_eval_pearson_delta"} == PREDICTORS
+        assert {r["method"] for r in records if r["metric"] == "cell_eval_pearson_delta"} == predictors
         no_change = per.loc[per["predictor"] == "no_change", "cell_eval_pearson_delta"]
         assert np.all(no_change == 0)  # a prediction that does not move has no correlation with the change
 
