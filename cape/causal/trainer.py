@@ -73,6 +73,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from .._allocator import keep_freed_blocks
 from .._cuda_graphs import CapturedStep
 from .._options import with_options
 from .._progress import progress
@@ -712,6 +713,9 @@ def fit_variational_notears(X, config: NotearsConfig | None = None, *, device: s
     Irows = intervention_rows(intervened, n_cells, n_genes)
     model = _build_model(data, config, seed, candidates)
     compiled = _compile_if_worth(model, data, config, n_cells)
+    if dev.type == "cpu":  # a step's activations, mapped afresh at every step above glibc's mmap threshold
+        keep_freed_blocks(min(config.batch_size, n_cells) * n_genes * max(config.hidden, 1)
+                          * next(model.parameters()).element_size())
     recon_fraction = _recon_fraction(config, n_cells, n_genes)
     recon_rows = None if recon_fraction == 1 else max(2, math.ceil(recon_fraction * min(config.batch_size, n_cells)))
     run = _Run(model, config, h_every, _Lagrangian(float(config.rho_init), rho_max), recon_rows, data,
