@@ -297,9 +297,9 @@ RECON_FRACTION_AT_SCALE = 0.25
 
 #: ``compile_mlp=None`` compiles the MLPs on CPU when a fit's planned work, epochs × cells × genes × hidden
 #: activations, reaches this: compiled, the MLPs run about twice as fast from 100 genes on, and this much work saves
-#: about the seconds that compiling costs on a machine that has not compiled them before (later fits find the
-#: kernels in torch's on-disk cache).
-COMPILE_MIN_WORK = 1 << 30
+#: about the seconds that compiling costs on a machine whose on-disk cache does not hold the kernels yet (a
+#: newcomer's first run; later fits find them there). Below it, the first run would pay more than it saves.
+COMPILE_MIN_WORK = 1 << 32
 
 
 def _enable_compiled_mlps(model: VariationalNotears, *batches: torch.Tensor) -> bool:
