@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -75,9 +76,18 @@ def coerce_config(config: dict[str, Any], schema: str | os.PathLike | Mapping[st
         types = [types] if isinstance(types, str) else list(types)
         if isinstance(value, dict) and "properties" in sub:
             coerce_config(value, sub)
-        elif isinstance(value, str) and "string" not in types:
+        elif isinstance(value, str) and not _valid_string(value, sub, types):
             config[key] = _coerce_scalar(value, types)
     return config
+
+
+def _valid_string(value: str, sub: Mapping[str, Any], types: list[str]) -> bool:
+    """Whether ``value`` is meant as the string it is: the schema takes strings and this one fits their pattern and
+    enum (``rank: auto`` stays a string, ``rank: 20`` and ``rank: None`` from ``--config`` do not)."""
+    if "string" not in types:
+        return False
+    return (("pattern" not in sub or re.search(sub["pattern"], value) is not None)
+            and ("enum" not in sub or value in sub["enum"]))
 
 
 def validate_config(config: Mapping[str, Any], schema: str | os.PathLike | Mapping[str, Any]) -> None:

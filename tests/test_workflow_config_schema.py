@@ -23,6 +23,21 @@ def test_nested_strings_are_coerced():
     validate_config(config, SCHEMA)
 
 
+def test_strings_of_keys_that_also_take_words_are_coerced_unless_they_are_the_word():
+    # `--config causal="{rank: 20, max_steps: None}"` arrives as strings; "auto" is meant as the word
+    config = {"causal": {"rank": "20", "max_steps": "None", "h_every": "7"}}
+    coerce_config(config, SCHEMA)
+    assert config == {"causal": {"rank": 20, "max_steps": None, "h_every": 7}}
+    config = {"causal": {"rank": "auto", "max_steps": "auto"}}
+    coerce_config(config, SCHEMA)
+    assert config == {"causal": {"rank": "auto", "max_steps": "auto"}}
+    validate_config(config, SCHEMA)
+    bad = {"causal": {"max_steps": "fast"}}
+    coerce_config(bad, SCHEMA)
+    with pytest.raises(CapeInputError, match="causal.max_steps"):
+        validate_config(bad, SCHEMA)
+
+
 @pytest.mark.parametrize(
     "config, message",
     [
