@@ -600,3 +600,24 @@ def test_cuda_graph_steps_give_the_kernel_by_kernel_fit(n_genes: int) -> None:
     assert (b > 0.1).any()
     assert not ((a > 0.1) & (b < 0.02)).any() and not ((b > 0.1) & (a < 0.02)).any()
     np.testing.assert_allclose(graphs.history["loss"], eager.history["loss"], rtol=1e-2)
+
+
+def test_max_steps_cuts_the_epochs_of_a_fit_on_many_cells_and_genes() -> None:
+    from cape.causal import MAX_GENE_STEPS, NotearsConfig, planned_epochs
+    from cape.causal.trainer import step_limit
+
+    config = NotearsConfig(epochs=100, batch_size=128, max_steps=2500)
+    assert planned_epochs(config, 700, 50) == 100  # 6 batches × 100 epochs: under the cap
+    assert planned_epochs(config, 10_000, 50) == 32  # 79 batches per epoch: ⌈2,500 / 79⌉
+    assert planned_epochs(NotearsConfig(epochs=100, max_steps=None), 10_000, 2000) == 100
+    assert planned_epochs(NotearsConfig(epochs=5, max_steps=1), 10_000, 2000) == 1
+    auto = NotearsConfig(epochs=100, batch_size=128)
+    assert auto.max_steps == "auto" and step_limit("auto", 2000) == MAX_GENE_STEPS // 2000 == 2500
+    assert planned_epochs(auto, 10_000, 2000) == 32  # the cap binds on many genes and cells ...
+    assert planned_epochs(auto, 10_000, 11) == 100  # ... not on a small panel (Sachs: 11 proteins)
+    assert planned_epochs(auto, 700, 2000) == 100  # ... nor on few cells
+    X = np.random.default_rng(0).normal(size=(300, 4)).astype(np.float32)  # 3 batches of ≤ 128 cells
+    fit = fit_variational_notears(X, epochs=10, max_steps=7, min_epochs=10, rank=None, device="cpu")
+    assert fit.epochs_run == 3 and len(fit.history["loss"]) == 3  # ⌈7 / 3⌉ epochs, the last one whole
+    assert fit_variational_notears(X, epochs=4, max_steps=None, min_epochs=10, rank=None,
+                                   device="cpu").epochs_run == 4

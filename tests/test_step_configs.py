@@ -54,7 +54,8 @@ def test_cli_defaults_build_the_default_config(command, cls):
     (CausalConfig, "min_positioned", 1.5), (CausalConfig, "lambda_sparse", -1.0), (CausalConfig, "epochs", 0),
     (CausalConfig, "batch_size", 2.5), (CausalConfig, "lr", 0.0), (CausalConfig, "h_every", 0),
     (CausalConfig, "screen", "lasso"), (CausalConfig, "budget_fdr", 0.0), (CausalConfig, "budget_fdr", 1.0),
-    (CausalConfig, "budget_cells", 0), (CausalConfig, "budget_cells", 2.5),
+    (CausalConfig, "budget_cells", 0), (CausalConfig, "budget_cells", 2.5), (CausalConfig, "max_steps", 0),
+    (NotearsConfig, "max_steps", 2.5), (NotearsConfig, "max_steps", "fast"),
     (NotearsConfig, "rank", 0), (NotearsConfig, "rho_max", float("inf")), (NotearsConfig, "h_every", 2.5),
     (NotearsConfig, "recon_fraction", 0.0), (NotearsConfig, "feature_norm", "global"),
     (NotearsConfig, "standardize", "global"), (NotearsConfig, "hidden", -1),
@@ -90,8 +91,8 @@ def test_causal_config_resolves_rank_and_lambda_per_gene_count():
     with pytest.raises(CapeInputError, match="sparse must be"):
         NotearsConfig(sparse="yes")
     options = CausalConfig(epochs=7, lambda_sparse=2.0).notears_options(20)
-    assert options == {"rank": None, "lambda_sparse": 2.0, "epochs": 7, "batch_size": 128, "lr": 3e-3,
-                       "h_every": None}
+    assert options == {"rank": None, "lambda_sparse": 2.0, "epochs": 7, "max_steps": "auto", "batch_size": 128,
+                       "lr": 3e-3, "h_every": None}
     NotearsConfig(**options)
 
 

@@ -64,7 +64,8 @@ def test_config_reaches_the_command_lines(workdir):
     proc = snakemake(workdir, "-n", "-p", "--cores", "2", "--config", "device=cuda",
                      "train={'checkpoint': 'scgpt_ckpt', 'dropout': 0.1, 'pooling': 'cls', 'use_raw': True, "
                      "'encoding_options': {'scale': 0.5}}",
-                     "causal={'h_every': 7, 'interventions': 'condition', 'leave_out_targets': False}",
+                     "causal={'h_every': 7, 'max_steps': None, 'interventions': 'condition', "
+                     "'leave_out_targets': False}",
                      "preprocess={'transpose': True}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = {line.split(" -m cape ", 1)[1].split(" --input")[0].split()[-1]: line
@@ -77,6 +78,7 @@ def test_config_reaches_the_command_lines(workdir):
     assert "--fit-lr 0.0003" in train and "--max-len auto" in train and "--cell-weight 1.0" in train
     assert "--layer" not in train  # null keeps the CLI default
     assert "--h-every 7" in commands["causal"] and "--layer" not in commands["causal"]
+    assert "--max-steps none" in commands["causal"]
     assert "--interventions condition --no-leave-out-targets" in commands["causal"]
     assert " --interventions condition " in commands["preprocess"]  # the targets join the HVGs
     assert " --transpose " in commands["preprocess"]

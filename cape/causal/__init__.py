@@ -18,7 +18,7 @@ from .acyclicity_penalty import (
     support_blocks,
     trace_expm,
 )
-from .causal_config import CausalConfig, NotearsConfig
+from .causal_config import MAX_GENE_STEPS, CausalConfig, NotearsConfig
 from .confidence import (
     SOLID_CONFIDENCE,
     EdgeConfidence,
@@ -74,7 +74,7 @@ from .structural_equations import (
     linear_equations,
     topological_order,
 )
-from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments
+from .trainer import MIN_CELLS, CausalFit, fit_variational_notears, gene_moments, planned_epochs
 
 __all__ = [
     "BUDGET_CELLS",
@@ -82,6 +82,7 @@ __all__ = [
     "BUDGET_TEST",
     "BUDGET_TESTS",
     "LIKELIHOOD_ORIENT_LEVEL",
+    "MAX_GENE_STEPS",
     "MIN_CELLS",
     "PAIR_RANKING",
     "PAIR_RANKINGS",
@@ -138,6 +139,7 @@ __all__ = [
     "partial_correlation_tests",
     "partial_correlations",
     "permuted_genes",
+    "planned_epochs",
     "positioned_genes",
     "ranked_pairs",
     "robust_partial_correlation_tests",

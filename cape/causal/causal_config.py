@@ -16,8 +16,8 @@ from .._errors import CapeInputError
 from .pair_ranking import PAIR_RANKING, PAIR_RANKINGS
 from .postprocess import BUDGET_CELLS, BUDGET_FDR, BUDGET_TEST, BUDGET_TESTS
 
-__all__ = ["DENSE_MAX_GENES", "LAMBDA_DENSE", "LAMBDA_LOW_RANK", "LOW_RANK", "MODELS", "SCREENS", "STANDARDIZE",
-           "CausalConfig", "NotearsConfig", "check_tau"]
+__all__ = ["DENSE_MAX_GENES", "LAMBDA_DENSE", "LAMBDA_LOW_RANK", "LOW_RANK", "MAX_GENE_STEPS", "MODELS", "SCREENS",
+           "STANDARDIZE", "CausalConfig", "NotearsConfig", "check_tau"]
 
 #: Step I models: the paper's variational NOTEARS (low-rank, scales to whole transcriptomes), the nonlinear-parents
 #: SEM (:mod:`cape.causal.parents_mlp`; gene panels) and the paper's settings exactly (rank 40, λs 1).
@@ -34,6 +34,17 @@ LOW_RANK = 40
 #: ``lambda_sparse=None``: λs for a dense A (measured on count data, see the docs page) and for A = UVᵀ (the paper's).
 LAMBDA_DENSE = 0.3
 LAMBDA_LOW_RANK = 1.0
+#: ``max_steps="auto"``: a fit takes at most this many gene-steps, i.e. ⌈MAX_GENE_STEPS / genes⌉ AdamW steps (2,500
+#: at 2,000 genes), epochs cut to fit. A step's time grows with the genes and an epoch's steps with the cells, so this
+#: bounds the time of a fit on many genes and many cells; panels of fewer genes keep their epochs (Sachs's 11 proteins
+#: over 7,466 cells lose edges when cut to 2,500 steps; docs/benchmarks/count_panel.md).
+MAX_GENE_STEPS = 5_000_000
+
+
+def _check_max_steps(max_steps) -> None:
+    """Refuse a ``max_steps`` that is not a positive integer, ``"auto"`` or ``None``."""
+    if not (max_steps is None or max_steps == "auto" or (_is_int(max_steps) and max_steps >= 1)):
+        raise CapeInputError(f"max_steps must be a positive integer, 'auto' or None (epochs alone), got {max_steps!r}")
 
 
 def _is_int(value) -> bool:
@@ -124,6 +135,9 @@ class CausalConfig:
         dense A, :data:`LAMBDA_LOW_RANK` (the paper's) for A = UVᵀ and for ``model="parents_mlp"``.
     epochs, batch_size, lr
         AdamW training (paper: 100, 128, 3e-3); training stops earlier once h has converged.
+    max_steps
+        The most AdamW steps: on many cells the epochs are cut to ⌈``max_steps`` / batches per epoch⌉; ``"auto"``
+        (default): ⌈:data:`MAX_GENE_STEPS` / genes⌉; ``None``: ``epochs`` alone.
     h_every
         Steps between exact evaluations of the acyclicity penalty, linearised in between; ``None``: automatic (exact
         while the exponential is small, else every 10 steps); 1: always exact.
@@ -164,6 +178,7 @@ class CausalConfig:
     min_positioned: float = 0.5
     lambda_sparse: float | None = None
     epochs: int = 100
+    max_steps: int | str | None = "auto"
     batch_size: int = 128
     lr: float = 3e-3
     h_every: int | None = None
@@ -195,6 +210,7 @@ class CausalConfig:
             raise CapeInputError(f"lambda_sparse must be ≥ 0, got {self.lambda_sparse!r}")
         if not (_is_int(self.epochs) and self.epochs >= 1):
             raise CapeInputError(f"epochs must be a positive integer, got {self.epochs!r}")
+        _check_max_steps(self.max_steps)
         if not (_is_int(self.batch_size) and self.batch_size >= 1):
             raise CapeInputError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         if not (_is_number(self.lr) and self.lr > 0):
@@ -231,7 +247,7 @@ class CausalConfig:
         :func:`~cape.causal.fit_variational_notears`."""
         rank = self.rank_for(n_genes, screened)
         return {"rank": rank, "lambda_sparse": self.lambda_for(rank), "epochs": self.epochs,
-                "batch_size": self.batch_size, "lr": self.lr, "h_every": self.h_every}
+                "max_steps": self.max_steps, "batch_size": self.batch_size, "lr": self.lr, "h_every": self.h_every}
 
 
 @dataclass(frozen=True)
@@ -248,6 +264,9 @@ class NotearsConfig:
     epochs, batch_size, lr, weight_decay
         AdamW (weight decay on the MLPs only); training stops earlier once h ≤ ``h_tol`` and the epoch loss changed by
         less than ``loss_tol`` (relative), but not before ``min_epochs``.
+    max_steps
+        The most AdamW steps: the epochs are cut to ⌈``max_steps`` / batches per epoch⌉ where that is fewer (many
+        cells); ``"auto"`` (default): ⌈:data:`MAX_GENE_STEPS` / genes⌉; ``None``: ``epochs`` alone.
     hidden
         Width of the element-wise MLPs f and g (0: the linear SEM).
     rho_init, rho_max
@@ -280,6 +299,7 @@ class NotearsConfig:
     rank: int | None = LOW_RANK
     lambda_sparse: float = 1.0
     epochs: int = 100
+    max_steps: int | str | None = "auto"
     batch_size: int = 128
     lr: float = 3e-3
     weight_decay: float = 1e-2
@@ -308,6 +328,7 @@ class NotearsConfig:
         for name in ("epochs", "batch_size"):
             if not (_is_int(getattr(self, name)) and getattr(self, name) >= 1):
                 raise CapeInputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        _check_max_steps(self.max_steps)
         if not (_is_int(self.hidden) and self.hidden >= 0):
             raise CapeInputError(f"hidden must be a whole number ≥ 0, got {self.hidden!r}")
         if not (_is_number(self.lr) and self.lr > 0):

@@ -21,8 +21,9 @@ the documentation's benchmark pages (docs/benchmarks/step1_sdcd.md, "Low-rank fi
 The cap only binds on data with many minibatches: ρ grows at most tenfold per dual step,
 and a dual step needs ``dual_steps`` Adam steps.
 Thresholding and cycle breaking guarantee the DAG in any case.
-Training stops at ``epochs`` or earlier once h ≤ ``h_tol`` and the epoch loss changed by less than
-``loss_tol`` (relative) — i.e. when h has converged and the fit has settled. An A driven to (nearly) zero
+Training stops at ``epochs`` (cut to ⌈``max_steps`` / batches⌉ on many cells and genes, :func:`planned_epochs`:
+100 epochs of 10,000 cells would be 7,900 steps) or earlier once h ≤ ``h_tol`` and the epoch loss changed by less
+than ``loss_tol`` (relative) — i.e. when h has converged and the fit has settled. An A driven to (nearly) zero
 also has h = 0 and a flat loss: a fit that ends so although the data had signal (its weights had reached
 :data:`COLLAPSE_SIGNAL`, or, when the stop rule fired, two genes' features correlate by more than twice the L1
 price of a unit weight, so a dense A would have kept that edge) is reported as ``collapsed`` (not converged),
@@ -77,14 +78,14 @@ from .._allocator import keep_freed_blocks
 from .._cuda_graphs import CapturedStep
 from .._options import with_options
 from .._progress import progress
-from .._settings import resolve_device
+from .._settings import PROGRESS, resolve_device
 from .acyclicity_penalty import LinearisedAcyclicity
-from .causal_config import NotearsConfig
+from .causal_config import MAX_GENE_STEPS, NotearsConfig
 from .model import VariationalNotears
 
 __all__ = ["COLLAPSE_FLOOR", "COLLAPSE_RETAINED", "COLLAPSE_SIGNAL", "MIN_CELLS", "CausalFit", "NotearsConfig",
            "collapse_reason", "compiles_by_default", "fit_variational_notears", "gene_moments", "intervention_rows",
-           "max_correlation", "near_empty"]
+           "max_correlation", "near_empty", "planned_epochs", "step_limit"]
 
 logger = logging.getLogger("cape")
 
@@ -295,10 +296,10 @@ def resolve_h_every(h_every: int | None, n_genes: int, rank: int | None) -> int:
 RECON_SUBSAMPLE_MIN_ELEMENTS = 1 << 23
 RECON_FRACTION_AT_SCALE = 0.25
 
-#: ``compile_mlp=None`` compiles the MLPs on CPU when a fit's planned work, epochs × cells × genes × hidden
-#: activations, reaches this: compiled, the MLPs run about twice as fast from 100 genes on, and this much work saves
-#: about the seconds that compiling costs on a machine whose on-disk cache does not hold the kernels yet (a
-#: newcomer's first run; later fits find them there). Below it, the first run would pay more than it saves.
+#: ``compile_mlp=None`` compiles the MLPs on CPU when a fit's planned work, epochs (:func:`planned_epochs`) × cells
+#: × genes × hidden activations, reaches this: compiled, the MLPs run about twice as fast from 100 genes on, and this
+#: much work saves about the seconds that compiling costs on a machine whose on-disk cache does not hold the kernels
+#: yet (a newcomer's first run; later fits find them there). Below it, the first run would pay more than it saves.
 COMPILE_MIN_WORK = 1 << 32
 
 
@@ -454,7 +455,8 @@ def _optimiser(model: VariationalNotears, config: NotearsConfig, capturable: boo
 
 def compiles_by_default(config: NotearsConfig, n_cells: int, n_genes: int, device: torch.device) -> bool:
     """Whether ``compile_mlp=None`` compiles the MLPs: on CPU, for a fit of :data:`COMPILE_MIN_WORK` or more."""
-    return device.type == "cpu" and config.epochs * n_cells * n_genes * config.hidden >= COMPILE_MIN_WORK
+    work = planned_epochs(config, n_cells, n_genes) * n_cells * n_genes * config.hidden
+    return device.type == "cpu" and work >= COMPILE_MIN_WORK
 
 
 def _compile_if_worth(model: VariationalNotears, data: _Standardised, config: NotearsConfig, n_cells: int) -> bool:
@@ -603,11 +605,15 @@ def _epoch_batches(rng: np.random.Generator, n_cells: int, n_batches: int, data:
 def _train(run: _Run, rng: np.random.Generator, progress_desc: str) -> tuple[dict[str, list[float]], int, bool]:
     """The epochs of a fit: its history, the epochs run and whether the stop rule fired."""
     config, model, lam, data = run.config, run.model, run.lagrangian, run.data
-    n_cells = data.rows.shape[0]
+    n_cells, n_genes = data.rows.shape
     history: dict[str, list[float]] = {k: [] for k in ("loss", "nelbo", "h", "rho", "alpha", "max_weight",
                                                         "seconds")}
     n_batches = max(1, math.ceil(n_cells / config.batch_size))
-    bar = progress(range(config.epochs), desc=progress_desc, total=config.epochs, unit="epoch")
+    n_epochs = planned_epochs(config, n_cells, n_genes)
+    if n_epochs < config.epochs:
+        logger.log(PROGRESS, "%s: %d of %d epochs, %d batches each (at most %d steps: max_steps=%s)", progress_desc,
+                   n_epochs, config.epochs, n_batches, step_limit(config.max_steps, n_genes), config.max_steps)
+    bar = progress(range(n_epochs), desc=progress_desc, total=n_epochs, unit="epoch")
     epoch, converged = -1, False
     for epoch in bar:
         t_epoch = time.perf_counter()
@@ -637,6 +643,24 @@ def _train(run: _Run, rng: np.random.Generator, progress_desc: str) -> tuple[dic
     if hasattr(bar, "close"):
         bar.close()
     return history, epoch + 1, converged
+
+
+def step_limit(max_steps: int | str | None, n_genes: int) -> int | None:
+    """The most AdamW steps of a fit on ``n_genes`` genes: ``max_steps``, with ``"auto"`` resolved to
+    ⌈:data:`~cape.causal.causal_config.MAX_GENE_STEPS` / genes⌉ (``None``: no limit)."""
+    if max_steps == "auto":
+        return math.ceil(MAX_GENE_STEPS / max(1, n_genes))
+    return max_steps
+
+
+def planned_epochs(config: NotearsConfig, n_cells: int, n_genes: int) -> int:
+    """The epochs a fit of ``n_cells`` × ``n_genes`` runs at most: ``epochs``, cut to ⌈:func:`step_limit` / batches
+    per epoch⌉."""
+    limit = step_limit(config.max_steps, n_genes)
+    if limit is None:
+        return config.epochs
+    n_batches = max(1, math.ceil(n_cells / config.batch_size))
+    return min(config.epochs, max(1, math.ceil(limit / n_batches)))
 
 
 def _settled(losses: list[float], epoch: int, h_now: float, config: NotearsConfig) -> bool:

@@ -6,7 +6,7 @@ import argparse
 
 from .._errors import CapeInputError
 from .._io import write_h5ad
-from ..causal.causal_config import MODELS, SCREENS, CausalConfig
+from ..causal.causal_config import MAX_GENE_STEPS, MODELS, SCREENS, CausalConfig
 from ..causal.pair_ranking import PAIR_RANKINGS
 from ..causal.postprocess import BUDGET_TESTS
 from ..data.user_files import detect_scale
@@ -32,6 +32,12 @@ def _budget_cells(value: str) -> int | None:
     if value.lower() == "all":
         return None
     return positive_int(value, "budget-cells to be a positive number of cells or 'all'")
+
+
+def _max_steps(value: str) -> int | str | None:
+    if value.lower() in ("none", "auto"):
+        return None if value.lower() == "none" else "auto"
+    return positive_int(value, "max-steps to be a positive number of steps, 'auto' or 'none'")
 
 
 def _h_every(value: str) -> int | None:
@@ -81,6 +87,9 @@ def register(commands) -> None:
     parser.add_argument("--lambda-sparse", type=float, default=None,
                         help="L1 weight λs (default: 0.3 for a dense A, 1.0 for low rank)")
     parser.add_argument("--epochs", type=int, default=100, help="training epochs (100)")
+    parser.add_argument("--max-steps", type=_max_steps, default=CausalConfig.max_steps,
+                        help=f"the most AdamW steps: on many cells the epochs are cut to max-steps / batches per "
+                             f"epoch; 'auto' ({MAX_GENE_STEPS:,} / genes, the default); 'none': --epochs alone")
     parser.add_argument("--batch-size", type=int, default=128, help="cells per minibatch (128)")
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (3e-3)")
     parser.add_argument("--use-genes", default="cape_used",
@@ -129,7 +138,7 @@ def config_from_args(args: argparse.Namespace) -> CausalConfig:
                         budget_test=args.budget_test, pair_ranking=args.pair_ranking,
                         budget_cells=args.budget_cells,
                         min_positioned=args.min_positioned, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
-                        batch_size=args.batch_size, lr=args.lr,
+                        max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
                         h_every=args.h_every, screen=args.screen, leave_out_targets=args.leave_out_targets,
                         orient_by_shifts=args.orient_by_shifts, orient_by_likelihood=args.orient_by_likelihood,
                         edge_confidence=args.edge_confidence,

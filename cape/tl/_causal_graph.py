@@ -154,6 +154,10 @@ def _select(adata: ad.AnnData, use_genes, layer: str | None) -> _Selection:
     return _Selection(*check_matrix(X[:, np.flatnonzero(mask)], np.asarray(adata.var_names[mask])))
 
 
+def _max_steps_record(max_steps: int | str | None) -> int | str:
+    return "none" if max_steps is None else max_steps if isinstance(max_steps, str) else int(max_steps)
+
+
 def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer, key_added, interventions) -> dict:
     """``params`` of the record: the options as given (``"auto"``/``"dense"``/``"none"`` for None)."""
     rank = config.rank
@@ -162,7 +166,8 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
             "pair_ranking": config.pair_ranking,
             "budget_cells": "all" if config.budget_cells is None else int(config.budget_cells),
             "lambda_sparse": "auto" if config.lambda_sparse is None else float(config.lambda_sparse),
-            "epochs": int(config.epochs), "batch_size": int(config.batch_size), "lr": float(config.lr),
+            "epochs": int(config.epochs), "max_steps": _max_steps_record(config.max_steps),
+            "batch_size": int(config.batch_size), "lr": float(config.lr),
             "device": str(device), "seed": int(seed),
             "use_genes": use_genes if isinstance(use_genes, str) else "custom", "layer": layer or "X",
             "key_added": key_added, "h_every": "auto" if config.h_every is None else int(config.h_every),
@@ -204,8 +209,8 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
         Cells × genes; X (or ``layer``) preprocessed (e.g. log-normalised), dense or sparse, no NaN.
     config
         Step I's options (:class:`~cape.causal.CausalConfig`: ``model``, ``rank``, ``tau``, ``min_positioned``,
-        ``lambda_sparse``, ``epochs``, ``batch_size``, ``lr``, ``h_every``, ``screen``; see it for the τ rules
-        ``"budget"`` and ``"auto"``); default: the workflow's defaults.
+        ``lambda_sparse``, ``epochs``, ``max_steps``, ``batch_size``, ``lr``, ``h_every``, ``screen``; see it for the
+        τ rules ``"budget"`` and ``"auto"``); default: the workflow's defaults.
     use_genes
         Boolean ``var`` column (default ``"cape_used"``; all genes when it is absent), a boolean mask, a list
         of gene names, or ``None`` for all genes. Constant genes among them are dropped with a warning.

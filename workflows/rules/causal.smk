@@ -15,6 +15,7 @@ rule causal:
         lambda_sparse=(f"--lambda-sparse {config['causal']['lambda_sparse']}"
                        if config["causal"]["lambda_sparse"] is not None else ""),
         h_every=config["causal"]["h_every"] or "auto",
+        max_steps=config["causal"]["max_steps"] or "none",
         budget_cells=config["causal"]["budget_cells"] or "all",
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
         confidence=("" if config["causal"].get("edge_confidence", True) else "--no-edge-confidence")
@@ -36,7 +37,7 @@ rule causal:
         " --budget-test {params.opts[budget_test]} --pair-ranking {params.opts[pair_ranking]}"
         " --budget-cells {params.budget_cells} --min-positioned {params.opts[min_positioned]}"
         " {params.lambda_sparse}"
-        " --epochs {params.opts[epochs]} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
+        " --epochs {params.opts[epochs]} --max-steps {params.max_steps} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
         " --use-genes {params.opts[use_genes]} --h-every {params.h_every} --screen {params.opts[screen]}"
         " {params.layer} {params.interventions} {params.confidence}"
         f"{LOG}"
