@@ -616,6 +616,10 @@ def test_max_steps_cuts_the_epochs_of_a_fit_on_many_cells_and_genes() -> None:
     assert planned_epochs(auto, 10_000, 2000) == 32  # the cap binds on many genes and cells ...
     assert planned_epochs(auto, 10_000, 11) == 100  # ... not on a small panel (Sachs: 11 proteins)
     assert planned_epochs(auto, 700, 2000) == 100  # ... nor on few cells
+    # ... and never below the stop rule's minimum: 10,000 genes × 50,000 cells allow 500 steps, 2 epochs of 391
+    assert planned_epochs(auto, 50_000, 10_000) == auto.min_epochs == 10
+    assert planned_epochs(NotearsConfig(epochs=5), 50_000, 10_000) == 5  # not above the epochs asked for either
+    assert planned_epochs(NotearsConfig(max_steps=500), 50_000, 10_000) == 2  # a number of steps is taken as given
     X = np.random.default_rng(0).normal(size=(300, 4)).astype(np.float32)  # 3 batches of ≤ 128 cells
     fit = fit_variational_notears(X, epochs=10, max_steps=7, min_epochs=10, rank=None, device="cpu")
     assert fit.epochs_run == 3 and len(fit.history["loss"]) == 3  # ⌈7 / 3⌉ epochs, the last one whole

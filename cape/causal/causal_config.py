@@ -35,9 +35,9 @@ LOW_RANK = 40
 LAMBDA_DENSE = 0.3
 LAMBDA_LOW_RANK = 1.0
 #: ``max_steps="auto"``: a fit takes at most this many gene-steps, i.e. ⌈MAX_GENE_STEPS / genes⌉ AdamW steps (2,500
-#: at 2,000 genes), epochs cut to fit. A step's time grows with the genes and an epoch's steps with the cells, so this
-#: bounds the time of a fit on many genes and many cells; panels of fewer genes keep their epochs (Sachs's 11 proteins
-#: over 7,466 cells lose edges when cut to 2,500 steps; docs/benchmarks/count_panel.md).
+#: at 2,000 genes), epochs cut to fit but never below ``min_epochs``. A step's time grows with the genes and an epoch's
+#: steps with the cells, so this bounds the time of a fit on many genes and many cells; panels of fewer genes keep their
+#: epochs (Sachs's 11 proteins over 7,466 cells lose edges when cut to 2,500 steps; docs/benchmarks/count_panel.md).
 MAX_GENE_STEPS = 5_000_000
 
 
@@ -137,7 +137,8 @@ class CausalConfig:
         AdamW training (paper: 100, 128, 3e-3); training stops earlier once h has converged.
     max_steps
         The most AdamW steps: on many cells the epochs are cut to ⌈``max_steps`` / batches per epoch⌉; ``"auto"``
-        (default): ⌈:data:`MAX_GENE_STEPS` / genes⌉; ``None``: ``epochs`` alone.
+        (default): ⌈:data:`MAX_GENE_STEPS` / genes⌉, but never fewer than ``min_epochs`` (10) epochs; ``None``:
+        ``epochs`` alone.
     h_every
         Steps between exact evaluations of the acyclicity penalty, linearised in between; ``None``: automatic (exact
         while the exponential is small, else every 10 steps); 1: always exact.
@@ -266,7 +267,8 @@ class NotearsConfig:
         less than ``loss_tol`` (relative), but not before ``min_epochs``.
     max_steps
         The most AdamW steps: the epochs are cut to ⌈``max_steps`` / batches per epoch⌉ where that is fewer (many
-        cells); ``"auto"`` (default): ⌈:data:`MAX_GENE_STEPS` / genes⌉; ``None``: ``epochs`` alone.
+        cells); ``"auto"`` (default): ⌈:data:`MAX_GENE_STEPS` / genes⌉, but never fewer than ``min_epochs`` epochs;
+        ``None``: ``epochs`` alone.
     hidden
         Width of the element-wise MLPs f and g (0: the linear SEM).
     rho_init, rho_max

@@ -611,8 +611,11 @@ def _train(run: _Run, rng: np.random.Generator, progress_desc: str) -> tuple[dic
     n_batches = max(1, math.ceil(n_cells / config.batch_size))
     n_epochs = planned_epochs(config, n_cells, n_genes)
     if n_epochs < config.epochs:
-        logger.log(PROGRESS, "%s: %d of %d epochs, %d batches each (at most %d steps: max_steps=%s)", progress_desc,
-                   n_epochs, config.epochs, n_batches, step_limit(config.max_steps, n_genes), config.max_steps)
+        limit = step_limit(config.max_steps, n_genes)
+        why = (f"at most {limit} steps: max_steps={config.max_steps}" if n_epochs <= math.ceil(limit / n_batches)
+               else f"max_steps={config.max_steps} allows {limit} steps, fewer than min_epochs={config.min_epochs}")
+        logger.log(PROGRESS, "%s: %d of %d epochs, %d batches each (%s)", progress_desc, n_epochs, config.epochs,
+                   n_batches, why)
     bar = progress(range(n_epochs), desc=progress_desc, total=n_epochs, unit="epoch")
     epoch, converged = -1, False
     for epoch in bar:
@@ -655,12 +658,17 @@ def step_limit(max_steps: int | str | None, n_genes: int) -> int | None:
 
 def planned_epochs(config: NotearsConfig, n_cells: int, n_genes: int) -> int:
     """The epochs a fit of ``n_cells`` × ``n_genes`` runs at most: ``epochs``, cut to ⌈:func:`step_limit` / batches
-    per epoch⌉."""
+    per epoch⌉; under ``max_steps="auto"`` never to fewer than ``min_epochs``."""
     limit = step_limit(config.max_steps, n_genes)
     if limit is None:
         return config.epochs
     n_batches = max(1, math.ceil(n_cells / config.batch_size))
-    return min(config.epochs, max(1, math.ceil(limit / n_batches)))
+    epochs = max(1, math.ceil(limit / n_batches))
+    if config.max_steps == "auto":
+        # A bound on time, not on what a fit needs: never below the stop rule's own minimum (at 10,000 genes ×
+        # 50,000 cells the cap alone left 2 epochs, after which A had not left the L1's zero).
+        epochs = max(epochs, config.min_epochs)
+    return min(config.epochs, epochs)
 
 
 def _settled(losses: list[float], epoch: int, h_now: float, config: NotearsConfig) -> bool:

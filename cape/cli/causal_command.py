@@ -89,7 +89,8 @@ def register(commands) -> None:
     parser.add_argument("--epochs", type=int, default=100, help="training epochs (100)")
     parser.add_argument("--max-steps", type=_max_steps, default=CausalConfig.max_steps,
                         help=f"the most AdamW steps: on many cells the epochs are cut to max-steps / batches per "
-                             f"epoch; 'auto' ({MAX_GENE_STEPS:,} / genes, the default); 'none': --epochs alone")
+                             f"epoch; 'auto' ({MAX_GENE_STEPS:,} / genes, at least 10 epochs; the default); "
+                             f"'none': --epochs alone")
     parser.add_argument("--batch-size", type=int, default=128, help="cells per minibatch (128)")
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (3e-3)")
     parser.add_argument("--use-genes", default="cape_used",
