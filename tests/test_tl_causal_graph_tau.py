@@ -123,8 +123,18 @@ def test_auto_stops_with_one_line_when_the_weights_are_noise(fitted) -> None:
     message = str(err.value)
     assert "\n" not in message
     assert "Step I kept 0 edges (0% of 20 genes positioned) at tau=0.01" in message
-    assert "largest weight is 0.004" in message and "more cells (40 for 20 genes)" in message
+    assert "largest weight is 0.004" in message and "more cells (this run: 40 for 20 genes)" in message
+    assert "use fewer genes (preprocess n_top_genes)" in message
     assert "cape_dag" not in a.varp and "cape" not in a.uns  # nothing half-written
+
+
+def test_auto_names_the_screened_gene_count_beyond_the_low_rank_line(fitted, monkeypatch) -> None:
+    import cape.causal.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "BUDGET_MAX_GENES", 10)  # 20 genes: the low-rank side of the line
+    fitted["A"] = _weights(top=0.004)
+    with pytest.raises(CapeInputError, match=r"use at most 10 genes \(preprocess n_top_genes\), where Step I screens"):
+        causal_graph(_adata(), tau="auto", **FAST)
 
 
 def test_fixed_tau_warns_with_the_remedy_and_min_positioned_zero_is_silent(fitted, caplog) -> None:

@@ -375,10 +375,14 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
         reason = (f"Step I kept {graph.n_edges} edges ({n_positioned / n_genes:.0%} of {n_genes} genes positioned) "
                   f"{at}; the largest weight is {graph.max_weight:.2g}")
         if tau_rule.startswith("auto"):
+            # Beyond BUDGET_MAX_GENES the fit is A = UVᵀ over every pair, whose L1 starves weak edges: the screened
+            # dense path below that line is the remedy that works.
+            fewer = (f"at most {BUDGET_MAX_GENES} genes (preprocess n_top_genes), where Step I screens candidate pairs "
+                     f"and fits them densely" if n_genes > BUDGET_MAX_GENES else "fewer genes (preprocess n_top_genes)")
             raise CapeInputError(
                 f"{reason}, and positioning {config.min_positioned:.0%} of the genes would need tau≤{needed:.2g}, "
-                f"below the noise floor {AUTO_TAU_FLOOR}: use more cells ({n_cells} for {n_genes} genes), fewer "
-                f"genes (preprocess n_top_genes), or a fixed tau to accept such weak edges")
+                f"below the noise floor {AUTO_TAU_FLOOR}: use {fewer}, more cells (this run: {n_cells} for "
+                f"{n_genes} genes), or a fixed tau to accept such weak edges")
         budget_note = (" (tau=budget keeps the edges the data support, not a share of the genes)"
                        if tau_rule == "budget" else "")
         # The budget sized the graph by the data's evidence, and genes without an edge are still tokens of the model
