@@ -665,8 +665,8 @@ def planned_epochs(config: NotearsConfig, n_cells: int, n_genes: int) -> int:
     n_batches = max(1, math.ceil(n_cells / config.batch_size))
     epochs = max(1, math.ceil(limit / n_batches))
     if config.max_steps == "auto":
-        # A bound on time, not on what a fit needs: never below the stop rule's own minimum (at 10,000 genes ×
-        # 50,000 cells the cap alone left 2 epochs, after which A had not left the L1's zero).
+        # A bound on time, not on what a fit needs: never below the stop rule's own minimum (a fit cut to a few
+        # epochs of very many cells ends before A leaves the L1's zero; docs/benchmarks/throughput.md).
         epochs = max(epochs, config.min_epochs)
     return min(config.epochs, epochs)
 
