@@ -204,3 +204,21 @@ def test_tl_raises_on_a_collapsed_fit_and_only_warns_with_the_checks_off(monkeyp
     rec = a.uns["cape"]["causal_graph"]
     assert rec["collapsed"] and not rec["converged"] and rec["n_edges"] == 0
     assert "Step I collapsed" in caplog.text
+
+
+def test_a_collapse_beyond_the_screened_gene_count_names_the_screened_fit(monkeypatch) -> None:
+    monkeypatch.setattr(causal_graph_module, "fit_variational_notears", _collapsed_fit)
+    a = _knockout_data(0)
+    with pytest.raises(CapeInputError) as err:
+        causal_graph(a, tau=0.05, device="cpu")
+    assert "screens candidate pairs" not in str(err.value)  # within the line the fit was already screened
+    monkeypatch.setattr(causal_graph_module, "BUDGET_MAX_GENES", 2)  # the data have 3 genes: beyond the line
+    with pytest.raises(CapeInputError) as err:
+        causal_graph(a, tau=0.05, device="cpu")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("Step I collapsed")
+    assert message.endswith(", or use at most 2 genes (preprocess n_top_genes), where Step I screens candidate "
+                            "pairs and fits them densely")
+    with pytest.raises(CapeInputError) as err:  # a rank the user chose: fewer genes would not screen them
+        causal_graph(a, rank=2, tau=0.05, device="cpu")
+    assert "screens candidate pairs" not in str(err.value)

@@ -78,6 +78,10 @@ logger = logging.getLogger("cape")
 
 #: Most genes the partial-correlation test of ``tau="budget"`` is run on (an M×M inverse); above, ``"auto"``'s rule.
 BUDGET_MAX_GENES = 5000
+#: What a user beyond :data:`BUDGET_MAX_GENES` genes can do instead of the unscreened fit (A = UVᵀ over every pair,
+#: whose L1 starves weak edges), with the limit to fill in.
+SCREENED_GENES_REMEDY = ("at most {} genes (preprocess n_top_genes), where Step I screens candidate pairs and fits "
+                         "them densely")
 #: ``tau="budget"`` warns when the test calls more than this share of its significant pairs again on a copy of the
 #: cells with every gene permuted (:func:`~cape.causal.postprocess.decoy_count`): its null does not fit the data.
 DECOY_WARNING_SHARE = 0.1
@@ -201,9 +205,13 @@ def fit(config: CausalConfig, X, dev: torch.device, seed: int, intervened, candi
     except FloatingPointError as err:
         raise CapeInputError(f"{err}; try a smaller lr (got {config.lr}) or check X for extreme values") from err
     if fit.collapsed:
+        message = fit.collapse_message
+        if config.rank == "auto" and config.model == "variational" and X.shape[1] > BUDGET_MAX_GENES:
+            # Too many genes to screen, so A = UVᵀ over every pair: the screened dense fit is the remedy that works.
+            message += f", or use {SCREENED_GENES_REMEDY.format(BUDGET_MAX_GENES)}"
         if config.min_positioned > 0:
-            raise CapeInputError(fit.collapse_message)
-        logger.warning("%s (min_positioned=0: keeping the graph)", fit.collapse_message)
+            raise CapeInputError(message)
+        logger.warning("%s (min_positioned=0: keeping the graph)", message)
     return fit
 
 
@@ -377,8 +385,8 @@ def threshold(A: np.ndarray, config: CausalConfig, budget: int | None, n_cells: 
         if tau_rule.startswith("auto"):
             # Beyond BUDGET_MAX_GENES the fit is A = UVᵀ over every pair, whose L1 starves weak edges: the screened
             # dense path below that line is the remedy that works.
-            fewer = (f"at most {BUDGET_MAX_GENES} genes (preprocess n_top_genes), where Step I screens candidate pairs "
-                     f"and fits them densely" if n_genes > BUDGET_MAX_GENES else "fewer genes (preprocess n_top_genes)")
+            fewer = (SCREENED_GENES_REMEDY.format(BUDGET_MAX_GENES) if n_genes > BUDGET_MAX_GENES
+                     else "fewer genes (preprocess n_top_genes)")
             raise CapeInputError(
                 f"{reason}, and positioning {config.min_positioned:.0%} of the genes would need tau≤{needed:.2g}, "
                 f"below the noise floor {AUTO_TAU_FLOOR}: use {fewer}, more cells (this run: {n_cells} for "
