@@ -80,7 +80,7 @@ class CausalConfig:
     rank
         Rank r of A = UVᵀ. ``"auto"`` (default): a dense A, restricted to the screened candidate parents (``screen``;
         stored as those weights only beyond 1,000 genes); without candidates (the screen off or impossible: fewer
-        than genes + 10 cells, more than 5,000 genes) a dense A up to :data:`DENSE_MAX_GENES` genes and rank
+        than genes + 10 cells, more than 10,000 genes) a dense A up to :data:`DENSE_MAX_GENES` genes and rank
         :data:`LOW_RANK` above. ``model="paper"``: always 40. ``None``, or r ≥ the number of genes, uses a dense A.
     tau
         Edge threshold τ ∈ [0, 1): ``|A_ij| ≤ τ`` is dropped (the paper uses 0.2), or a rule. ``"budget"`` (default):
@@ -88,7 +88,7 @@ class CausalConfig:
         genes is significant (``budget_test``, Benjamini–Hochberg at ``budget_fdr``,
         :func:`cape.causal.edge_budget`) less those the same test calls with every gene permuted over the cells
         (:func:`cape.causal.decoy_count`), chosen by ``pair_ranking``; never weights at or below the noise floor
-        0.01. The test needs at least genes + 10 cells (and at most 5,000 genes); otherwise the ``"auto"``
+        0.01. The test needs at least genes + 10 cells (and at most 10,000 genes); otherwise the ``"auto"``
         rule is used, and so it is when no pair is significant (with a warning); the record says so. Under the
         budget the ``min_positioned`` check only warns. ``"auto"``: the paper's 0.2 where it already gives an edge to
         at least ``min_positioned`` of the genes, else the largest τ that does, but not below the noise floor.

@@ -76,8 +76,10 @@ __all__ = ["BUDGET_MAX_GENES", "DECOY_WARNING_SHARE", "PARENTS_MLP_MAX_GENES", "
 
 logger = logging.getLogger("cape")
 
-#: Most genes the partial-correlation test of ``tau="budget"`` is run on (an M×M inverse); above, ``"auto"``'s rule.
-BUDGET_MAX_GENES = 5000
+#: Most genes the partial-correlation tests are run on (the screen's candidates, ``tau="budget"``'s count, the shrunk
+#: ranking): M×M inverses, whose float64 arrays grow with the square of the genes (docs/benchmarks/step1_scale.md).
+#: Beyond, no candidates (A = UVᵀ over every pair) and ``"auto"``'s rule.
+BUDGET_MAX_GENES = 10000
 #: What a user beyond :data:`BUDGET_MAX_GENES` genes can do instead of the unscreened fit (A = UVᵀ over every pair,
 #: whose L1 starves weak edges), with the limit to fill in.
 SCREENED_GENES_REMEDY = ("at most {} genes (preprocess n_top_genes), where Step I screens candidate pairs and fits "
