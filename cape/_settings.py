@@ -254,6 +254,15 @@ def available_cpus(root: str | os.PathLike = "/sys/fs/cgroup",
     return max(1, n)
 
 
+def physical_memory() -> int | None:
+    """The machine's physical memory in bytes (POSIX ``sysconf``), or ``None`` where the system does not say."""
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not POSIX, or the name unknown here
+        return None
+    return int(pages) * int(page_size) if pages > 0 and page_size > 0 else None
+
+
 def default_threads() -> int:
     """Threads the CLI uses without ``--threads``: :func:`available_cpus`, lowered to torch's own default when that
     is smaller (``OMP_NUM_THREADS`` set by the user or a scheduler, or a caller that already limited torch)."""

@@ -137,6 +137,37 @@ def test_auto_names_the_screened_gene_count_beyond_the_low_rank_line(fitted, mon
         causal_graph(_adata(), tau="auto", **FAST)
 
 
+def test_tests_beyond_the_machine_memory_are_refused_before_any_work(monkeypatch) -> None:
+    import cape.causal.pipeline as pipeline
+
+    def no_fit(*_, **__):
+        raise AssertionError("the fit ran")
+
+    monkeypatch.setattr(pipeline, "fit_variational_notears", no_fit)
+    a = _adata()
+    need = pipeline.linalg_bytes(40, 20)
+    monkeypatch.setattr(pipeline, "physical_memory", lambda: need - 1)
+    with pytest.raises(CapeInputError) as err:
+        causal_graph(a, **FAST)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("Step I's partial-correlation tests on 40 cells × 20 genes")
+    assert "GB, more than this machine's" in message and "GB: use fewer genes (preprocess n_top_genes" in message
+    assert "cape_dag" not in a.varp and "cape" not in a.uns  # nothing half-written
+    # no test to run (the screen off and a fixed tau), or no memory figure from the system: nothing refused
+    with pytest.raises(AssertionError, match="the fit ran"):
+        causal_graph(a, screen="none", tau=0.05, **FAST)
+    monkeypatch.setattr(pipeline, "physical_memory", lambda: None)
+    with pytest.raises(AssertionError, match="the fit ran"):
+        causal_graph(a, **FAST)
+
+
+def test_physical_memory_is_a_positive_byte_count_or_none() -> None:
+    from cape._settings import physical_memory
+
+    memory = physical_memory()
+    assert memory is None or (isinstance(memory, int) and memory > 2**20)
+
+
 def test_fixed_tau_warns_with_the_remedy_and_min_positioned_zero_is_silent(fitted, caplog) -> None:
     fitted["A"] = _weights(top=0.1)
     a = _adata()

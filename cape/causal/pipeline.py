@@ -2,8 +2,8 @@
 
 The stages, each a small function here over the modules of :mod:`cape.causal`:
 
-1. checks (finite values, enough cells, constant genes dropped with a warning; :func:`check_matrix`,
-   :func:`check_size`);
+1. checks (finite values, enough cells, constant genes dropped with a warning, the tests' memory;
+   :func:`check_matrix`, :func:`check_size`, :func:`check_memory`);
 2. candidate parents from partial correlations (:func:`screen`, the dense A's screen);
 3. the fit (:func:`fit`: :func:`~cape.causal.fit_variational_notears` or :func:`~cape.causal.fit_parents_mlp`),
    with a collapse turned into an error;
@@ -30,7 +30,7 @@ import scipy.sparse as sp
 import torch
 
 from .._errors import CapeInputError
-from .._settings import resolve_device, seed_everything
+from .._settings import physical_memory, resolve_device, seed_everything
 from . import parents_mlp as _parents_mlp
 from .causal_config import CausalConfig
 from .confidence import SOLID_CONFIDENCE, EdgeConfidence, cap_unsupported, edge_confidence
@@ -53,6 +53,7 @@ from .pair_ranking import (
 from .parents_mlp import fit_parents_mlp
 from .postprocess import (
     AUTO_TAU_FLOOR,
+    BUDGET_MIN_EXTRA_CELLS,
     BUDGET_TEST_NAMES,
     SCREEN_FDR,
     budget_rows,
@@ -71,8 +72,8 @@ from .structural_equations import learned_equations
 from .trainer import MIN_CELLS, CausalFit, _fits_on_device, fit_variational_notears, gene_moments
 
 __all__ = ["BUDGET_MAX_GENES", "DECOY_WARNING_SHARE", "PARENTS_MLP_MAX_GENES", "SCAN_TAUS", "CausalGraph", "Graph",
-           "budget_dag", "budget_pairs", "check_matrix", "check_size", "edge_budget_for", "fit", "learn_causal_graph",
-           "linalg_bytes", "orient", "screen", "threshold"]
+           "budget_dag", "budget_pairs", "check_matrix", "check_memory", "check_size", "edge_budget_for", "fit",
+           "learn_causal_graph", "linalg_bytes", "orient", "screen", "threshold"]
 
 logger = logging.getLogger("cape")
 
@@ -169,6 +170,21 @@ def linalg_bytes(n_cells: int, n_genes: int) -> int:
     data, centred, squared and its square) and ten genes × genes ones. On CUDA that algebra runs on the card where this
     fits beside what is there (on the CPU, and where it does not fit, it stays NumPy's)."""
     return 8 * (4 * n_cells * n_genes + 10 * n_genes * n_genes)
+
+
+def check_memory(config: CausalConfig, X, linalg_device=None) -> None:
+    """Refuse, before any work, partial-correlation tests whose float64 arrays (:func:`linalg_bytes`) exceed the
+    machine's physical memory where they run on the host (``linalg_device`` ``None``): they would end in the system
+    killing the process, without a message. Nothing is checked where the system does not say its memory."""
+    n_cells, n_genes = X.shape
+    tests = ((config.tau == "budget" or config.screen == "partial_correlation") and linalg_device is None
+             and 2 <= n_genes <= BUDGET_MAX_GENES and n_cells >= n_genes + BUDGET_MIN_EXTRA_CELLS)
+    memory = physical_memory() if tests else None
+    if memory is not None and linalg_bytes(n_cells, n_genes) > memory:
+        raise CapeInputError(f"Step I's partial-correlation tests on {n_cells} cells × {n_genes} genes need about "
+                             f"{linalg_bytes(n_cells, n_genes) / 1e9:.2g} GB, more than this machine's "
+                             f"{memory / 1e9:.2g} GB: use fewer genes (preprocess n_top_genes; the need grows with "
+                             "their square), fewer cells, or a GPU that holds them")
 
 
 def screen(config: CausalConfig, X, linalg_device=None) -> tuple[tuple | None, np.ndarray | None, dict | None]:
@@ -579,6 +595,7 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     check_size(config, X, genes)
     dev = resolve_device(device)
     linalg_device = dev if _fits_on_device(dev, linalg_bytes(*X.shape)) else None
+    check_memory(config, X, linalg_device)
     tests, candidates, screen_record = screen(config, X, linalg_device)
     seed = seed_everything(seed)
     fitted = fit(config, X, dev, seed, intervened, candidates)
