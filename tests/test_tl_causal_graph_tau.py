@@ -153,8 +153,11 @@ def test_tests_beyond_the_machine_memory_are_refused_before_any_work(monkeypatch
     assert "\n" not in message and message.startswith("Step I's partial-correlation tests on 40 cells × 20 genes")
     assert "GB, more than this machine's" in message and "GB: use fewer genes (preprocess n_top_genes" in message
     assert "cape_dag" not in a.varp and "cape" not in a.uns  # nothing half-written
-    # no test to run (the screen off and a fixed tau), or no memory figure from the system: nothing refused
+    # no test to run (the screen off, a fixed tau, no edge confidence), or no memory figure from the system: nothing
+    # refused
     with pytest.raises(AssertionError, match="the fit ran"):
+        causal_graph(a, screen="none", tau=0.05, edge_confidence=False, **FAST)
+    with pytest.raises(CapeInputError, match="partial-correlation tests"):  # the confidence's shrunk inverse is one
         causal_graph(a, screen="none", tau=0.05, **FAST)
     monkeypatch.setattr(pipeline, "physical_memory", lambda: None)
     with pytest.raises(AssertionError, match="the fit ran"):

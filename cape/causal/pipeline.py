@@ -172,13 +172,20 @@ def linalg_bytes(n_cells: int, n_genes: int) -> int:
     return 8 * (4 * n_cells * n_genes + 10 * n_genes * n_genes)
 
 
+def _wants_screen(config: CausalConfig, n_genes: int) -> bool:
+    """Whether the fit is one the partial-correlation screen applies to (a dense A under the variational model)."""
+    return (config.screen == "partial_correlation" and config.model == "variational"
+            and config.rank_for(n_genes, screened=True) is None)
+
+
 def check_memory(config: CausalConfig, X, linalg_device=None) -> None:
     """Refuse, before any work, partial-correlation tests whose float64 arrays (:func:`linalg_bytes`) exceed the
     machine's physical memory where they run on the host (``linalg_device`` ``None``): they would end in the system
     killing the process, without a message. Nothing is checked where the system does not say its memory."""
     n_cells, n_genes = X.shape
-    tests = ((config.tau == "budget" or config.screen == "partial_correlation") and linalg_device is None
-             and 2 <= n_genes <= BUDGET_MAX_GENES and n_cells >= n_genes + BUDGET_MIN_EXTRA_CELLS)
+    tests = ((config.tau == "budget" or config.edge_confidence or _wants_screen(config, n_genes))
+             and linalg_device is None and 2 <= n_genes <= BUDGET_MAX_GENES
+             and n_cells >= n_genes + BUDGET_MIN_EXTRA_CELLS)
     memory = physical_memory() if tests else None
     if memory is not None and linalg_bytes(n_cells, n_genes) > memory:
         raise CapeInputError(f"Step I's partial-correlation tests on {n_cells} cells × {n_genes} genes need about "
@@ -190,8 +197,7 @@ def check_memory(config: CausalConfig, X, linalg_device=None) -> None:
 def screen(config: CausalConfig, X, linalg_device=None) -> tuple[tuple | None, np.ndarray | None, dict | None]:
     """The partial-correlation tests on every cell (for the screen, and the budget where it tests every cell), the
     candidate parents and their record; ``linalg_device``: where the tests' linear algebra runs (``None``: NumPy)."""
-    wants_screen = (config.screen == "partial_correlation" and config.model == "variational"
-                    and config.rank_for(X.shape[1], screened=True) is None)
+    wants_screen = _wants_screen(config, X.shape[1])
     tests = None
     if wants_screen and X.shape[1] <= BUDGET_MAX_GENES:
         tests = partial_correlation_tests(X, linalg_device)
