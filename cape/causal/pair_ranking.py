@@ -124,18 +124,26 @@ def _fold_spectra(Z, parts: list[np.ndarray], xp):
     """Per fold, as NumPy arrays: the eigenvalues of the other cells' covariance, and the fold's second moments about
     the other cells' centre along each of its eigenvectors (Z a NumPy array or a tensor, ``xp`` its module)."""
     n = Z.shape[0]
-    # Each fold's cross-products and sums once: a training set's moments are the totals less its fold's.
-    grams = [Z[part].T @ Z[part] for part in parts]
-    sums = [Z[part].sum(axis=0) for part in parts]
-    gram_all, sum_all = sum(grams), sum(sums)
-    for part, gram, total in zip(parts, grams, sums, strict=True):
+    # A training set's moments are the totals less its fold's. The folds' cross-products are made one at a time, not
+    # kept, and no genes × genes array is made that the eigendecomposition does not need: at 10,000 genes each is
+    # 0.8 GB.
+    gram_all, sum_all = Z.T @ Z, Z.sum(axis=0)
+    for part in parts:
+        gram, total = Z[part].T @ Z[part], Z[part].sum(axis=0)
         n_test, n_train = part.size, n - part.size
         centre = (sum_all - total) / n_train
-        eigenvalues, vectors = xp.linalg.eigh((gram_all - gram) / n_train - xp.outer(centre, centre))
-        # the held-out cells' second moments about the training centre, T, seen along each eigenvector: diag(Vᵀ T V)
-        held_out = gram / n_test - xp.outer(total / n_test, centre) - xp.outer(centre, total / n_test)
-        held_out += xp.outer(centre, centre)
-        yield to_numpy(eigenvalues), to_numpy(xp.einsum("ij,ij->j", vectors, held_out @ vectors))
+        training = gram_all - gram
+        training /= n_train
+        training -= xp.outer(centre, centre)
+        eigenvalues, vectors = xp.linalg.eigh(training)
+        del training
+        # the held-out cells' second moments about the training centre, T = G/n_t − a cᵀ − c aᵀ + c cᵀ (G their
+        # cross-products, a their mean, c the centre), seen along each eigenvector v: vᵀGv/n_t − 2(vᵀa)(vᵀc) + (vᵀc)²
+        along_mean, along_centre = vectors.T @ (total / n_test), vectors.T @ centre
+        spread = xp.einsum("ij,ij->j", vectors, gram @ vectors) / n_test
+        spread += along_centre ** 2 - 2.0 * along_mean * along_centre
+        yield to_numpy(eigenvalues), to_numpy(spread)
+        del gram, vectors
 
 
 def shrunk_partial_correlations(X, shrinkage: float | None = None, seed: int = 0, device=None) -> np.ndarray:
