@@ -6,7 +6,8 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cape._arrays import zscore_columns
+from cape import _arrays
+from cape._arrays import correlation_matrix, cross_products, zscore_columns
 
 
 def test_numpy_standard_deviation_of_a_constant_column_is_round_off_not_zero() -> None:
@@ -38,3 +39,19 @@ def test_zscores_invariant_to_positive_affine_maps(n: int, m: int, seed: int, sc
 def test_sparse_input_matches_dense() -> None:
     x = sp.random(20, 5, density=0.4, random_state=0, format="csr")
     np.testing.assert_allclose(zscore_columns(x)[0], zscore_columns(x.toarray())[0])
+
+
+@pytest.mark.parametrize("density", [0.01, 0.3, 1.0])
+def test_cross_products_of_a_sparse_matrix_are_the_dense_ones_whichever_way_they_are_summed(density, monkeypatch):
+    # a block smaller than the rows, so that the blocked sum is exercised; the densities fall on both sides of the line
+    monkeypatch.setattr(_arrays, "GRAM_BLOCK_ROWS", 7)
+    x = sp.random(50, 9, density=density, format="csr", random_state=1, dtype=np.float32)
+    np.testing.assert_allclose(cross_products(x), x.toarray().astype(np.float64).T @ x.toarray(), rtol=1e-12)
+    np.testing.assert_allclose(correlation_matrix(x), correlation_matrix(x.toarray()), atol=1e-12)
+
+
+def test_a_constant_column_has_no_correlation() -> None:
+    x = np.column_stack([np.arange(10.0), np.full(10, 2.0), np.arange(10.0) ** 2])
+    c = correlation_matrix(sp.csr_matrix(x))
+    assert np.all(c[1] == 0.0) and np.all(c[:, 1] == 0.0)
+    np.testing.assert_allclose(c[[0, 2]][:, [0, 2]], np.corrcoef(x[:, [0, 2]], rowvar=False))

@@ -140,3 +140,18 @@ def test_the_search_makes_the_turns_of_a_full_rescan_at_every_step(seed):
     expected, expected_turns = _full_rescan(X, start)
     assert turns == expected_turns > 0
     np.testing.assert_array_equal(out, expected)
+
+
+def test_genes_off_the_graph_change_no_turn():
+    # the search reads only the genes on edges: unlinked genes beside them leave the turns as they were
+    X = _linear_sem({(0, 2): 0.8, (1, 2): 0.8, (2, 3): 0.7}, 4, seed=2)
+    start = _dag(4, [(2, 0), (1, 2), (3, 2)])
+    noise = np.random.default_rng(5).standard_normal((X.shape[0], 3))
+    wide = np.zeros((7, 7))
+    wide[np.ix_([0, 2, 4, 6], [0, 2, 4, 6])] = start
+    out, turns = orient_by_likelihood(X, start)
+    wide_out, wide_turns = orient_by_likelihood(np.column_stack([X[:, 0], noise[:, 0], X[:, 1], noise[:, 1], X[:, 2],
+                                                                 noise[:, 2], X[:, 3]]), wide)
+    assert wide_turns == turns > 0
+    np.testing.assert_array_equal(wide_out[np.ix_([0, 2, 4, 6], [0, 2, 4, 6])], out)
+    assert np.count_nonzero(wide_out) == np.count_nonzero(out)
