@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.covariance import ledoit_wolf
@@ -23,7 +24,7 @@ from cape.causal import (
     shrunk_partial_correlations,
     top_pairs_oriented,
 )
-from cape.causal.pair_ranking import SHRINKAGE_GRID, likelihood_shrinkage
+from cape.causal.pair_ranking import SHRINKAGE_GRID, _fold_spectra, likelihood_shrinkage
 from cape.causal.pipeline import budget_dag, threshold
 from cape.causal.postprocess import AUTO_TAU_FLOOR, tau_for_edges
 
@@ -225,6 +226,35 @@ def test_likelihood_shrinkage_follows_what_held_out_cells_support() -> None:
     # seeded folds; with fewer than two cells per fold, Ledoit-Wolf's intensity
     assert likelihood_shrinkage(Z[:500], seed=1) == likelihood_shrinkage(Z[:500], seed=1)
     assert likelihood_shrinkage(Z[:7]) == pytest.approx(ledoit_wolf(Z[:7])[1])
+
+
+def _per_eigenspace(eigenvalues: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """The spread summed over each eigenspace: with fewer training cells than genes the zero eigenvalue repeats and
+    any basis of its space is right; the likelihood reads only these sums."""
+    return np.bincount(np.concatenate([[0], np.cumsum(np.diff(eigenvalues) > 1e-8)]), spread)
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(6, 80), m=st.integers(1, 12), folds=st.integers(2, 4), seed=st.integers(0, 10_000))
+def test_each_folds_spectrum_is_that_of_its_training_cells_seen_by_its_held_out_cells(n: int, m: int, folds: int,
+                                                                                      seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    Z = rng.normal(size=(n, m)) @ rng.normal(size=(m, m)) + rng.normal(size=m)
+    parts = np.array_split(rng.permutation(n), folds)
+    spectra = list(_fold_spectra(Z, parts, np))
+    assert len(spectra) == folds
+    for part, (eigenvalues, spread) in zip(parts, spectra, strict=True):
+        train, test = np.delete(Z, part, axis=0), Z[part]
+        expected, vectors = np.linalg.eigh(np.cov(train, rowvar=False, ddof=0).reshape(m, m))
+        np.testing.assert_allclose(eigenvalues, expected, atol=1e-9)
+        # the held-out cells' second moments about the training centre along each eigenvector
+        held_out = ((test - train.mean(axis=0)) @ vectors) ** 2
+        np.testing.assert_allclose(_per_eigenspace(expected, spread), _per_eigenspace(expected, held_out.mean(0)),
+                                   atol=1e-9)
+    # the torch path (the pipeline's CUDA runs) gives the same numbers
+    for (e, s), (te, ts) in zip(spectra, _fold_spectra(torch.from_numpy(Z), parts, torch), strict=True):
+        np.testing.assert_allclose(te, e, atol=1e-9)
+        np.testing.assert_allclose(_per_eigenspace(e, ts), _per_eigenspace(e, s), atol=1e-9)
 
 
 def test_ranked_pairs_per_ranking() -> None:
