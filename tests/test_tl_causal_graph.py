@@ -45,6 +45,10 @@ def test_writes_full_size_sparse_dag_and_record(sparse: bool) -> None:
     assert len(rec["history"]["h"]) == rec["epochs_run"] == 2
     assert rec["n_edges"] == dag.nnz and rec["removed_cycle_edges"] >= 0 and rec["wall_time"] > 0
     assert rec["rho_max"] == 1e4  # low rank's cap on the augmented Lagrangian's ρ
+    stages = rec["stage_seconds"]
+    assert list(stages) == ["checks", "screen", "fit", "edge_budget", "pair_ranking", "threshold", "orientation",
+                            "edge_confidence", "equations"]
+    assert min(stages.values()) >= 0 and rec["fit_seconds"] <= stages["fit"] <= sum(stages.values()) <= rec["wall_time"]
 
 
 def test_same_seed_same_graph_and_copy() -> None:

@@ -560,6 +560,21 @@ class CausalGraph:
         return int(np.count_nonzero(self.dag))
 
 
+class _StageClock:
+    """Wall seconds per stage of :func:`learn_causal_graph`, in the order the stages ran (the record's
+    ``stage_seconds``): where a long run's time goes, without a profiler."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        """Charge the time since the last lap to ``stage``."""
+        now = time.perf_counter()
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self._last
+        self._last = now
+
+
 def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, intervened=None,
                        device: str | torch.device = "auto", seed: int = 0) -> CausalGraph:
     """Step I on a cells × genes matrix: checks, screen, fit, edge budget, threshold and cycle breaking, orientation.
@@ -592,7 +607,7 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
         collapsed fit (a collapse only warns with ``min_positioned=0``), or (``tau="auto"``) too few genes positioned
         above the noise floor.
     """
-    start = time.perf_counter()
+    clock = _StageClock()
     config = config or CausalConfig()
     genes_in = np.asarray(genes)
     X, genes, dropped = check_matrix(X, genes_in)
@@ -602,11 +617,15 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     dev = resolve_device(device)
     linalg_device = dev if _fits_on_device(dev, linalg_bytes(*X.shape)) else None
     check_memory(config, X, linalg_device)
+    clock.lap("checks")
     tests, candidates, screen_record = screen(config, X, linalg_device)
+    clock.lap("screen")
     seed = seed_everything(seed)
     fitted = fit(config, X, dev, seed, intervened, candidates)
+    clock.lap("fit")
     budget, budget_record, budget_tested = (edge_budget_for(X, tests, config, seed, linalg_device)
                                             if config.tau == "budget" else (None, None, None))
+    clock.lap("edge_budget")
     config = replace(config, pair_ranking=pair_ranking_for(config.pair_ranking, intervened))
     shrunk = shrunk_for(config, budget, X, linalg_device)
     ranked = None
@@ -616,10 +635,13 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
         ranked = ranked_pairs(config.pair_ranking, fitted.adjacency, tests, X, linalg_device, shrunk)
     if budget is not None:
         budget_record["pair_ranking"] = config.pair_ranking if ranked is not None else "fit"
+    clock.lap("pair_ranking")
     graph = threshold(fitted.adjacency, config, budget, X.shape[0], ranked,
                       None if budget_tested is None else np.isfinite(budget_tested[1]))
+    clock.lap("threshold")
     orientation = orient(config, graph, X, intervened, genes)
     likelihood_orientation = orient_without_labels(config, graph, X) if intervened is None else None
+    clock.lap("orientation")
     confidence = (edge_confidence(X, graph.dag, intervened=intervened, seed=seed, pair_partial_correlation=shrunk)
                   if config.edge_confidence else None)
     if confidence is not None and budget_tested is not None:  # budget None here: it tested and counted no pair
@@ -627,6 +649,7 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
                                      BUDGET_TEST_NAMES[config.budget_test])
     if config.drop_guesses and confidence is not None:
         drop_guesses(graph, confidence)
+    clock.lap("edge_confidence")
     record = _record(config, X, dropped, fitted, graph, screened=candidates is not None)
     extra = {"edge_budget": budget_record, "screening": screen_record, "orientation": orientation,
              "likelihood_orientation": likelihood_orientation,
@@ -634,7 +657,9 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
              # a CausalFit built without its model (e.g. from a stored adjacency) has no equations
              "equations": None if fitted.model is None else equations_record(fitted, X, graph.dag, genes)}
     record.update({k: v for k, v in extra.items() if v is not None})
-    logger.debug("Step I pipeline: %.1f s", time.perf_counter() - start)
+    clock.lap("equations")
+    record["stage_seconds"] = clock.seconds
+    logger.debug("Step I pipeline: %s", ", ".join(f"{k} {v:.1f} s" for k, v in clock.seconds.items()))
     return CausalGraph(graph.dag, genes, fitted, record, candidates,
                        None if confidence is None else confidence.confidence, graph.pair_scores,
                        None if confidence is None else confidence.partial_correlation,
