@@ -10,12 +10,14 @@ from hypothesis import given, settings
 
 from cape import CapeInputError
 from cape.causal import (
+    MIN_DETECTED_CELLS,
     SOLID_CONFIDENCE,
     CausalConfig,
     cell_states,
     edge_confidence,
     edge_order,
     edge_tests,
+    effective_cells,
     learn_causal_graph,
     shrunk_partial_correlations,
 )
@@ -51,6 +53,39 @@ def test_a_dependence_the_cell_types_explain_is_a_guess_and_a_regulation_is_soli
     assert found.confidence[0, 2] >= SOLID_CONFIDENCE > found.confidence[0, 1]
     one_state = edge_confidence(X, dag, states=np.zeros(X.shape[0]))  # without states the types look like an edge
     assert one_state.confidence[0, 1] >= SOLID_CONFIDENCE
+
+
+@pytest.mark.parametrize("detected", [2, MIN_DETECTED_CELLS - 1])
+def test_genes_detected_in_the_same_few_cells_are_not_tested_and_stay_guesses(detected: int) -> None:
+    """Two genes seen only in the same handful of cells correlate near 1 whatever their regulation; below
+    MIN_DETECTED_CELLS cells their edge is not tested (p NaN, confidence 0); in a few times as many it is (a gene at
+    varying levels in k cells varies in fewer than k by effective_cells)."""
+    X, types = _mixture(400, seed=2)
+    rng = np.random.default_rng(3)
+    for cells in (detected, 3 * MIN_DETECTED_CELLS):
+        rare = np.zeros((X.shape[0], 2))
+        rare[rng.choice(X.shape[0], cells, replace=False)] = rng.uniform(1.0, 3.0, size=(cells, 1)) + [0.0, 0.1]
+        Y = np.column_stack([X, rare])
+        m = Y.shape[1]
+        dag = _dag(m, [(0, 2), (m - 2, m - 1)])
+        result = edge_confidence(Y, dag, states=types)
+        assert result.partial_correlation[m - 2, m - 1] > 0.9  # what a test at face value would call solid
+        assert result.confidence[0, 2] >= SOLID_CONFIDENCE
+        if cells < MIN_DETECTED_CELLS:
+            assert np.isnan(result.p_value[m - 2, m - 1]) and result.confidence[m - 2, m - 1] == 0.0
+            assert result.record["n_untested"] == 1 and result.record["n_solid"] == 1
+        else:
+            assert result.confidence[m - 2, m - 1] >= SOLID_CONFIDENCE and result.record["n_untested"] == 0
+
+
+def test_effective_cells_counts_the_cells_a_gene_varies_in() -> None:
+    rng = np.random.default_rng(0)
+    X = np.zeros((1000, 2))
+    X[:7, 0] = 5.0  # detected in 7 cells at one level: 7 cells (up to the centring's share)
+    X[:, 1] = rng.normal(size=1000)  # Gaussian: about n / 3
+    cells = effective_cells(X - X.mean(axis=0))
+    assert abs(cells[0] - 7) < 0.1 and abs(cells[1] - 1000 / 3) < 30
+    assert np.allclose(effective_cells(3.0 * (X - X.mean(axis=0))), cells)
 
 
 def test_confidence_lives_on_the_edges_only_and_in_the_unit_interval() -> None:

@@ -20,6 +20,7 @@ from .acyclicity_penalty import (
 )
 from .causal_config import MAX_GENE_STEPS, CausalConfig, NotearsConfig
 from .confidence import (
+    MIN_DETECTED_CELLS,
     SOLID_CONFIDENCE,
     EdgeConfidence,
     cap_unsupported,
@@ -27,6 +28,7 @@ from .confidence import (
     edge_confidence,
     edge_order,
     edge_tests,
+    effective_cells,
 )
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
 from .intervention_orientation import Orientation, descendant_evidence, orient_by_shifts, shift_tests
@@ -84,6 +86,7 @@ __all__ = [
     "LIKELIHOOD_ORIENT_LEVEL",
     "MAX_GENE_STEPS",
     "MIN_CELLS",
+    "MIN_DETECTED_CELLS",
     "PAIR_RANKING",
     "PAIR_RANKINGS",
     "SOLID_CONFIDENCE",
@@ -118,6 +121,7 @@ __all__ = [
     "edge_confidence",
     "edge_order",
     "edge_tests",
+    "effective_cells",
     "equivalence_class_effects",
     "family_log_variance",
     "fit_parents_mlp",

@@ -38,10 +38,11 @@ from scipy import stats
 from scipy.stats import rankdata
 from sklearn.neighbors import kneighbors_graph
 
+from .._arrays import to_numpy
 from .._errors import CapeInputError
 
-__all__ = ["SOLID_CONFIDENCE", "STATE_RESOLUTION", "EdgeConfidence", "cap_unsupported", "cell_states",
-           "edge_confidence", "edge_order", "edge_tests"]
+__all__ = ["MIN_DETECTED_CELLS", "SOLID_CONFIDENCE", "STATE_RESOLUTION", "EdgeConfidence", "cap_unsupported",
+           "cell_states", "edge_confidence", "edge_order", "edge_tests", "effective_cells"]
 
 #: Leiden resolution of the cell states: coarse, so that states are cell types rather than sub-states that the
 #: regulation itself draws (finer clusters of one population split along the genes' own variation and remove the
@@ -53,6 +54,10 @@ STATE_PCS = 20
 SOLID_CONFIDENCE = 0.95
 #: Fewest cells for cell states: below, every cell is one state (no kNN graph worth the name).
 MIN_STATE_CELLS = 30
+#: A gene whose variance rests on fewer cells than this (:func:`effective_cells`) is not tested, by an edge's test
+#: here or by the robust partial-correlation test: a sum over a handful of cells has no normal limit, and two genes
+#: detected in the same few cells look dependent whatever their regulation.
+MIN_DETECTED_CELLS = 10
 
 
 @dataclass
@@ -109,6 +114,16 @@ def cell_states(X, *, resolution: float = STATE_RESOLUTION, n_pcs: int = STATE_P
     return cells.obs["leiden"].astype(int).to_numpy()
 
 
+def effective_cells(centred) -> np.ndarray:
+    """Per column of ``centred`` (cells × genes, centred; a NumPy array or a torch tensor), the number of cells its
+    variance rests on, (Σ x²)² / Σ x⁴: k for a gene detected in k of many cells, n/3 for a Gaussian one; unchanged by
+    rescaling the gene. NumPy array out."""
+    squares = centred ** 2
+    total, fourth = to_numpy(squares.sum(axis=0)), to_numpy((squares ** 2).sum(axis=0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, total ** 2 / fourth, 0.0)
+
+
 def edge_tests(X, dag: np.ndarray, states: np.ndarray | None = None, intervened=None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """t statistics, two-sided p-values and partial correlations of every edge i → j of ``dag`` in the regression of
@@ -119,7 +134,8 @@ def edge_tests(X, dag: np.ndarray, states: np.ndarray | None = None, intervened=
     sparse, or ``None``). The intercept and indicators are absorbed by centring x_j and its parents within each state
     (Frisch–Waugh–Lovell: the parents' coefficients, the residuals and their covariance are those of the full
     regression), so each child costs one least-squares fit on its parents alone. Returns three M × M arrays: t (0 off
-    the edges), p (NaN off the edges, and where the cells leave no degrees of freedom) and the partial correlation
+    the edges), p (NaN off the edges, where the cells leave no degrees of freedom, and where the cause or the child
+    varies within the states in fewer than :data:`MIN_DETECTED_CELLS` cells: not tested) and the partial correlation
     of x_i and x_j given the rest of the regression, t / √(t² + df) (0 off the edges and without degrees of freedom).
     """
     X = X.tocsc() if sp.issparse(X) else np.asarray(X)
@@ -137,6 +153,8 @@ def edge_tests(X, dag: np.ndarray, states: np.ndarray | None = None, intervened=
         columns = np.asarray(columns.toarray() if sp.issparse(columns) else columns, dtype=np.float64)[cells]
         centred, n_states = _within_state(columns, states[cells])
         t[parents, j], p[parents, j], r[parents, j] = _coefficient_tests(centred[:, :-1], centred[:, -1], n_states)
+        varying = effective_cells(centred)
+        p[parents[(varying[:-1] < MIN_DETECTED_CELLS) | (varying[-1] < MIN_DETECTED_CELLS)], j] = np.nan
     return t, p, r
 
 
@@ -211,7 +229,8 @@ def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, int
     confidence[rows, cols] = 1.0 - q
     record = {"method": "regression on parents and cell states", "n_states": int(np.unique(states).size),
               "state_resolution": float(resolution), "solid_confidence": SOLID_CONFIDENCE,
-              **_solid_record(confidence[rows, cols])}
+              "n_untested": int(np.count_nonzero(~np.isfinite(p[rows, cols]))),
+              "min_detected_cells": MIN_DETECTED_CELLS, **_solid_record(confidence[rows, cols])}
     return EdgeConfidence(confidence, p, t, r, states, record, pair)
 
 

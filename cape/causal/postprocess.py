@@ -9,7 +9,7 @@ from scipy.sparse.csgraph import connected_components
 from scipy.stats import norm
 
 from .._arrays import add_to_diagonal, dense, float64_on, namespace, to_numpy
-from .confidence import cell_states
+from .confidence import MIN_DETECTED_CELLS, cell_states, effective_cells
 
 __all__ = [
     "AUTO_TAU_FLOOR",
@@ -73,9 +73,6 @@ BUDGET_TEST = "both"
 #: Each test in words, for logs and reports.
 BUDGET_TEST_NAMES = {"both": "Fisher's z and the robust test", "robust": "robust test", "fisher": "Fisher's z",
                      "state": "Fisher's z within cell states"}
-#: The robust test leaves out the pairs of a gene whose variance rests on fewer cells than this (a gene detected in
-#: k cells: k): a sum over a handful of cells has no normal limit, and the sandwich variance is then far too small.
-MIN_DETECTED_CELLS = 10
 #: Cells per block of the robust test's residuals (memory: a block × genes array of float64).
 _ROBUST_BLOCK_CELLS = 4096
 #: Candidate parents for a dense A (:func:`screen_candidates`): pairs significant at this looser false discovery rate.
@@ -332,18 +329,9 @@ def robust_partial_correlation_tests(X, min_detected: int = MIN_DETECTED_CELLS, 
     with np.errstate(divide="ignore", invalid="ignore"):
         z = cross[pairs] / np.sqrt(squares[pairs]) * np.sqrt((n - m - 1) / n)
     p = 2.0 * norm.sf(np.abs(z))
-    cells = _effective_cells(centred)
+    cells = effective_cells(centred)
     p[(cells[pairs[0]] < min_detected) | (cells[pairs[1]] < min_detected) | ~np.isfinite(z)] = np.nan
     return pairs, p
-
-
-def _effective_cells(centred) -> np.ndarray:
-    """Per gene, the number of cells its variance rests on, (Σ x²)² / Σ x⁴ of its centred values: k for a gene
-    detected in k of many cells, n/3 for a Gaussian one; unchanged by shifting or rescaling the gene."""
-    squares = centred ** 2
-    total, fourth = to_numpy(squares.sum(axis=0)), to_numpy((squares ** 2).sum(axis=0))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(total > 0, total ** 2 / fourth, 0.0)
 
 
 def budget_tests(X, test: str = BUDGET_TEST, fisher: tuple | None = None, device=None
