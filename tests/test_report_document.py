@@ -95,7 +95,13 @@ def test_report_lists_the_strongest_edges_with_their_confidence(trained_adata, t
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     genes = adata.var_names
     assert "3 edges" in text and ("2 of 3 edges solid (confidence ≥ 0.95: the dependence holds given the child's "
-                                  "other parents and 4 cell state(s))") in text
+                                  "other parents and 4 cell state(s); no test of each pair given every other gene "
+                                  "backs it, as Step I's edge budget did not run") in text
+    # edges the confidence could not test (a gene seen in a handful of cells) are counted as guesses
+    adata.uns["cape"]["causal_graph"]["edge_confidence"] |= {"n_untested": 1, "min_detected_cells": 10}
+    untested = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert "; 1 not tested, guesses (a gene varying in fewer than 10 cells, or no degrees of freedom left)" in untested
+    del adata.uns["cape"]["causal_graph"]["edge_confidence"]["n_untested"]
     # where the edge budget tested every pair, the sentence says that a solid edge's pair is among those it counted
     adata.uns["cape"]["causal_graph"]["edge_confidence"]["n_pairs_supported"] = 7
     supported = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()

@@ -223,6 +223,21 @@ def test_a_graph_the_budgets_test_did_not_support_is_a_warning():
         assert pos.weak_evidence is None and positioning_finding(pos).level == OK
 
 
+def test_a_graph_whose_edges_join_rarely_detected_genes_is_a_warning_with_a_remedy():
+    """Most edges untested by the confidence (a gene varying in fewer than 10 cells: a TPM file of 250 cells whose
+    highly variable genes are seen in a handful of cells each): the verdict says so and names preprocess.min_cells;
+    below half of the edges, no such warning."""
+    adata = _graph_with_budget_record("auto: paper", {"fallback": "fewer than genes + 10 cells (…)"})
+    adata.uns["cape"]["causal_graph"]["edge_confidence"] = {"n_untested": 2, "min_detected_cells": 10, "n_solid": 0}
+    finding = positioning_finding(positioning(adata))
+    assert finding.level == WARNING and finding.short == "most of Step I's edges join genes seen in a handful of cells"
+    assert "but 2 of the edges join a gene that varies in fewer than 10 cells" in finding.text
+    assert finding.remedies == ("`preprocess.min_cells: 20`: the genes used are then chosen among those detected in "
+                                "at least 20 cells, whose edges Step I can test",)
+    adata.uns["cape"]["causal_graph"]["edge_confidence"]["n_untested"] = 1  # 1 of 3 edges
+    assert positioning_finding(positioning(adata)).level == OK
+
+
 def test_baseline_wins_names_cause_and_remedy(trained_adata, tmp_path):
     """A transformer that predicts one class loses to logistic regression beyond the bootstrap spread."""
     trained_adata.obs["cape_cell_type_prediction"] = pd.Categorical(["T"] * trained_adata.n_obs)

@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._tables import markdown_table
-from ..causal import SOLID_CONFIDENCE, edge_order
+from ..causal import MIN_DETECTED_CELLS, SOLID_CONFIDENCE, edge_order
 
 __all__ = ["N_EDGES_SHOWN", "edge_table", "solid_sentence"]
 
@@ -23,10 +23,16 @@ def solid_sentence(record: dict, n_edges: int) -> str | None:
         return (f"0 of {n_edges} edges solid: the edge budget counted no gene pair given every other gene, so every "
                 "edge is a guess")
     budget = (f", and the pair is among the {int(record['n_pairs_supported'])} the edge budget counted given every "
-              "other gene" if "n_pairs_supported" in record else "")
+              "other gene" if "n_pairs_supported" in record else
+              "; no test of each pair given every other gene backs it, as Step I's edge budget did not run, so a "
+              "dependence that the cells' depth or composition draws across many genes can pass")
+    untested = int(record.get("n_untested", 0))
+    untested = (f"; {untested} not tested, guesses (a gene varying in fewer than "
+                f"{int(record.get('min_detected_cells', MIN_DETECTED_CELLS))} cells, or no degrees of freedom left)"
+                if untested else "")
     return (f"{int(record['n_solid'])} of {n_edges} edges solid (confidence ≥ {float(record['solid_confidence']):g}: "
             f"the dependence holds given the child's other parents and {int(record['n_states'])} cell state(s)"
-            f"{budget})")
+            f"{budget}){untested}")
 
 
 def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN) -> str | None:

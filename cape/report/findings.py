@@ -16,9 +16,11 @@ import anndata as ad
 import numpy as np
 
 from .._tables import _inline, html_page, html_table, markdown_table
+from ..causal.confidence import MIN_DETECTED_CELLS
 from ..causal.pair_ranking import PAIR_RANKING_WORDS
 from ..causal.postprocess import AUTO_TAU_FLOOR
 from ..hyperbolic.hierarchy import MIN_HIERARCHY_SPEARMAN, Hierarchy
+from ..pp import RARE_GENE_CELLS
 from .resources import resources_table
 from .statistics import LEVEL, N_BOOTSTRAP, Comparison, comparisons_from_records
 
@@ -28,6 +30,9 @@ logger = logging.getLogger("cape")
 #: Below this fraction of used genes with a position, the encoding carries little (issue 12's target: half): the
 #: verdict says so and names a threshold that would reach it, and a baseline that wins counts it among the causes.
 MIN_POSITIONED_FRACTION = 0.5
+#: From this share of Step I's edges untested by the edge confidence (a gene varying in a handful of cells), the
+#: verdict warns that the graph rests on a few cells' values.
+UNTESTED_WARNING_SHARE = 0.5
 
 
 #: Rule of thumb, not a measured threshold: fewer fine-tune cells than this are "few" for a transformer trained
@@ -94,6 +99,10 @@ class Positioning:
     #: Where the edge budget tested the gene pairs and found none significant (beyond its permuted copy's), so that
     #: Step I fell back on the τ "auto" rule: what the test found, in words; else ``None``
     weak_evidence: str | None = None
+    #: Edges the edge confidence could not test (``edge_confidence["n_untested"]``): mostly a gene that varies in fewer
+    #: than ``min_detected_cells`` cells
+    n_untested: int = 0
+    min_detected_cells: int = MIN_DETECTED_CELLS
 
     @property
     def fraction(self) -> float:
@@ -131,13 +140,16 @@ def positioning(adata: ad.AnnData) -> Positioning | None:
     budget = info.get("edge_budget") or {}
     budget_pairs = budget.get("n_pairs") if info.get("tau_rule") == "budget" else None
     weak = _weak_evidence(budget) if str(info.get("tau_rule", "")).startswith("auto") else None
+    confidence = info.get("edge_confidence") or {}
     return Positioning(n_used=int(used.sum()), n_positioned=int((has_edge & used).sum()), n_edges=n_edges,
                        tau=float(tau) if isinstance(tau, int | float | np.number) else None,
                        n_cells=None if n_cells is None else int(n_cells),
                        tau_rule=info.get("tau_rule"), scan=rows,
                        isolated=None if isolated is None else str(isolated),
                        pair_ranking=budget.get("pair_ranking"),
-                       budget_pairs=None if budget_pairs is None else int(budget_pairs), weak_evidence=weak)
+                       budget_pairs=None if budget_pairs is None else int(budget_pairs), weak_evidence=weak,
+                       n_untested=int(confidence.get("n_untested", 0)),
+                       min_detected_cells=int(confidence.get("min_detected_cells", MIN_DETECTED_CELLS)))
 
 
 def _weak_evidence(budget: dict) -> str | None:
@@ -234,6 +246,15 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                        "guesses." + ignores,
                        (f"more cells{cells}: the test's power grows with them",),
                        short="Step I's graph rests on weak evidence")
+    if pos.n_edges and pos.n_untested >= UNTESTED_WARNING_SHARE * pos.n_edges:
+        return Finding(WARNING, "positions",
+                       f"{share.capitalize()} got a position from the causal graph ({edges}{at}), but "
+                       f"{pos.n_untested:,} of the edges join a gene that varies in fewer than "
+                       f"{pos.min_detected_cells} cells: a dependence there is a few cells' values, which no test can "
+                       "back, so read those edges and the positions they give as guesses." + ignores,
+                       (f"`preprocess.min_cells: {RARE_GENE_CELLS}`: the genes used are then chosen among those "
+                        f"detected in at least {RARE_GENE_CELLS} cells, whose edges Step I can test",),
+                       short="most of Step I's edges join genes seen in a handful of cells")
     if pos.fraction < MIN_POSITIONED_FRACTION:
         # Not a warning by itself: the transformer still reads every gene (a token with its expression), and the
         # genes without a position are encoded as a model without positions would encode them. It becomes one
