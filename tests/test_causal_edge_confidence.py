@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings
+from scipy import stats
 
 from cape import CapeInputError
 from cape.causal import (
@@ -19,6 +20,7 @@ from cape.causal import (
     edge_tests,
     effective_cells,
     learn_causal_graph,
+    selection_q_values,
     shrunk_partial_correlations,
 )
 
@@ -64,7 +66,8 @@ def test_genes_detected_in_the_same_few_cells_are_not_tested_and_stay_guesses(de
     rng = np.random.default_rng(3)
     for cells in (detected, 3 * MIN_DETECTED_CELLS):
         rare = np.zeros((X.shape[0], 2))
-        rare[rng.choice(X.shape[0], cells, replace=False)] = rng.uniform(1.0, 3.0, size=(cells, 1)) + [0.0, 0.1]
+        levels = rng.uniform(1.0, 3.0, size=(cells, 1)) + np.array([0.0, 0.1])
+        rare[rng.choice(X.shape[0], cells, replace=False)] = levels
         Y = np.column_stack([X, rare])
         m = Y.shape[1]
         dag = _dag(m, [(0, 2), (m - 2, m - 1)])
@@ -76,6 +79,29 @@ def test_genes_detected_in_the_same_few_cells_are_not_tested_and_stay_guesses(de
             assert result.record["n_untested"] == 1 and result.record["n_solid"] == 1
         else:
             assert result.confidence[m - 2, m - 1] >= SOLID_CONFIDENCE and result.record["n_untested"] == 0
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=30), st.integers(0, 200))
+@settings(max_examples=60, deadline=None)
+def test_selection_q_values_are_bh_over_the_family_with_the_unseen_p_values_at_one(p: list[float], extra: int) -> None:
+    p = np.asarray(p)
+    assert np.allclose(selection_q_values(p), stats.false_discovery_control(p))
+    family = selection_q_values(p, p.size + extra)
+    assert np.allclose(family, stats.false_discovery_control(np.r_[p, np.ones(extra)])[:p.size])
+    assert np.all(family >= selection_q_values(p) - 1e-15) and np.all(family <= 1.0)
+
+
+def test_without_the_budget_the_confidence_counts_every_pair_the_graph_was_chosen_from() -> None:
+    X, _ = _mixture(300, seed=4)
+    config = CausalConfig(epochs=3, batch_size=64, tau=0.05)  # a fixed τ: no budget test of every pair
+    graph = learn_causal_graph(X, np.array([f"g{i}" for i in range(X.shape[1])]), config, device="cpu")
+    record = graph.record["edge_confidence"]
+    assert "edge_budget" not in graph.record and record["n_hypotheses"] == 13 * 12 // 2
+    edges = np.nonzero(graph.dag)
+    alone = edge_confidence(X, graph.dag, seed=0)  # the same tests, their q-values over the edges alone
+    p = np.nan_to_num(alone.p_value[edges], nan=1.0)
+    assert np.allclose(graph.confidence[edges], 1.0 - selection_q_values(p, 78))
+    assert np.allclose(alone.confidence[edges], 1.0 - selection_q_values(p))
 
 
 def test_effective_cells_counts_the_cells_a_gene_varies_in() -> None:

@@ -95,8 +95,12 @@ def test_report_lists_the_strongest_edges_with_their_confidence(trained_adata, t
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     genes = adata.var_names
     assert "3 edges" in text and ("2 of 3 edges solid (confidence ≥ 0.95: the dependence holds given the child's "
-                                  "other parents and 4 cell state(s); no test of each pair given every other gene "
-                                  "backs it, as Step I's edge budget did not run") in text
+                                  "other parents and 4 cell state(s); Step I's edge budget did not run, so no test "
+                                  "of each pair given every other gene backs it)") in text
+    adata.uns["cape"]["causal_graph"]["edge_confidence"]["n_hypotheses"] = 45
+    family = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert "backs it, and the q-values count all 45 gene pairs the graph was chosen from)" in family
+    del adata.uns["cape"]["causal_graph"]["edge_confidence"]["n_hypotheses"]
     # edges the confidence could not test (a gene seen in a handful of cells) are counted as guesses
     adata.uns["cape"]["causal_graph"]["edge_confidence"] |= {"n_untested": 1, "min_detected_cells": 10}
     untested = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()

@@ -29,6 +29,7 @@ from .confidence import (
     edge_order,
     edge_tests,
     effective_cells,
+    selection_q_values,
 )
 from .equivalence import cpdag, equivalence_class_effects, intervene_equivalence_class, local_parent_sets
 from .intervention_orientation import Orientation, descendant_evidence, orient_by_shifts, shift_tests
@@ -148,6 +149,7 @@ __all__ = [
     "ranked_pairs",
     "robust_partial_correlation_tests",
     "screen_candidates",
+    "selection_q_values",
     "shift_tests",
     "shrunk_partial_correlations",
     "state_partial_correlation_tests",

@@ -23,7 +23,9 @@ Where Step I's edge budget tested every gene pair given every other gene (``tau=
 among the pairs the budget counted is a guess whatever its own test says (:func:`cap_unsupported`): the graph chose its
 edges on the same cells, so among the kept edges alone a test is easily passed, and a dependence that a factor shared
 by many genes draws (the cells' composition, their depth) survives the child's parents and the cell state but not
-every other gene.
+every other gene. Where the budget did not test the pairs (a fixed τ, fewer cells than genes + 10, more genes than
+it tests), the edges' q-values count every gene pair the graph was chosen from, not the edges alone
+(:func:`selection_q_values`), for the same reason.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from .._arrays import to_numpy
 from .._errors import CapeInputError
 
 __all__ = ["MIN_DETECTED_CELLS", "SOLID_CONFIDENCE", "STATE_RESOLUTION", "EdgeConfidence", "cap_unsupported",
-           "cell_states", "edge_confidence", "edge_order", "edge_tests", "effective_cells"]
+           "cell_states", "edge_confidence", "edge_order", "edge_tests", "effective_cells", "selection_q_values"]
 
 #: Leiden resolution of the cell states: coarse, so that states are cell types rather than sub-states that the
 #: regulation itself draws (finer clusters of one population split along the genes' own variation and remove the
@@ -184,7 +186,8 @@ def _coefficient_tests(design: np.ndarray, y: np.ndarray, absorbed: int
 
 def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, intervened=None,
                     resolution: float = STATE_RESOLUTION, seed: int = 0,
-                    pair_partial_correlation: np.ndarray | None = None) -> EdgeConfidence:
+                    pair_partial_correlation: np.ndarray | None = None,
+                    n_hypotheses: int | None = None) -> EdgeConfidence:
     """Each edge's confidence, 1 − its Benjamini–Hochberg q-value in :func:`edge_tests` given the cell states.
 
     Parameters
@@ -203,6 +206,11 @@ def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, int
         M × M partial correlations of every gene pair given every other gene (e.g.
         :func:`cape.causal.shrunk_partial_correlations` of X), or ``None``; the edges' values are kept
         (:attr:`EdgeConfidence.pair_partial_correlation`) to order the edges with the confidence (:func:`edge_order`).
+    n_hypotheses
+        How many hypotheses the q-values count (:func:`selection_q_values`): ``None``, the edges themselves; the
+        number of gene pairs the graph was chosen from, where no other test accounts for that choice (the edges were
+        chosen on the same cells as the strongest of those pairs, so that among the edges alone a test is easily
+        passed).
 
     Returns
     -------
@@ -224,14 +232,33 @@ def edge_confidence(X, dag: np.ndarray, *, states: np.ndarray | None = None, int
         if states.size != n:
             raise CapeInputError(f"{states.size} cell states for {n} cells")
     t, p, r = edge_tests(X, dag, states, intervened)
-    q = stats.false_discovery_control(np.nan_to_num(p[rows, cols], nan=1.0)) if rows.size else np.zeros(0)
+    q = selection_q_values(np.nan_to_num(p[rows, cols], nan=1.0), n_hypotheses)
     confidence = np.zeros(np.shape(dag))
     confidence[rows, cols] = 1.0 - q
     record = {"method": "regression on parents and cell states", "n_states": int(np.unique(states).size),
               "state_resolution": float(resolution), "solid_confidence": SOLID_CONFIDENCE,
               "n_untested": int(np.count_nonzero(~np.isfinite(p[rows, cols]))),
+              "n_hypotheses": int(rows.size if n_hypotheses is None else max(n_hypotheses, rows.size)),
               "min_detected_cells": MIN_DETECTED_CELLS, **_solid_record(confidence[rows, cols])}
     return EdgeConfidence(confidence, p, t, r, states, record, pair)
+
+
+def selection_q_values(p: np.ndarray, n_hypotheses: int | None = None) -> np.ndarray:
+    """Benjamini–Hochberg q-values of ``p`` as the smallest of ``n_hypotheses`` p-values (``None``: of ``p`` alone).
+
+    The others are not known, only that they are no smaller, so they are taken as 1: q_(i) = min over j ≥ i of
+    p_(j) · m / j, capped at 1, with m = max(``n_hypotheses``, len(p)). With m = len(p) this is
+    ``scipy.stats.false_discovery_control``.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    if not p.size:
+        return np.zeros(0)
+    m = p.size if n_hypotheses is None else max(int(n_hypotheses), p.size)
+    order = np.argsort(p, kind="stable")
+    scaled = p[order] * m / np.arange(1, p.size + 1)
+    q = np.empty(p.size)
+    q[order] = np.minimum(np.minimum.accumulate(scaled[::-1])[::-1], 1.0)
+    return q
 
 
 def cap_unsupported(result: EdgeConfidence, dag: np.ndarray, pair_tests: tuple[tuple[np.ndarray, np.ndarray],

@@ -642,8 +642,11 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     orientation = orient(config, graph, X, intervened, genes)
     likelihood_orientation = orient_without_labels(config, graph, X) if intervened is None else None
     clock.lap("orientation")
-    confidence = (edge_confidence(X, graph.dag, intervened=intervened, seed=seed, pair_partial_correlation=shrunk)
-                  if config.edge_confidence else None)
+    # Without the budget's tests of every pair, nothing else accounts for the graph's choice among every gene pair:
+    # the edges' q-values count them all.
+    every_pair = X.shape[1] * (X.shape[1] - 1) // 2 if budget_tested is None else None
+    confidence = (edge_confidence(X, graph.dag, intervened=intervened, seed=seed, pair_partial_correlation=shrunk,
+                                  n_hypotheses=every_pair) if config.edge_confidence else None)
     if confidence is not None and budget_tested is not None:  # budget None here: it tested and counted no pair
         confidence = cap_unsupported(confidence, graph.dag, budget_tested, budget or 0,
                                      BUDGET_TEST_NAMES[config.budget_test])

@@ -24,8 +24,9 @@ def solid_sentence(record: dict, n_edges: int) -> str | None:
                 "edge is a guess")
     budget = (f", and the pair is among the {int(record['n_pairs_supported'])} the edge budget counted given every "
               "other gene" if "n_pairs_supported" in record else
-              "; no test of each pair given every other gene backs it, as Step I's edge budget did not run, so a "
-              "dependence that the cells' depth or composition draws across many genes can pass")
+              "; Step I's edge budget did not run, so no test of each pair given every other gene backs it"
+              + (f", and the q-values count all {int(record['n_hypotheses']):,} gene pairs the graph was chosen from"
+                 if record.get("n_hypotheses", 0) > n_edges else ""))
     untested = int(record.get("n_untested", 0))
     untested = (f"; {untested} not tested, guesses (a gene varying in fewer than "
                 f"{int(record.get('min_detected_cells', MIN_DETECTED_CELLS))} cells, or no degrees of freedom left)"
