@@ -88,9 +88,9 @@ def edge_table(adata: ad.AnnData, key: str = "cape_dag", n: int = N_EDGES_SHOWN)
                   "partial correlation given every other gene (*r, all genes*); it stands at the lower of the two.")
     note = (f"The {len(order)} most trusted of {weights.size} edges{ranked} A *guess* "
             f"(confidence below {SOLID_CONFIDENCE:g}) is an edge whose dependence the child's other parents and the "
-            "cells' state (Leiden clusters) explain, or whose gene pair Step I's edge budget did not count given every "
-            "other gene; a *solid* edge can still be indirect, through a gene the graph "
-            "missed." + directions)
+            "cells' state (Leiden clusters) explain, whose gene pair Step I's edge budget did not count given every "
+            f"other gene, or that joins a gene varying in fewer than {MIN_DETECTED_CELLS} cells (not tested); a "
+            "*solid* edge can still be indirect, through a gene the graph missed." + directions)
     return "## Strongest edges\n\n" + note + "\n\n" + markdown_table(header, table)
 
 
