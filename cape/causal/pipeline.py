@@ -662,7 +662,7 @@ def learn_causal_graph(X, genes, config: CausalConfig | None = None, *, interven
     record.update({k: v for k, v in extra.items() if v is not None})
     clock.lap("equations")
     record["stage_seconds"] = clock.seconds
-    logger.debug("Step I pipeline: %s", ", ".join(f"{k} {v:.1f} s" for k, v in clock.seconds.items()))
+    logger.info("Step I's stages: %s", ", ".join(f"{k} {v:.1f} s" for k, v in clock.seconds.items()))
     return CausalGraph(graph.dag, genes, fitted, record, candidates,
                        None if confidence is None else confidence.confidence, graph.pair_scores,
                        None if confidence is None else confidence.partial_correlation,

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ._recipe import RARE_GENE_CELLS, detect_scale, preprocess
+from ._recipe import detect_scale, preprocess
 
-__all__ = ["RARE_GENE_CELLS", "detect_scale", "preprocess"]
+__all__ = ["detect_scale", "preprocess"]

@@ -20,7 +20,7 @@ from ..causal.confidence import MIN_DETECTED_CELLS
 from ..causal.pair_ranking import PAIR_RANKING_WORDS
 from ..causal.postprocess import AUTO_TAU_FLOOR
 from ..hyperbolic.hierarchy import MIN_HIERARCHY_SPEARMAN, Hierarchy
-from ..pp import RARE_GENE_CELLS
+from ..pp._recipe import RARE_GENE_CELLS
 from .resources import resources_table
 from .statistics import LEVEL, N_BOOTSTRAP, Comparison, comparisons_from_records
 

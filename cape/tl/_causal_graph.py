@@ -253,16 +253,13 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     - ``var["cape_used"]``: the genes that took part in the graph;
     - ``uns["cape"]["causal_graph"]`` (see ``key_added``): ``params``; the fit (``history`` per epoch, ``epochs_run``,
       ``converged``, ``collapsed``, ``peak_weight``, ``rank_used``, ``sparse_adjacency``, ``lambda_sparse_used``,
-      ``rho_max``, ``fit_seconds``; ``stage_seconds``, the wall seconds of each stage of the pipeline in the order they
-      ran: ``checks``, ``screen``, ``fit``, ``edge_budget``, ``pair_ranking``, ``threshold``, ``orientation``,
-      ``edge_confidence``, ``equations``; ``wall_time``, the whole call); the graph (``n_edges``, ``tau_used``,
+      ``rho_max``, ``fit_seconds``, ``stage_seconds``, ``wall_time``); the graph (``n_edges``, ``tau_used``,
       ``tau_rule``, ``max_weight``, ``n_positioned``, ``positioned_fraction``, ``removed_cycle_edges``,
       ``turned_cycle_edges``, ``dropped_constant_genes``, ``threshold_scan`` at :data:`SCAN_TAUS`); ``edge_budget``
-      (``n_pairs``: ``n_pairs_significant`` less ``n_pairs_permuted``, the pairs the test calls with every gene
-      permuted; ``fdr``, the test, ``pair_ranking``), ``screening``, ``interventions`` and ``orientation`` (tests,
-      shifted pairs, supported and turned edges) where they applied; ``edge_confidence`` (cell states, solid edges); and
-      ``equations``, the fitted structural equations that :func:`cape.tl.predict_intervention` evaluates
-      (:class:`cape.causal.StructuralEquations`).
+      (``n_pairs``: ``n_pairs_significant`` less ``n_pairs_permuted``, those the test calls on permuted genes; ``fdr``,
+      the test, ``pair_ranking``), ``screening``, ``interventions`` and ``orientation`` (tests, shifted pairs, supported
+      and turned edges) where applied; ``edge_confidence`` (cell states, solid edges); and ``equations``, the structural
+      equations :func:`cape.tl.predict_intervention` evaluates (:class:`cape.causal.StructuralEquations`).
 
     Returns
     -------
@@ -297,7 +294,6 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
     record["wall_time"] = float(time.perf_counter() - start)
     record["versions"] = {"cape": str(__version__), "torch": str(torch.__version__)}
     adata.uns.setdefault("cape", {})[step_key("causal_graph", key_added, DAG_KEY)] = record
-    logger.info("causal graph: %d genes, %d edges (%d removed to break cycles), %.1f s (%s)",
-                result.genes.size, result.n_edges, record["removed_cycle_edges"], record["wall_time"],
-                ", ".join(f"{stage} {seconds:.1f} s" for stage, seconds in record["stage_seconds"].items()))
+    logger.info("causal graph: %d genes, %d edges (%d removed to break cycles), %.1f s",
+                result.genes.size, result.n_edges, record["removed_cycle_edges"], record["wall_time"])
     return adata if copy else None
