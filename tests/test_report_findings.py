@@ -23,6 +23,7 @@ from cape.report.findings import (
     positioning,
     positioning_finding,
     positions_remedies,
+    rare_genes_remedy,
     tau_remedy,
     training_context,
     verdict,
@@ -233,9 +234,18 @@ def test_a_graph_whose_edges_join_rarely_detected_genes_is_a_warning_with_a_reme
     assert finding.level == WARNING and finding.short == "most of Step I's edges join genes seen in a handful of cells"
     assert "but 2 of the edges join a gene that varies in fewer than 10 cells" in finding.text
     assert finding.remedies == ("`preprocess.min_cells: 20`: the genes used are then chosen among those detected in "
-                                "at least 20 cells, whose edges Step I can test",)
+                                "at least 20 cells, whose edges and pairs Step I can test (2 of this run's 3 edges "
+                                "could not be)",)
+    # the budget tested the pairs it could and found none: the weak-evidence warning names both remedies
+    tested = {"n_pairs": 0, "fdr": 0.05, "n_cells_tested": 1500, "n_pairs_tested": 3, "n_pairs_significant": 0}
+    weak = _graph_with_budget_record("auto: paper", tested)
+    weak.uns["cape"]["causal_graph"]["edge_confidence"] = {"n_untested": 3, "min_detected_cells": 10}
+    finding = positioning_finding(positioning(weak))
+    assert finding.short == "Step I's graph rests on weak evidence" and len(finding.remedies) == 2
+    assert finding.remedies[1].startswith("`preprocess.min_cells: 20`")
     adata.uns["cape"]["causal_graph"]["edge_confidence"]["n_untested"] = 1  # 1 of 3 edges
     assert positioning_finding(positioning(adata)).level == OK
+    assert rare_genes_remedy(positioning(adata)) == ()
 
 
 def test_baseline_wins_names_cause_and_remedy(trained_adata, tmp_path):

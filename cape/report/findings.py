@@ -205,6 +205,16 @@ def positions_remedies(pos: Positioning) -> tuple[str, ...]:
             "genes (Step I's threshold scan), so the graph holds what these cells support",)
 
 
+def rare_genes_remedy(pos: Positioning) -> tuple[str, ...]:
+    """``preprocess.min_cells`` where at least :data:`UNTESTED_WARNING_SHARE` of the edges join a gene too rarely
+    detected to test (their genes' pairs are also left out of the edge budget's robust test); else nothing."""
+    if not pos.n_edges or pos.n_untested < UNTESTED_WARNING_SHARE * pos.n_edges:
+        return ()
+    return (f"`preprocess.min_cells: {RARE_GENE_CELLS}`: the genes used are then chosen among those detected in at "
+            f"least {RARE_GENE_CELLS} cells, whose edges and pairs Step I can test ({pos.n_untested:,} of this run's "
+            f"{pos.n_edges:,} edges could not be)",)
+
+
 def positioning_finding(pos: Positioning | None, encoding: str | None = None) -> Finding:
     """No-op when no gene got a position, a warning below :data:`MIN_POSITIONED_FRACTION`, else OK.
 
@@ -244,7 +254,7 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                        f"budget found {pos.weak_evidence}: these edges are the fit's heaviest weights, kept by the "
                        "τ 'auto' rule without support from the test, so read the graph and the positions as "
                        "guesses." + ignores,
-                       (f"more cells{cells}: the test's power grows with them",),
+                       (f"more cells{cells}: the test's power grows with them", *rare_genes_remedy(pos)),
                        short="Step I's graph rests on weak evidence")
     if pos.n_edges and pos.n_untested >= UNTESTED_WARNING_SHARE * pos.n_edges:
         return Finding(WARNING, "positions",
@@ -252,9 +262,7 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                        f"{pos.n_untested:,} of the edges join a gene that varies in fewer than "
                        f"{pos.min_detected_cells} cells: a dependence there is a few cells' values, which no test can "
                        "back, so read those edges and the positions they give as guesses." + ignores,
-                       (f"`preprocess.min_cells: {RARE_GENE_CELLS}`: the genes used are then chosen among those "
-                        f"detected in at least {RARE_GENE_CELLS} cells, whose edges Step I can test",),
-                       short="most of Step I's edges join genes seen in a handful of cells")
+                       rare_genes_remedy(pos), short="most of Step I's edges join genes seen in a handful of cells")
     if pos.fraction < MIN_POSITIONED_FRACTION:
         # Not a warning by itself: the transformer still reads every gene (a token with its expression), and the
         # genes without a position are encoded as a model without positions would encode them. It becomes one
