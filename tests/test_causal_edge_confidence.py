@@ -262,6 +262,62 @@ def test_within_state_centring_gives_the_full_regressions_t() -> None:
         np.testing.assert_allclose(t[parents, j], (beta / se)[-len(parents):], rtol=1e-9)
 
 
+def test_p_is_the_larger_of_the_t_tests_and_the_full_designs_hc3_sandwich() -> None:
+    """Each edge's p equals max(t test, HC3 test) of the regression written out with its intercept and state
+    indicators (their leverage included), also where interventions leave a child's cells without a state; the
+    stored t stays least squares'."""
+    rng = np.random.default_rng(8)
+    n = 200
+    states = rng.integers(0, 3, n)
+    scale = np.where(states == 0, 3.0, 0.7)[:, None]  # a spread that changes with the state
+    X = rng.normal(size=(n, 4)) * scale
+    X[:, 3] += 0.3 * X[:, 0] + 0.2 * X[:, 1]
+    intervened = np.zeros((n, 4), dtype=bool)
+    intervened[states == 2, 3] = True
+    intervened[:20, 3] = True
+    dag = _dag(4, [(0, 3), (1, 3), (2, 3)])
+    t, p, _ = edge_tests(X, dag, states, intervened)
+    keep = ~intervened[:, 3]
+    levels = np.unique(states[keep])
+    design = np.column_stack([np.ones(keep.sum()), *(states[keep] == s for s in levels[1:]), X[keep][:, :3]])
+    y = X[keep, 3]
+    inverse = np.linalg.inv(design.T @ design)
+    beta = inverse @ design.T @ y
+    residual = y - design @ beta
+    df = keep.sum() - design.shape[1]
+    hat = np.einsum("ij,jk,ik->i", design, inverse, design)
+    sandwich = inverse @ (design.T * (residual / (1 - hat)) ** 2) @ design @ inverse
+    classic = np.diag(inverse) * (residual @ residual) / df
+    expected = np.maximum(2 * stats.t.sf(np.abs(beta / np.sqrt(classic)), df),
+                          2 * stats.t.sf(np.abs(beta / np.sqrt(np.diag(sandwich))), df))[-3:]
+    np.testing.assert_allclose(p[:3, 3], expected, rtol=1e-8)
+    np.testing.assert_allclose(t[:3, 3], (beta / np.sqrt(classic))[-3:], rtol=1e-9)
+    robust_only = 2 * stats.t.sf(np.abs(beta / np.sqrt(np.diag(sandwich))), df)[-3:]
+    assert np.any(p[:3, 3] > 2 * stats.t.sf(np.abs(t[:3, 3]), df) * 1.01)  # here the sandwich is the larger p
+    assert np.all(p[:3, 3] >= robust_only * (1 - 1e-9))
+
+
+@pytest.mark.parametrize("kind", ["spread by hidden state", "detected in ~20 of 250 cells"])
+def test_independent_genes_pass_the_edge_test_at_its_rate(kind: str) -> None:
+    """Nulls that break one of the two tests: 400 independent parent–child pairs, one regression each. Hidden cell
+    states that widen every gene's spread break the t test (about a quarter of the pairs at p < 0.05); genes detected
+    in a handful of cells break the sandwich (about a fifth); the larger p holds 5 %."""
+    rng = np.random.default_rng(11)
+    n, pairs = 250, 400
+    if kind.startswith("spread"):
+        X = rng.normal(size=(n, 2 * pairs)) * np.where(rng.random(n) < 0.3, 4.0, 0.5)[:, None]
+    else:
+        depth = rng.lognormal(0.0, 0.4, n)[:, None]
+        X = np.log1p(rng.negative_binomial(2, 2 / (2 + 0.08 * depth), size=(n, 2 * pairs)) / depth)
+    dag = np.zeros((2 * pairs, 2 * pairs))
+    dag[np.arange(0, 2 * pairs, 2), np.arange(1, 2 * pairs, 2)] = 1.0
+    _, p, _ = edge_tests(X, dag)
+    tested = p[np.arange(0, 2 * pairs, 2), np.arange(1, 2 * pairs, 2)]
+    tested = tested[np.isfinite(tested)]
+    assert tested.size > 0.8 * pairs
+    assert np.mean(tested < 0.05) < 0.075
+
+
 def test_edge_order_ranks_by_confidence_then_by_the_partial_correlations_size() -> None:
     confidence = np.array([1.0, 1.0, 0.97, 0.2, 1.0])
     partial = np.array([0.3, -0.6, 0.9, 0.95, 0.3])
