@@ -243,9 +243,25 @@ def test_a_graph_whose_edges_join_rarely_detected_genes_is_a_warning_with_a_reme
     finding = positioning_finding(positioning(weak))
     assert finding.short == "Step I's graph rests on weak evidence" and len(finding.remedies) == 2
     assert finding.remedies[1].startswith("`preprocess.min_cells: 20`")
-    adata.uns["cape"]["causal_graph"]["edge_confidence"]["n_untested"] = 1  # 1 of 3 edges
+    adata.uns["cape"]["causal_graph"]["edge_confidence"] |= {"n_untested": 1, "n_solid": 2}  # 1 of 3 edges
     assert positioning_finding(positioning(adata)).level == OK
     assert rare_genes_remedy(positioning(adata)) == ()
+
+
+def test_a_graph_with_few_solid_edges_is_a_warning():
+    """Edges tested, but fewer than a tenth solid (a 250-cell TPM file with preprocess.min_cells: 20: 98 edges, none
+    solid): the verdict says the positions rest on guesses; from a tenth on, or without a confidence, no warning."""
+    adata = _graph_with_budget_record("auto: paper", {"fallback": "fewer than genes + 10 cells (…)"})
+    adata.uns["cape"]["causal_graph"]["edge_confidence"] = {"n_untested": 0, "min_detected_cells": 10, "n_solid": 0}
+    finding = positioning_finding(positioning(adata))
+    assert finding.level == WARNING and finding.short == "few of Step I's edges are solid"
+    assert "(3 edges at τ = 0.2 (auto: paper)), but none of them is solid (confidence ≥ 0.95" in finding.text
+    assert finding.remedies == ("more cells (this run: 1,500): the edge test's power grows with them",)
+    assert headline([finding]).startswith("Read with care: few of Step I's edges are solid")
+    adata.uns["cape"]["causal_graph"]["edge_confidence"]["n_solid"] = 1  # 1 of 3: a third
+    assert positioning_finding(positioning(adata)).level == OK
+    del adata.uns["cape"]["causal_graph"]["edge_confidence"]
+    assert positioning(adata).n_solid is None and positioning_finding(positioning(adata)).level == OK
 
 
 def test_baseline_wins_names_cause_and_remedy(trained_adata, tmp_path):

@@ -16,7 +16,7 @@ import anndata as ad
 import numpy as np
 
 from .._tables import _inline, html_page, html_table, markdown_table
-from ..causal.confidence import MIN_DETECTED_CELLS
+from ..causal.confidence import MIN_DETECTED_CELLS, SOLID_CONFIDENCE
 from ..causal.pair_ranking import PAIR_RANKING_WORDS
 from ..causal.postprocess import AUTO_TAU_FLOOR
 from ..hyperbolic.hierarchy import MIN_HIERARCHY_SPEARMAN, Hierarchy
@@ -33,6 +33,9 @@ MIN_POSITIONED_FRACTION = 0.5
 #: From this share of Step I's edges untested by the edge confidence (a gene varying in a handful of cells), the
 #: verdict warns that the graph rests on a few cells' values.
 UNTESTED_WARNING_SHARE = 0.5
+#: Below this share of Step I's edges solid in the edge confidence, the verdict warns that the graph is mostly
+#: guesses: the positions then rest on edges the data do not back.
+SOLID_WARNING_SHARE = 0.1
 
 
 #: Rule of thumb, not a measured threshold: fewer fine-tune cells than this are "few" for a transformer trained
@@ -103,6 +106,8 @@ class Positioning:
     #: than ``min_detected_cells`` cells
     n_untested: int = 0
     min_detected_cells: int = MIN_DETECTED_CELLS
+    #: Edges at confidence ≥ SOLID_CONFIDENCE (``edge_confidence["n_solid"]``); ``None`` without the confidence
+    n_solid: int | None = None
 
     @property
     def fraction(self) -> float:
@@ -149,6 +154,7 @@ def positioning(adata: ad.AnnData) -> Positioning | None:
                        pair_ranking=budget.get("pair_ranking"),
                        budget_pairs=None if budget_pairs is None else int(budget_pairs), weak_evidence=weak,
                        n_untested=int(confidence.get("n_untested", 0)),
+                       n_solid=None if confidence.get("n_solid") is None else int(confidence["n_solid"]),
                        min_detected_cells=int(confidence.get("min_detected_cells", MIN_DETECTED_CELLS)))
 
 
@@ -263,6 +269,17 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
                        f"{pos.min_detected_cells} cells: a dependence there is a few cells' values, which no test can "
                        "back, so read those edges and the positions they give as guesses." + ignores,
                        rare_genes_remedy(pos), short="most of Step I's edges join genes seen in a handful of cells")
+    if pos.n_edges and pos.n_solid is not None and pos.n_solid < SOLID_WARNING_SHARE * pos.n_edges:
+        solid = ("none of them is solid" if pos.n_solid == 0 else
+                 f"only {pos.n_solid:,} of them {'is' if pos.n_solid == 1 else 'are'} solid")
+        cells = f" (this run: {pos.n_cells:,})" if pos.n_cells is not None else ""
+        return Finding(WARNING, "positions",
+                       f"{share.capitalize()} got a position from the causal graph ({edges}{at}), but {solid} "
+                       f"(confidence ≥ {SOLID_CONFIDENCE}: the dependence holds given the child's other parents and "
+                       "the cells' state): the positions rest on edges the data do not back, so read the graph and "
+                       "the positions as guesses." + ignores,
+                       (f"more cells{cells}: the edge test's power grows with them",),
+                       short="few of Step I's edges are solid")
     if pos.fraction < MIN_POSITIONED_FRACTION:
         # Not a warning by itself: the transformer still reads every gene (a token with its expression), and the
         # genes without a position are encoded as a model without positions would encode them. It becomes one
