@@ -253,32 +253,29 @@ def positioning_finding(pos: Positioning | None, encoding: str | None = None) ->
     share = f"{pos.fraction:.0%} of the genes used ({pos.n_positioned:,} of {pos.n_used:,})"
     weights = " with weights down to" if pos.pair_ranking in PAIR_RANKING_WORDS else " at τ ="
     at = f"{weights} {pos.tau:.3g}" + (f" ({pos.tau_rule})" if pos.tau_rule else "") if pos.tau is not None else ""
+    graph = f"{share.capitalize()} got a position from the causal graph ({edges}{at}), but "
+    more_cells = "more cells" + (f" (this run: {pos.n_cells:,})" if pos.n_cells is not None else "")
     if pos.weak_evidence is not None:
-        cells = f" (this run: {pos.n_cells:,})" if pos.n_cells is not None else ""
         return Finding(WARNING, "positions",
-                       f"{share.capitalize()} got a position from the causal graph ({edges}{at}), but Step I's edge "
-                       f"budget found {pos.weak_evidence}: these edges are the fit's heaviest weights, kept by the "
-                       "τ 'auto' rule without support from the test, so read the graph and the positions as "
-                       "guesses." + ignores,
-                       (f"more cells{cells}: the test's power grows with them", *rare_genes_remedy(pos)),
+                       f"{graph}Step I's edge budget found {pos.weak_evidence}: these edges are the fit's heaviest "
+                       "weights, kept by the τ 'auto' rule without support from the test, so read the graph and the "
+                       "positions as guesses." + ignores,
+                       (f"{more_cells}: the test's power grows with them", *rare_genes_remedy(pos)),
                        short="Step I's graph rests on weak evidence")
     if pos.n_edges and pos.n_untested >= UNTESTED_WARNING_SHARE * pos.n_edges:
         return Finding(WARNING, "positions",
-                       f"{share.capitalize()} got a position from the causal graph ({edges}{at}), but "
-                       f"{pos.n_untested:,} of the edges join a gene that varies in fewer than "
+                       f"{graph}{pos.n_untested:,} of the edges join a gene that varies in fewer than "
                        f"{pos.min_detected_cells} cells: a dependence there is a few cells' values, which no test can "
                        "back, so read those edges and the positions they give as guesses." + ignores,
                        rare_genes_remedy(pos), short="most of Step I's edges join genes seen in a handful of cells")
     if pos.n_edges and pos.n_solid is not None and pos.n_solid < SOLID_WARNING_SHARE * pos.n_edges:
         solid = ("none of them is solid" if pos.n_solid == 0 else
                  f"only {pos.n_solid:,} of them {'is' if pos.n_solid == 1 else 'are'} solid")
-        cells = f" (this run: {pos.n_cells:,})" if pos.n_cells is not None else ""
         return Finding(WARNING, "positions",
-                       f"{share.capitalize()} got a position from the causal graph ({edges}{at}), but {solid} "
-                       f"(confidence ≥ {SOLID_CONFIDENCE}: the dependence holds given the child's other parents and "
-                       "the cells' state): the positions rest on edges the data do not back, so read the graph and "
-                       "the positions as guesses." + ignores,
-                       (f"more cells{cells}: the edge test's power grows with them",),
+                       f"{graph}{solid} (confidence ≥ {SOLID_CONFIDENCE}: the dependence holds given the child's "
+                       "other parents and the cells' state): the positions rest on edges the data do not back, so "
+                       "read the graph and the positions as guesses." + ignores,
+                       (f"{more_cells}: the edge test's power grows with them",),
                        short="few of Step I's edges are solid")
     if pos.fraction < MIN_POSITIONED_FRACTION:
         # Not a warning by itself: the transformer still reads every gene (a token with its expression), and the
