@@ -62,7 +62,7 @@ def test_where_the_test_fits_the_permuted_copy_calls_nothing():
 
 
 def test_the_budget_counts_the_difference_and_warns_when_the_copy_calls_many(caplog):
-    config = CausalConfig(budget_test="fisher")
+    config = CausalConfig(budget_test="fisher", budget_fill_fdr=None)  # the strict count alone
     X = _sparse_independent(rate=0.02)
     with caplog.at_level(logging.WARNING, logger="cape"):
         budget, record, _ = edge_budget_for(X, None, config, seed=3)

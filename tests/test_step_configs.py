@@ -54,6 +54,7 @@ def test_cli_defaults_build_the_default_config(command, cls):
     (CausalConfig, "min_positioned", 1.5), (CausalConfig, "lambda_sparse", -1.0), (CausalConfig, "epochs", 0),
     (CausalConfig, "batch_size", 2.5), (CausalConfig, "lr", 0.0), (CausalConfig, "h_every", 0),
     (CausalConfig, "screen", "lasso"), (CausalConfig, "budget_fdr", 0.0), (CausalConfig, "budget_fdr", 1.0),
+    (CausalConfig, "budget_fill_fdr", 0.0), (CausalConfig, "budget_fill_fdr", "loose"),
     (CausalConfig, "budget_cells", 0), (CausalConfig, "budget_cells", 2.5), (CausalConfig, "max_steps", 0),
     (NotearsConfig, "max_steps", 2.5), (NotearsConfig, "max_steps", "fast"),
     (NotearsConfig, "rank", 0), (NotearsConfig, "rho_max", float("inf")), (NotearsConfig, "h_every", 2.5),

@@ -237,7 +237,8 @@ def test_cli_tau_auto_and_bad_tau(fitted, tmp_path, capsys) -> None:
                                            (-0.1, False)]),
     ("budget_fdr", 0.05, True), ("budget_fdr", 0, False), ("budget_fdr", 1, False), ("budget_test", "fisher", True),
     ("budget_test", "robust", True), ("budget_test", "both", True), ("budget_test", "spearman", False),
-    ("budget_cells", 500, True),
+    ("budget_cells", 500, True), ("budget_fill_fdr", 0.2, True), ("budget_fill_fdr", None, True),
+    ("budget_fill_fdr", 1, False),
     ("budget_cells", None, True), ("budget_cells", 0, False), ("budget_cells", "some", False)])
 def test_schema_accepts_a_threshold_rule_or_a_number_in_unit_interval(key, value, ok) -> None:
     config = {"causal": {key: value}}
@@ -356,6 +357,43 @@ def test_budget_fdr_sets_the_rate_of_the_budget_test(fitted, tmp_path, capsys) -
     assert not bad.exists()
 
 
+def test_budget_fill_fdr_fills_a_short_count_and_none_turns_it_off(fitted, tmp_path, capsys) -> None:
+    from cape.cli import main
+
+    rng = np.random.default_rng(0)  # g0 → g1 → … → g11, weak: 7 pairs pass at 5 %, 14 at 20 %
+    X = rng.normal(size=(300, 12))
+    for j in range(1, 12):
+        X[:, j] += 0.22 * X[:, j - 1]
+    X -= X.min(axis=0)
+    a = ad.AnnData(X.astype(np.float32), var=pd.DataFrame(index=[f"g{i}" for i in range(12)]))
+    A = (np.random.default_rng(0).random((12, 12)) * 0.3).astype(np.float32)
+    np.fill_diagonal(A, 0)
+    fitted["A"] = A
+    src = tmp_path / "in.h5ad"
+    a.write_h5ad(src)
+    budgets = {}
+    for flag in ("0.2", "none"):
+        out = tmp_path / f"out_{flag}.h5ad"
+        assert main(["--quiet", "causal", "--input", str(src), "--output", str(out), "--budget-fill-fdr", flag,
+                     "--min-positioned", "0", "--epochs", "2"]) == 0
+        record = ad.read_h5ad(out).uns["cape"]["causal_graph"]
+        budgets[flag] = record["edge_budget"]
+        assert record["params"]["budget_fill_fdr"] == (0.2 if flag == "0.2" else "none")
+    strict = budgets["none"]["n_pairs"]
+    assert strict == budgets["0.2"]["n_pairs_strict"] < 12 and "filled" not in budgets["none"]
+    assert budgets["0.2"]["filled"] and strict < budgets["0.2"]["n_pairs"] <= 12
+    capsys.readouterr()
+    bad = tmp_path / "bad.h5ad"
+    with pytest.raises(SystemExit) as usage:  # an argparse usage error
+        main(["--quiet", "causal", "--input", str(src), "--output", str(bad), "--budget-fill-fdr", "loose"])
+    assert usage.value.code == 2
+    assert "budget-fill-fdr must be a rate in (0, 1) or 'none'" in capsys.readouterr().err
+    assert main(["--quiet", "causal", "--input", str(src), "--output", str(bad), "--budget-fill-fdr", "1"]) == 2
+    assert capsys.readouterr().err.strip() == ("cape: error: budget_fill_fdr must be a rate in (0, 1) or None "
+                                               "(no fill), got 1.0")
+    assert not bad.exists()
+
+
 def test_budget_test_chooses_how_the_budget_counts(fitted, tmp_path, capsys) -> None:
     from cape.cli import main
 
@@ -406,7 +444,7 @@ def test_budget_rows_caps_the_cells_at_the_larger_of_the_cap_and_ten_per_gene() 
 
 
 def test_budget_counts_on_a_seeded_subset_of_many_cells(fitted, tmp_path, capsys) -> None:
-    from cape.causal import budget_rows, decoy_count, edge_budget
+    from cape.causal import budget_rows, decoy_count, edge_budget, fill_budget
     from cape.cli import main
 
     # A chain plus a weak common factor on the other genes: on 12,000 cells those weak partial correlations are
@@ -426,7 +464,11 @@ def test_budget_counts_on_a_seeded_subset_of_many_cells(fitted, tmp_path, capsys
     for cells, tested in ((2000, X[rows]), (None, X)):  # the significant pairs less those of the permuted copy
         assert records[cells]["n_pairs_significant"] == edge_budget(tested, BUDGET_FDR)
         assert records[cells]["n_pairs_permuted"] == decoy_count(tested, BUDGET_FDR, seed=7)
-        assert records[cells]["n_pairs"] == records[cells]["n_pairs_significant"] - records[cells]["n_pairs_permuted"]
+        record = records[cells]
+        assert record["n_pairs_strict"] == record["n_pairs_significant"] - record["n_pairs_permuted"]
+        loose = record["n_pairs_significant_fill"] - record["n_pairs_permuted_fill"]
+        assert record["n_pairs"] == fill_budget(record["n_pairs_strict"], loose, 12)
+        assert record["filled"] == (record["n_pairs"] > record["n_pairs_strict"])
     assert records[2000]["n_pairs"] < records[None]["n_pairs"]
     assert records[2000]["n_cells_tested"] == 2000 and records[2000]["cells_tested"] == "random subset (seed 7)"
     assert records[None]["n_cells_tested"] == 12000 and records[None]["cells_tested"] == "all"

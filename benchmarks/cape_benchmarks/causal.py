@@ -95,12 +95,13 @@ from cape.causal.postprocess import (
     AUTO_TAU_MAX,
     BUDGET_CELLS,
     BUDGET_FDR,
+    BUDGET_FILL_FDR,
     BUDGET_TEST,
     BUDGET_TESTS,
     budget_rows,
     budget_tests,
     choose_tau,
-    decoy_count,
+    count_budget,
     edge_budget,
     partial_correlation_tests,
     partial_correlations,
@@ -270,13 +271,13 @@ def _budget_cells(X: np.ndarray, seed: int) -> np.ndarray:
     return X if rows is None else X[rows]
 
 
-def _budget(X: np.ndarray, fdr: float, seed: int, test: str = BUDGET_TEST) -> int | None:
+def _budget(X: np.ndarray, fdr: float, seed: int, test: str = BUDGET_TEST,
+            fill_fdr: float | None = BUDGET_FILL_FDR) -> int | None:
     """cape's edge budget at ``fdr`` as :func:`cape.tl.causal_graph` counts it: by ``test``, on
-    :func:`_budget_cells`, less the pairs the test calls on the same cells with every gene permuted
-    (:func:`cape.causal.decoy_count`, the fit's seed)."""
-    tested = _budget_cells(X, seed)
-    significant = edge_budget(tested, fdr, test=test)
-    return None if significant is None else max(significant - decoy_count(tested, fdr, test, seed), 0)
+    :func:`_budget_cells`, less the pairs the test calls on the same cells with every gene permuted, filled towards
+    one pair per gene at ``fill_fdr`` (:func:`cape.causal.count_budget`, the fit's seed)."""
+    count = count_budget(_budget_cells(X, seed), None, fdr, fill_fdr, test, seed)
+    return None if count is None else count.n_pairs
 
 
 def _thresholded(weights: np.ndarray, X: np.ndarray, tau: float | str, seed: int, intervened=None) -> np.ndarray:

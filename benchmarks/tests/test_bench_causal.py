@@ -11,7 +11,7 @@ import scipy.sparse as sp
 import torch
 
 from cape._errors import CapeInputError
-from cape.causal import CausalConfig, learn_causal_graph
+from cape.causal import BUDGET_FILL_FDR, CausalConfig, decoy_count, fill_budget, learn_causal_graph
 from cape.data.simulate import simulate_sem
 from cape_benchmarks import causal as bench_causal
 from cape_benchmarks import causal_scale
@@ -261,15 +261,17 @@ def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undir
                                                 taus=["budget", "budget0.5", 0.1, "fit-budget0.5",
                                                       "shrunk-budget0.5", "budget0.5:robust"])
     nnz = {r["method"]: r["value"] for r in records if r["metric"] == "nnz"}
-    significant = {fdr: bench_causal.edge_budget(X, fdr) for fdr in (0.05, 0.3, 0.5)}
-    # a budget rule counts as Step I does: less the pairs called on the permuted copy (at 50 % FDR, one here)
-    counts = {fdr: significant[fdr] - bench_causal.decoy_count(X, fdr, seed=0) for fdr in significant}
+    significant = {fdr: bench_causal.edge_budget(X, fdr) for fdr in (0.05, 0.2, 0.3, 0.5)}
+    # a budget rule counts as Step I does: less the pairs called on the permuted copy (at 50 % FDR, one here), filled
+    # towards one pair per gene from the net count at the fill's rate
+    net = {fdr: significant[fdr] - decoy_count(X, fdr, seed=0) for fdr in significant}
+    counts = {fdr: fill_budget(net[fdr], net[BUDGET_FILL_FDR], X.shape[1]) for fdr in significant}
     assert counts[0.3] < counts[0.5] < significant[0.5]
     assert nnz["cape_default"] == nnz["cape_default@τbudget"] == counts[bench_causal.BUDGET_FDR]
     assert nnz["cape_default@τbudget0.5"] == counts[0.5]
     assert nnz["cape_default@τfit-budget0.5"] == counts[0.5]  # the fit's ranking alone keeps as many here
     assert nnz["cape_default@τshrunk-budget0.5"] == counts[0.5]  # and so does the shrunk partial correlations'
-    robust = bench_causal.edge_budget(X, 0.5, test="robust") - bench_causal.decoy_count(X, 0.5, "robust", seed=0)
+    robust = bench_causal.edge_budget(X, 0.5, test="robust") - decoy_count(X, 0.5, "robust", seed=0)
     assert nnz["cape_default@τbudget0.5:robust"] == robust   # a budget counted by the test its suffix names
     assert nnz["partial_correlation@τbudget0.5:robust"] == 2 * robust
     assert nnz["partial_correlation"] == 2 * significant[0.05]  # the peer's own rule (plain BH), both directions

@@ -14,7 +14,7 @@ from numbers import Integral, Real
 
 from .._errors import CapeInputError
 from .pair_ranking import PAIR_RANKING, PAIR_RANKINGS
-from .postprocess import BUDGET_CELLS, BUDGET_FDR, BUDGET_TEST, BUDGET_TESTS
+from .postprocess import BUDGET_CELLS, BUDGET_FDR, BUDGET_FILL_FDR, BUDGET_TEST, BUDGET_TESTS
 
 __all__ = ["DENSE_MAX_GENES", "LAMBDA_DENSE", "LAMBDA_LOW_RANK", "LOW_RANK", "MAX_GENE_STEPS", "MODELS", "SCREENS",
            "STANDARDIZE", "CausalConfig", "NotearsConfig", "check_tau"]
@@ -95,10 +95,15 @@ class CausalConfig:
     budget_fdr
         Benjamini–Hochberg rate of ``tau="budget"``'s partial-correlation test, in (0, 1); default 0.05
         (:data:`cape.causal.BUDGET_FDR`, chosen on held-out seeds of count simulators written by others). A lower
-        rate keeps fewer edges, each better supported. Which rate is closer to the true network depends on the
-        data: 0.05 on SERGIO, BoolODE-style kinetics, bnlearn's networks through a count model and
-        ``simulate_grn_cells`` with cell types, where cell-type programmes and dropout make many gene pairs co-vary;
-        0.3 on ``simulate_grn_cells``' control cells (docs/benchmarks/count_panel.md, step1_counts.md).
+        rate keeps fewer edges, each better supported. Where fewer pairs than genes pass it, ``budget_fill_fdr``
+        raises the budget towards one pair per gene.
+    budget_fill_fdr
+        Where fewer pairs than genes pass ``budget_fdr`` (net of the permuted copy), the budget takes up to one pair
+        per gene from those significant at this looser rate, net of theirs (:func:`cape.causal.fill_budget`);
+        default 0.2 (:data:`cape.causal.BUDGET_FILL_FDR`). A graph of fewer edges than genes cannot give every gene
+        a position; on sparse count data (low depth, strong overdispersion, control cells of few programmes) the
+        pairs passing at 5 % are mostly right and many true ones lie just past them
+        (docs/benchmarks/count_panel.md). ``None``: the ``budget_fdr`` count alone.
     budget_test
         How ``tau="budget"`` tests a pair (:func:`cape.causal.budget_tests`). ``"both"`` (default): a pair counts
         where Fisher's z and the robust test both call it significant; it held the rate on every null tried.
@@ -173,6 +178,7 @@ class CausalConfig:
     rank: int | str | None = "auto"
     tau: float | str = "budget"
     budget_fdr: float = BUDGET_FDR
+    budget_fill_fdr: float | None = BUDGET_FILL_FDR
     budget_test: str = BUDGET_TEST
     pair_ranking: str = PAIR_RANKING
     budget_cells: int | None = BUDGET_CELLS
@@ -198,6 +204,10 @@ class CausalConfig:
         object.__setattr__(self, "tau", check_tau(self.tau))
         if not (_is_number(self.budget_fdr) and 0.0 < self.budget_fdr < 1.0):
             raise CapeInputError(f"budget_fdr must be a rate in (0, 1), got {self.budget_fdr!r}")
+        fill = self.budget_fill_fdr
+        if not (fill is None or (_is_number(fill) and 0.0 < fill < 1.0)):
+            raise CapeInputError(f"budget_fill_fdr must be a rate in (0, 1) or None (no fill), "
+                                 f"got {self.budget_fill_fdr!r}")
         if self.budget_test not in BUDGET_TESTS:
             raise CapeInputError(f"budget_test must be one of {', '.join(BUDGET_TESTS)}, got {self.budget_test!r}")
         if self.pair_ranking not in PAIR_RANKINGS:

@@ -56,11 +56,11 @@ from .postprocess import (
     BUDGET_MIN_EXTRA_CELLS,
     BUDGET_TEST_NAMES,
     SCREEN_FDR,
+    BudgetCount,
     budget_rows,
     budget_tests,
     choose_tau,
-    decoy_count,
-    edge_budget,
+    count_budget,
     make_dag,
     orient_acyclic,
     partial_correlation_tests,
@@ -247,54 +247,67 @@ def edge_budget_for(X, tests, config: CausalConfig, seed: int, linalg_device=Non
     :func:`screen`.
 
     The count is the pairs significant at ``budget_fdr`` less those the same test calls on a copy of the cells with
-    every gene permuted on its own (:func:`~cape.causal.postprocess.decoy_count`, seeded by ``seed``): where the test
-    holds its level that copy adds nothing, and where it does not (genes detected in a handful of cells) the budget
-    does not take the test's false calls for edges."""
+    every gene permuted on its own (:func:`~cape.causal.postprocess.count_budget`, seeded by ``seed``): where the
+    test holds its level that copy adds nothing, and where it does not (genes detected in a handful of cells) the
+    budget does not take the test's false calls for edges. Where that count is below the number of genes, the pairs
+    significant at ``budget_fill_fdr`` raise it towards one per gene (:func:`~cape.causal.postprocess.fill_budget`).
+    """
     n_cells, n_genes = X.shape
     fdr = config.budget_fdr
-    budget = tests = None
     if n_genes > BUDGET_MAX_GENES:
         record = {"fallback": f"more than {BUDGET_MAX_GENES} genes: tau='auto' rule"}
-    else:
-        rows = budget_rows(n_cells, n_genes, config.budget_cells, seed)
-        if rows is not None:
-            logger.info("tau='budget': the partial-correlation test counts on a random %d of the %d cells "
-                        "(budget_cells=%d, at least 10 per gene)", rows.size, n_cells, config.budget_cells)
-        tested = X if rows is None else X[rows]
-        # The screen's Fisher tests were made on every cell: reused where the budget tests every cell too.
-        tests = budget_tests(tested, config.budget_test, fisher=tests if rows is None else None, device=linalg_device)
-        significant = None if tests is None else edge_budget(tested, fdr, tests)
-        decoy = decoy_count(tested, fdr, config.budget_test, seed, linalg_device) if significant else 0
-        budget = None if significant is None else max(significant - decoy, 0)
-        cells = {"test": config.budget_test, "n_cells_tested": n_cells if rows is None else int(rows.size),
-                 "cells_tested": "all" if rows is None else f"random subset (seed {seed})",
-                 "n_pairs_tested": 0 if tests is None else int(np.isfinite(tests[1]).sum()),
-                 "n_pairs_significant": significant or 0, "n_pairs_permuted": decoy}
-        if decoy > DECOY_WARNING_SHARE * (significant or 0):
-            logger.warning("tau='budget': %s calls %d gene pairs significant on a copy of the cells with every gene "
-                           "permuted on its own (no pair depends there), against %d on the data; the budget counts "
-                           "the difference, %d. The test's null does not fit these genes, most often because many "
-                           "are detected in a few cells: leave those out (cape.pp.preprocess(min_cells=20), the "
-                           "workflow's preprocess.min_cells)", BUDGET_TEST_NAMES[config.budget_test],
-                           decoy, significant, budget)
-        if budget is None:
-            record = {"fallback": f"fewer than genes + 10 cells ({n_cells} for {n_genes} genes) for the "
-                                  "partial-correlation test: tau='auto' rule"}
-        elif budget == 0:
-            found = (f"{significant} gene pairs have a significant partial correlation, no more than the {decoy} "
-                     "called on a copy of the cells with every gene permuted" if decoy
-                     else "no gene pair has a significant partial correlation")
-            record = {"n_pairs": 0, "fdr": fdr, **cells,
-                      "fallback": f"{found} "
-                                  f"({BUDGET_TEST_NAMES[config.budget_test]}, "
-                                  f"FDR {fdr:g}, {cells['n_cells_tested']} cells, {n_genes} genes, "
-                                  f"{cells['n_pairs_tested']} pairs tested): tau='auto' rule, on weak evidence"}
-            budget = None
-        else:
-            record = {"n_pairs": int(budget), "fdr": fdr, **cells}
-    if budget is None:
-        (logger.warning if record.get("n_pairs") == 0 else logger.info)("tau='budget': %s", record["fallback"])
-    return budget, record, tests
+        logger.info("tau='budget': %s", record["fallback"])
+        return None, record, None
+    rows = budget_rows(n_cells, n_genes, config.budget_cells, seed)
+    if rows is not None:
+        logger.info("tau='budget': the partial-correlation test counts on a random %d of the %d cells "
+                    "(budget_cells=%d, at least 10 per gene)", rows.size, n_cells, config.budget_cells)
+    tested = X if rows is None else X[rows]
+    # The screen's Fisher tests were made on every cell: reused where the budget tests every cell too.
+    tests = budget_tests(tested, config.budget_test, fisher=tests if rows is None else None, device=linalg_device)
+    count = (None if tests is None else
+             count_budget(tested, tests, fdr, config.budget_fill_fdr, config.budget_test, seed, linalg_device))
+    if count is None:
+        record = {"fallback": f"fewer than genes + 10 cells ({n_cells} for {n_genes} genes) for the "
+                              "partial-correlation test: tau='auto' rule"}
+        logger.info("tau='budget': %s", record["fallback"])
+        return None, record, tests
+    _warn_on_decoys(count, config.budget_test)
+    cells = {"test": config.budget_test, "n_cells_tested": n_cells if rows is None else int(rows.size),
+             "cells_tested": "all" if rows is None else f"random subset (seed {seed})",
+             "n_pairs_tested": int(np.isfinite(tests[1]).sum()),
+             "n_pairs_significant": count.significant, "n_pairs_permuted": count.permuted,
+             **({} if count.significant_fill is None else
+                {"fill_fdr": config.budget_fill_fdr, "n_pairs_significant_fill": count.significant_fill,
+                 "n_pairs_permuted_fill": count.permuted_fill, "n_pairs_strict": count.strict,
+                 "filled": count.filled})}
+    if count.n_pairs > 0:
+        if count.filled:
+            logger.info("tau='budget': %d gene pairs pass at FDR %g, fewer than the %d genes: %d kept, up to one "
+                        "per gene from the %d that pass at FDR %g (budget_fill_fdr)", count.strict, fdr, n_genes,
+                        count.n_pairs, count.significant_fill - count.permuted_fill, config.budget_fill_fdr)
+        return count.n_pairs, {"n_pairs": count.n_pairs, "fdr": fdr, **cells}, tests
+    found = (f"{count.significant} gene pairs have a significant partial correlation, no more than the "
+             f"{count.permuted} called on a copy of the cells with every gene permuted" if count.permuted
+             else "no gene pair has a significant partial correlation")
+    rates = f"FDR {fdr:g}" + ("" if config.budget_fill_fdr is None else f" or {config.budget_fill_fdr:g}")
+    record = {"n_pairs": 0, "fdr": fdr, **cells,
+              "fallback": f"{found} ({BUDGET_TEST_NAMES[config.budget_test]}, {rates}, "
+                          f"{cells['n_cells_tested']} cells, {n_genes} genes, {cells['n_pairs_tested']} pairs "
+                          "tested): tau='auto' rule, on weak evidence"}
+    logger.warning("tau='budget': %s", record["fallback"])
+    return None, record, tests
+
+
+def _warn_on_decoys(count: BudgetCount, test: str) -> None:
+    """Warn where the permuted copy, in which no pair depends, has many of the budget's significant calls."""
+    if count.permuted > DECOY_WARNING_SHARE * count.significant:
+        logger.warning("tau='budget': %s calls %d gene pairs significant on a copy of the cells with every gene "
+                       "permuted on its own (no pair depends there), against %d on the data; the budget counts "
+                       "the difference, %d. The test's null does not fit these genes, most often because many "
+                       "are detected in a few cells: leave those out (cape.pp.preprocess(min_cells=20), the "
+                       "workflow's preprocess.min_cells)", BUDGET_TEST_NAMES[test], count.permuted,
+                       count.significant, count.strict)
 
 
 @dataclass

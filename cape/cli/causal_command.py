@@ -34,6 +34,15 @@ def _budget_cells(value: str) -> int | None:
     return positive_int(value, "budget-cells to be a positive number of cells or 'all'")
 
 
+def _fill_fdr(value: str) -> float | None:
+    if value.lower() == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"budget-fill-fdr must be a rate in (0, 1) or 'none', got {value!r}") from err
+
+
 def _max_steps(value: str) -> int | str | None:
     if value.lower() in ("none", "auto"):
         return None if value.lower() == "none" else "auto"
@@ -66,6 +75,10 @@ def register(commands) -> None:
     parser.add_argument("--budget-fdr", type=float, default=CausalConfig.budget_fdr,
                         help=f"Benjamini-Hochberg rate of the budget rule's partial-correlation test "
                              f"({CausalConfig.budget_fdr:g}); a lower rate keeps fewer, better-supported edges")
+    parser.add_argument("--budget-fill-fdr", type=_fill_fdr, default=CausalConfig.budget_fill_fdr,
+                        help=f"where fewer pairs than genes pass --budget-fdr, the budget takes up to one pair per "
+                             f"gene from those significant at this looser rate ({CausalConfig.budget_fill_fdr:g}); "
+                             "'none': the --budget-fdr count alone")
     parser.add_argument("--budget-test", choices=BUDGET_TESTS, default=CausalConfig.budget_test,
                         help="how the budget rule tests a pair: 'both' (default): Fisher's z and the robust test "
                              "must agree (holds its false discovery rate); 'fisher': Fisher's z, too liberal where "
@@ -136,8 +149,8 @@ def register(commands) -> None:
 def config_from_args(args: argparse.Namespace) -> CausalConfig:
     """The :class:`~cape.causal.CausalConfig` of ``cape causal``'s flags (one flag per field)."""
     return CausalConfig(model=args.model, rank=args.rank, tau=args.tau, budget_fdr=args.budget_fdr,
-                        budget_test=args.budget_test, pair_ranking=args.pair_ranking,
-                        budget_cells=args.budget_cells,
+                        budget_fill_fdr=args.budget_fill_fdr, budget_test=args.budget_test,
+                        pair_ranking=args.pair_ranking, budget_cells=args.budget_cells,
                         min_positioned=args.min_positioned, lambda_sparse=args.lambda_sparse, epochs=args.epochs,
                         max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
                         h_every=args.h_every, screen=args.screen, leave_out_targets=args.leave_out_targets,

@@ -171,6 +171,8 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                                  + (f", tested on a random {int(budget['n_cells_tested'])} cells" if subset else "")
                                  + (f", beyond the {int(budget['n_pairs_permuted'])} it calls with every gene permuted"
                                     if budget.get("n_pairs_permuted") else "")
+                                 + (f", filled towards one pair per gene at FDR {float(budget['fill_fdr']):g} "
+                                    f"where {int(budget['n_pairs_strict'])} passed" if budget.get("filled") else "")
                                  + (f", {PAIR_RANKING_WORDS[budget['pair_ranking']]}"
                                     if budget.get("pair_ranking") in PAIR_RANKING_WORDS else "")
                                  + ")")

@@ -166,7 +166,9 @@ def _weak_evidence(budget: dict) -> str | None:
     found = ("no gene pair with a significant partial correlation" if not significant else
              f"{significant:,} gene pair(s) with a significant partial correlation, no more than the {permuted:,} it "
              "found on a copy of the cells with every gene permuted")
-    return (f"{found} (FDR {float(budget.get('fdr', 0.05)):g}, {int(budget.get('n_cells_tested', 0)):,} cells, "
+    fill = f" or {float(budget['fill_fdr']):g}" if "fill_fdr" in budget else ""
+    rates = f"FDR {float(budget.get('fdr', 0.05)):g}{fill}"
+    return (f"{found} ({rates}, {int(budget.get('n_cells_tested', 0)):,} cells, "
             f"{int(budget.get('n_pairs_tested', 0)):,} pairs tested)")
 
 

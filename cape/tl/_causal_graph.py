@@ -162,7 +162,9 @@ def _params_record(config: CausalConfig, *, device, seed: int, use_genes, layer,
     """``params`` of the record: the options as given (``"auto"``/``"dense"``/``"none"`` for None)."""
     rank = config.rank
     return {"rank": "dense" if rank is None else rank if rank == "auto" else int(rank), "tau": config.tau,
-            "budget_fdr": float(config.budget_fdr), "budget_test": config.budget_test,
+            "budget_fdr": float(config.budget_fdr),
+            "budget_fill_fdr": "none" if config.budget_fill_fdr is None else float(config.budget_fill_fdr),
+            "budget_test": config.budget_test,
             "pair_ranking": config.pair_ranking,
             "budget_cells": "all" if config.budget_cells is None else int(config.budget_cells),
             "lambda_sparse": "auto" if config.lambda_sparse is None else float(config.lambda_sparse),
@@ -256,7 +258,7 @@ def causal_graph(adata: ad.AnnData, config: CausalConfig | None = None, *,
       ``rho_max``, ``fit_seconds``, ``stage_seconds``, ``wall_time``); the graph (``n_edges``, ``tau_used``,
       ``tau_rule``, ``max_weight``, ``n_positioned``, ``positioned_fraction``, ``removed_cycle_edges``,
       ``turned_cycle_edges``, ``dropped_constant_genes``, ``threshold_scan`` at :data:`SCAN_TAUS`); ``edge_budget``
-      (``n_pairs``: ``n_pairs_significant`` less ``n_pairs_permuted``, those the test calls on permuted genes; ``fdr``,
+      (``n_pairs``: ``n_pairs_significant`` less ``n_pairs_permuted``, filled from the ``fill_fdr`` counts; ``fdr``,
       the test, ``pair_ranking``), ``screening``, ``interventions`` and ``orientation`` (tests, shifted pairs, supported
       and turned edges) where applied; ``edge_confidence`` (cell states, solid edges); and ``equations``, the structural
       equations :func:`cape.tl.predict_intervention` evaluates (:class:`cape.causal.StructuralEquations`).

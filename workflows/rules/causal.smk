@@ -17,6 +17,7 @@ rule causal:
         h_every=config["causal"]["h_every"] or "auto",
         max_steps=config["causal"]["max_steps"] or "none",
         budget_cells=config["causal"]["budget_cells"] or "all",
+        fill_fdr=config["causal"]["budget_fill_fdr"] or "none",
         layer=f"--layer {config['causal']['layer']}" if config["causal"]["layer"] else "",
         confidence=("" if config["causal"].get("edge_confidence", True) else "--no-edge-confidence")
         + (" --drop-guesses" if config["causal"].get("drop_guesses", False) else "")
@@ -34,7 +35,7 @@ rule causal:
         "{params.cape} --threads {threads} causal"
         " --input {input:q} --output {output:q}"
         " --model {params.opts[model]} --rank {params.rank} --tau {params.opts[tau]} --budget-fdr {params.opts[budget_fdr]}"
-        " --budget-test {params.opts[budget_test]} --pair-ranking {params.opts[pair_ranking]}"
+        " --budget-fill-fdr {params.fill_fdr} --budget-test {params.opts[budget_test]} --pair-ranking {params.opts[pair_ranking]}"
         " --budget-cells {params.budget_cells} --min-positioned {params.opts[min_positioned]}"
         " {params.lambda_sparse}"
         " --epochs {params.opts[epochs]} --max-steps {params.max_steps} --batch-size {params.opts[batch_size]} --lr {params.opts[lr]}"
