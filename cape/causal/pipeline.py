@@ -287,12 +287,14 @@ def edge_budget_for(X, tests, config: CausalConfig, seed: int, linalg_device=Non
                         "per gene from the %d that pass at FDR %g (budget_fill_fdr)", count.strict, fdr, n_genes,
                         count.n_pairs, count.significant_fill - count.permuted_fill, config.budget_fill_fdr)
         return count.n_pairs, {"n_pairs": count.n_pairs, "fdr": fdr, **cells}, tests
-    found = (f"{count.significant} gene pairs have a significant partial correlation, no more than the "
-             f"{count.permuted} called on a copy of the cells with every gene permuted" if count.permuted
+    # nothing passed at either rate: say what the looser one (the fill's, where on) found
+    significant, permuted, rate = ((count.significant, count.permuted, fdr) if count.significant_fill is None else
+                                   (count.significant_fill, count.permuted_fill, config.budget_fill_fdr))
+    found = (f"{significant} gene pairs have a significant partial correlation, no more than the "
+             f"{permuted} called on a copy of the cells with every gene permuted" if permuted
              else "no gene pair has a significant partial correlation")
-    rates = f"FDR {fdr:g}" + ("" if config.budget_fill_fdr is None else f" or {config.budget_fill_fdr:g}")
     record = {"n_pairs": 0, "fdr": fdr, **cells,
-              "fallback": f"{found} ({BUDGET_TEST_NAMES[config.budget_test]}, {rates}, "
+              "fallback": f"{found} ({BUDGET_TEST_NAMES[config.budget_test]}, FDR {rate:g}, "
                           f"{cells['n_cells_tested']} cells, {n_genes} genes, {cells['n_pairs_tested']} pairs "
                           "tested): tau='auto' rule, on weak evidence"}
     logger.warning("tau='budget': %s", record["fallback"])

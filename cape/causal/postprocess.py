@@ -427,7 +427,7 @@ def fill_budget(strict: int, loose: int, n_genes: int) -> int:
     :data:`BUDGET_FILL_FDR`), each net of its permuted copy: the strict count where it reaches ``n_genes``, else the
     strict count raised towards one pair per gene by the loose one, max(strict, min(``n_genes``, loose)).
 
-    So the budget never passes one pair per gene on the loose count, nor the pairs a looser test would call.
+    So the fill never takes the budget past one pair per gene, nor past the loose count.
     """
     if min(strict, loose, n_genes) < 0:
         raise ValueError(f"counts must be ≥ 0, got strict={strict}, loose={loose}, n_genes={n_genes}")

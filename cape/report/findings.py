@@ -162,13 +162,14 @@ def _weak_evidence(budget: dict) -> str | None:
     """What the edge budget's test found where it tested the pairs and kept none (``n_pairs`` 0), in words."""
     if budget.get("n_pairs") != 0 or "n_pairs_significant" not in budget:
         return None
-    significant, permuted = int(budget["n_pairs_significant"]), int(budget.get("n_pairs_permuted", 0))
+    fill = "n_pairs_significant_fill" in budget  # nothing passed at either rate: the looser one's count
+    significant = int(budget["n_pairs_significant_fill" if fill else "n_pairs_significant"])
+    permuted = int(budget.get("n_pairs_permuted_fill" if fill else "n_pairs_permuted", 0))
     found = ("no gene pair with a significant partial correlation" if not significant else
              f"{significant:,} gene pair(s) with a significant partial correlation, no more than the {permuted:,} it "
              "found on a copy of the cells with every gene permuted")
-    fill = f" or {float(budget['fill_fdr']):g}" if "fill_fdr" in budget else ""
-    rates = f"FDR {float(budget.get('fdr', 0.05)):g}{fill}"
-    return (f"{found} ({rates}, {int(budget.get('n_cells_tested', 0)):,} cells, "
+    rate = float(budget["fill_fdr"] if fill else budget.get("fdr", 0.05))
+    return (f"{found} (FDR {rate:g}, {int(budget.get('n_cells_tested', 0)):,} cells, "
             f"{int(budget.get('n_pairs_tested', 0)):,} pairs tested)")
 
 
