@@ -61,6 +61,14 @@ def test_report_names_the_step_one_model_and_its_edges(trained_adata, tmp_path):
     adata.uns["cape"]["causal_graph"]["edge_budget"]["pair_ranking"] = "shrunk_partial_correlation"
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert "17 edges with weights down to 0.2" in text
+    filled = {"filled": True, "n_pairs_strict": 7, "fill_fdr": 0.2}  # the strict count, then the fill's
+    adata.uns["cape"]["causal_graph"]["edge_budget"] |= filled
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert ("(threshold rule budget: 7 gene pairs with a significant partial correlation, Fisher's z and the robust "
+            "test, FDR 0.05, filled to 20 from those at FDR 0.2 (up to one pair per gene), tested on a random") in text
+    adata.uns["cape"]["causal_graph"]["edge_budget"]["filled"] = False
+    text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
+    assert "budget: 20 gene pairs with a significant" in text and "filled to" not in text
     assert "the pairs ranked by their shrunk partial correlation)" in text
     adata.uns["cape"]["causal_graph"]["params"]["leave_out_targets"] = False
     adata.uns["cape"]["causal_graph"]["orientation"] = {"n_edges_turned": 3, "n_shifted_pairs": 12,

@@ -166,13 +166,18 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                     if rule == "budget":
                         subset = budget.get("cells_tested", "all") != "all"
                         test = f"{BUDGET_TEST_NAMES.get(budget['test'], budget['test'])}, " if "test" in budget else ""
-                        line += (f" (threshold rule budget: {int(budget['n_pairs'])} gene pairs with a significant "
-                                 f"partial correlation, {test}FDR {float(budget['fdr']):g}"
+                        # filled: the strict count first, then the pairs the fill's looser rate added
+                        counted = (f"{int(budget['n_pairs_strict'])} gene pairs with a significant partial "
+                                   f"correlation, {test}FDR {float(budget['fdr']):g}, filled to "
+                                   f"{int(budget['n_pairs'])} from those at FDR {float(budget['fill_fdr']):g} "
+                                   "(up to one pair per gene)"
+                                   if budget.get("filled") else
+                                   f"{int(budget['n_pairs'])} gene pairs with a significant partial correlation, "
+                                   f"{test}FDR {float(budget['fdr']):g}")
+                        line += (f" (threshold rule budget: {counted}"
                                  + (f", tested on a random {int(budget['n_cells_tested'])} cells" if subset else "")
                                  + (f", beyond the {int(budget['n_pairs_permuted'])} it calls with every gene permuted"
                                     if budget.get("n_pairs_permuted") else "")
-                                 + (f", filled towards one pair per gene at FDR {float(budget['fill_fdr']):g} "
-                                    f"where {int(budget['n_pairs_strict'])} passed" if budget.get("filled") else "")
                                  + (f", {PAIR_RANKING_WORDS[budget['pair_ranking']]}"
                                     if budget.get("pair_ranking") in PAIR_RANKING_WORDS else "")
                                  + ")")
