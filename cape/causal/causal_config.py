@@ -103,7 +103,8 @@ class CausalConfig:
         default 0.2 (:data:`cape.causal.BUDGET_FILL_FDR`). A graph of fewer edges than genes cannot give every gene
         a position; on sparse count data (low depth, strong overdispersion, control cells of few programmes) the
         pairs passing at 5 % are mostly right and many true ones lie just past them
-        (docs/benchmarks/count_panel.md). ``None``: the ``budget_fdr`` count alone.
+        (docs/benchmarks/count_panel.md). Cell types alone make pairs past 5 % too: on cells of several types with
+        little regulation the fill adds pairs without an edge. ``None``: the ``budget_fdr`` count alone.
     budget_test
         How ``tau="budget"`` tests a pair (:func:`cape.causal.budget_tests`). ``"both"`` (default): a pair counts
         where Fisher's z and the robust test both call it significant; it held the rate on every null tried.
