@@ -20,7 +20,7 @@ from cape.causal import (
     fill_budget,
 )
 from cape.causal.pipeline import edge_budget_for
-from cape.causal.postprocess import decoy_counts
+from cape.causal.postprocess import _bh_count, budget_tests, decoy_counts, state_partial_correlation_tests
 
 counts = st.integers(0, 500)
 
@@ -55,7 +55,11 @@ def _weak_chain(n_cells: int = 300, n_genes: int = 40, weight: float = 0.25, see
 def test_count_budget_counts_both_rates_from_the_same_tests_and_one_permuted_copy():
     X = _weak_chain()
     count = count_budget(X, None, seed=2)
-    assert count.significant == edge_budget(X, BUDGET_FDR) and count.significant_fill == edge_budget(X, BUDGET_FILL_FDR)
+    (_, p), (_, p_state) = budget_tests(X), state_partial_correlation_tests(X, seed=2)
+    assert count.significant == edge_budget(X, BUDGET_FDR)
+    # the fill's pairs pass the budget's test and the test given the cell states
+    loose = _bh_count(np.maximum(p, p_state), BUDGET_FILL_FDR)
+    assert count.significant_fill == loose <= edge_budget(X, BUDGET_FILL_FDR)
     assert (count.permuted, count.permuted_fill) == decoy_counts(X, (BUDGET_FDR, BUDGET_FILL_FDR), seed=2)
     assert count.permuted == decoy_count(X, BUDGET_FDR, seed=2)
     assert count.strict < X.shape[1] and count.filled and count.n_pairs > count.strict
@@ -75,6 +79,25 @@ def test_the_fill_adds_no_pair_on_independent_genes(seed):
     X = np.random.default_rng(seed).normal(size=(300, 40))
     count = count_budget(X, None, seed=seed)
     assert count.significant_fill - count.permuted_fill <= 1 and count.n_pairs <= 1
+
+
+def _types_without_regulation(n_cells: int = 2000, n_genes: int = 120, seed: int = 0) -> np.ndarray:
+    """Log-normalised NB counts of 5 cell types whose genes regulate nothing: each type scales each gene's share."""
+    rng = np.random.default_rng(seed)
+    types = rng.integers(0, 5, n_cells)
+    share = rng.lognormal(0.0, 1.5, n_genes) * np.exp(rng.normal(0.0, 1.0, (5, n_genes)))[types]
+    size = 3000 * rng.lognormal(0.0, 0.4, n_cells)
+    mean = share / share.sum(axis=1, keepdims=True) * size[:, None]
+    return np.log1p(rng.negative_binomial(2.0, 2.0 / (2.0 + mean)) / size[:, None] * 1e4)
+
+
+def test_the_fill_takes_no_pair_that_the_cell_types_alone_make():
+    X = _types_without_regulation()
+    loose = edge_budget(X, BUDGET_FILL_FDR)
+    count = count_budget(X, None, seed=0)
+    assert count.strict < X.shape[1]  # fewer pairs than genes at 5 %: the fill is needed
+    assert loose > 2 * count.strict  # without the states the looser rate calls many pairs the types make
+    assert count.n_pairs == count.strict  # given the states they do not pass: nothing filled
 
 
 def test_the_pipeline_records_the_fill_and_it_can_be_turned_off():

@@ -65,7 +65,8 @@ def test_report_names_the_step_one_model_and_its_edges(trained_adata, tmp_path):
     adata.uns["cape"]["causal_graph"]["edge_budget"] |= filled
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert ("(threshold rule budget: 7 gene pairs with a significant partial correlation, Fisher's z and the robust "
-            "test, FDR 0.05, filled to 20 from those at FDR 0.2 (up to one pair per gene), tested on a random") in text
+            "test, FDR 0.05, filled to 20 from those at FDR 0.2 given the cell states too (up to one pair per gene), "
+            "tested on a random") in text
     adata.uns["cape"]["causal_graph"]["edge_budget"]["filled"] = False
     text = write_report(adata, records, tmp_path / "report.md", label_key="cell_type").read_text()
     assert "budget: 20 gene pairs with a significant" in text and "filled to" not in text

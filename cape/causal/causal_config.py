@@ -99,12 +99,13 @@ class CausalConfig:
         raises the budget towards one pair per gene.
     budget_fill_fdr
         Where fewer pairs than genes pass ``budget_fdr`` (net of the permuted copy), the budget takes up to one pair
-        per gene from those significant at this looser rate, net of theirs (:func:`cape.causal.fill_budget`);
-        default 0.2 (:data:`cape.causal.BUDGET_FILL_FDR`). A graph of fewer edges than genes cannot give every gene
-        a position; on sparse count data (low depth, strong overdispersion, control cells of few programmes) the
-        pairs passing at 5 % are mostly right and many true ones lie just past them
-        (docs/benchmarks/count_panel.md). Cell types alone make pairs past 5 % too: on cells of several types with
-        little regulation the fill adds pairs without an edge. ``None``: the ``budget_fdr`` count alone.
+        per gene from those significant at this looser rate by the budget's test and given the cell states
+        (:func:`cape.causal.state_partial_correlation_tests`), net of the permuted copy's
+        (:func:`cape.causal.fill_budget`); default 0.2 (:data:`cape.causal.BUDGET_FILL_FDR`). A graph of fewer edges
+        than genes cannot give every gene a position; on sparse count data (low depth, strong overdispersion, control
+        cells of few programmes) the pairs passing at 5 % are mostly right and many true ones lie just past them,
+        while cell types alone make weak partial correlations there that the test given the states does not call
+        (docs/benchmarks/count_panel.md). ``None``: the ``budget_fdr`` count alone.
     budget_test
         How ``tau="budget"`` tests a pair (:func:`cape.causal.budget_tests`). ``"both"`` (default): a pair counts
         where Fisher's z and the robust test both call it significant; it held the rate on every null tried.

@@ -284,17 +284,19 @@ def edge_budget_for(X, tests, config: CausalConfig, seed: int, linalg_device=Non
     if count.n_pairs > 0:
         if count.filled:
             logger.info("tau='budget': %d gene pairs pass at FDR %g, fewer than the %d genes: %d kept, up to one "
-                        "per gene from the %d that pass at FDR %g (budget_fill_fdr)", count.strict, fdr, n_genes,
-                        count.n_pairs, count.significant_fill - count.permuted_fill, config.budget_fill_fdr)
+                        "per gene from the %d that pass at FDR %g given the cell states too (budget_fill_fdr)",
+                        count.strict, fdr, n_genes, count.n_pairs, count.significant_fill - count.permuted_fill,
+                        config.budget_fill_fdr)
         return count.n_pairs, {"n_pairs": count.n_pairs, "fdr": fdr, **cells}, tests
     # nothing passed at either rate: say what the looser one (the fill's, where on) found
-    significant, permuted, rate = ((count.significant, count.permuted, fdr) if count.significant_fill is None else
-                                   (count.significant_fill, count.permuted_fill, config.budget_fill_fdr))
+    significant, permuted, rate, given = ((count.significant, count.permuted, fdr, "") if count.significant_fill is None
+                                          else (count.significant_fill, count.permuted_fill, config.budget_fill_fdr,
+                                                " and given the cell states"))
     found = (f"{significant} gene pairs have a significant partial correlation, no more than the "
              f"{permuted} called on a copy of the cells with every gene permuted" if permuted
              else "no gene pair has a significant partial correlation")
     record = {"n_pairs": 0, "fdr": fdr, **cells,
-              "fallback": f"{found} ({BUDGET_TEST_NAMES[config.budget_test]}, FDR {rate:g}, "
+              "fallback": f"{found} ({BUDGET_TEST_NAMES[config.budget_test]}{given}, FDR {rate:g}, "
                           f"{cells['n_cells_tested']} cells, {n_genes} genes, {cells['n_pairs_tested']} pairs "
                           "tested): tau='auto' rule, on weak evidence"}
     logger.warning("tau='budget': %s", record["fallback"])

@@ -437,7 +437,7 @@ def fill_budget(strict: int, loose: int, n_genes: int) -> int:
 @dataclass(frozen=True)
 class BudgetCount:
     """What :func:`count_budget` counted: pairs significant on the data and on the permuted copy, at the budget's
-    rate and (``None`` where the fill is off) at the fill's."""
+    rate and (``None`` where the fill is off) at the fill's (where the fill is needed, also given the cell states)."""
 
     n_genes: int
     significant: int
@@ -468,16 +468,30 @@ def count_budget(X, tests: tuple | None, fdr: float = BUDGET_FDR, fill_fdr: floa
     """``tau="budget"``'s count on X (the cells tested): pairs of ``tests`` (:func:`budget_tests` of X, made here
     when ``None``) significant at ``fdr`` and at ``fill_fdr`` (``None``: no fill), each less the pairs the same test
     calls on :func:`permuted_genes` (X) (seeded by ``seed``, one copy tested once, only where a pair passed);
-    ``None`` where X has too few cells for the test. The budget itself is :attr:`BudgetCount.n_pairs`.
+    ``None`` where X has too few cells for the test. Where the fill is needed (fewer net pairs at ``fdr`` than
+    genes), a pair counts at ``fill_fdr`` only where the test given the cell states passes it too; the permuted
+    copy's count at ``fill_fdr`` stays the budget's test's, which calls at least as many. The budget itself is
+    :attr:`BudgetCount.n_pairs`.
     """
     tests = tests if tests is not None else budget_tests(X, test, device=device)
     if tests is None:
         return None
     fdrs = (fdr,) if fill_fdr is None else (fdr, fill_fdr)
-    significant = tuple(_bh_count(tests[1], rate) for rate in fdrs)
+    significant = [_bh_count(tests[1], rate) for rate in fdrs]
     permuted = decoy_counts(X, fdrs, test, seed, device) if any(significant) else (0,) * len(fdrs)
+    if fill_fdr is not None and significant[1] and significant[0] - permuted[0] < X.shape[1]:
+        significant[1] = _fill_count(X, tests[1], fill_fdr, seed)
     fill = {} if fill_fdr is None else {"significant_fill": significant[1], "permuted_fill": permuted[1]}
     return BudgetCount(X.shape[1], significant[0], permuted[0], **fill)
+
+
+def _fill_count(X, p: np.ndarray, fill_fdr: float, seed: int) -> int:
+    """Pairs significant at ``fill_fdr`` by the budget's test (``p``) and by Fisher's z given the cell states
+    (:func:`state_partial_correlation_tests`), p the larger of the two: cell types alone make many weak partial
+    correlations past the budget's rate, which the fill would otherwise take for edges. The budget's test alone where
+    the cells leave the state test no degrees of freedom."""
+    state = state_partial_correlation_tests(X, seed=seed)
+    return _bh_count(p if state is None else np.maximum(p, state[1]), fill_fdr)
 
 
 def budget_rows(n_cells: int, n_genes: int, max_cells: int | None = BUDGET_CELLS,

@@ -170,7 +170,7 @@ def _summary(adata: ad.AnnData, label_key: str | None) -> str:
                         counted = (f"{int(budget['n_pairs_strict'])} gene pairs with a significant partial "
                                    f"correlation, {test}FDR {float(budget['fdr']):g}, filled to "
                                    f"{int(budget['n_pairs'])} from those at FDR {float(budget['fill_fdr']):g} "
-                                   "(up to one pair per gene)"
+                                   "given the cell states too (up to one pair per gene)"
                                    if budget.get("filled") else
                                    f"{int(budget['n_pairs'])} gene pairs with a significant partial correlation, "
                                    f"{test}FDR {float(budget['fdr']):g}")
