@@ -11,7 +11,7 @@ import scipy.sparse as sp
 import torch
 
 from cape._errors import CapeInputError
-from cape.causal import BUDGET_FILL_FDR, CausalConfig, decoy_count, fill_budget, learn_causal_graph
+from cape.causal import BUDGET_FILL_FDR, CausalConfig, count_budget, decoy_count, learn_causal_graph
 from cape.data.simulate import simulate_sem
 from cape_benchmarks import causal as bench_causal
 from cape_benchmarks import causal_scale
@@ -263,9 +263,10 @@ def test_budget_thresholds_at_other_false_discovery_rates_cut_cape_and_the_undir
     nnz = {r["method"]: r["value"] for r in records if r["metric"] == "nnz"}
     significant = {fdr: bench_causal.edge_budget(X, fdr) for fdr in (0.05, 0.2, 0.3, 0.5)}
     # a budget rule counts as Step I does: less the pairs called on the permuted copy (at 50 % FDR, one here), filled
-    # towards one pair per gene from the net count at the fill's rate
+    # towards one pair per gene from the pairs the fill's rate passes given the cell states too
     net = {fdr: significant[fdr] - decoy_count(X, fdr, seed=0) for fdr in significant}
-    counts = {fdr: fill_budget(net[fdr], net[BUDGET_FILL_FDR], X.shape[1]) for fdr in significant}
+    counts = {fdr: count_budget(X, None, fdr, BUDGET_FILL_FDR, seed=0).n_pairs for fdr in significant}
+    assert all(net[fdr] <= counts[fdr] <= max(net[fdr], X.shape[1]) for fdr in significant)
     assert counts[0.3] < counts[0.5] < significant[0.5]
     assert nnz["cape_default"] == nnz["cape_default@τbudget"] == counts[bench_causal.BUDGET_FDR]
     assert nnz["cape_default@τbudget0.5"] == counts[0.5]
